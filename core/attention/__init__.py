@@ -1,0 +1,1 @@
+"""Attention: backend interfaces, the selector and the reference backend."""

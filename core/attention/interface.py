@@ -1,0 +1,166 @@
+"""The attention-backend interfaces: a backend, its per-step metadata builder, its kernel.
+
+A backend declares what it can serve in one `AttentionCapabilities` value; the selector
+asks `supports_combination(...)`, which returns None when the backend can serve and a
+human-readable reason when it cannot, so a fallback always says why.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+
+class AttentionType(str, enum.Enum):
+    DECODER = "decoder"  # causal self-attention over the paged KV cache
+    ENCODER = "encoder"
+    ENCODER_ONLY = "encoder_only"
+    ENCODER_DECODER = "encoder_decoder"
+
+
+@dataclass(frozen=True)
+class AttentionRequirements:
+    """What one model's attention layers need from a backend."""
+
+    dtype: torch.dtype
+    head_size: int
+    block_size: int
+    kv_cache_dtype: str = "auto"
+    attn_type: AttentionType = AttentionType.DECODER
+
+    def __str__(self) -> str:
+        dtype = str(self.dtype).removeprefix("torch.")
+        return (
+            f"{dtype}, head size {self.head_size}, block size {self.block_size}, "
+            f"KV-cache dtype {self.kv_cache_dtype}, {self.attn_type.value} attention"
+        )
+
+
+@dataclass(frozen=True)
+class AttentionCapabilities:
+    """Everything a backend can serve; None means "any" for the sized fields."""
+
+    dtypes: frozenset[torch.dtype]
+    head_sizes: frozenset[int] | None = None
+    block_sizes: frozenset[int] | None = None
+    kv_cache_dtypes: frozenset[str] = frozenset({"auto"})
+    attention_types: frozenset[AttentionType] = frozenset({AttentionType.DECODER})
+
+    def check(self, req: AttentionRequirements) -> str | None:
+        """None when every requirement is met, else the first unmet one, in words."""
+        if req.dtype not in self.dtypes:
+            return f"dtype {req.dtype} not in {sorted(str(d) for d in self.dtypes)}"
+        if self.head_sizes is not None and req.head_size not in self.head_sizes:
+            return f"head size {req.head_size} not in {sorted(self.head_sizes)}"
+        if self.block_sizes is not None and req.block_size not in self.block_sizes:
+            return f"block size {req.block_size} not in {sorted(self.block_sizes)}"
+        if req.kv_cache_dtype not in self.kv_cache_dtypes:
+            return f"KV-cache dtype {req.kv_cache_dtype!r} not in {sorted(self.kv_cache_dtypes)}"
+        if req.attn_type not in self.attention_types:
+            return f"attention type {req.attn_type.value} not supported"
+        return None
+
+
+@dataclass
+class CommonAttentionMetadata:
+    """Per-step batch layout every backend builds its own metadata from.
+
+    Tokens of all scheduled requests are packed back to back (no padding).
+    """
+
+    query_start_loc: torch.Tensor  # [num_reqs + 1] int32: start of each request's tokens
+    seq_lens: torch.Tensor  # [num_reqs] int32: context length after this step
+    num_computed_tokens: torch.Tensor  # [num_reqs] int32: context already in the cache
+    block_table: torch.Tensor  # [num_reqs, max_blocks] int32: block ids per request
+    slot_mapping: torch.Tensor  # [num_tokens] int64: cache slot of each new token
+    num_reqs: int
+    num_actual_tokens: int
+    max_query_len: int
+    max_seq_len: int
+
+
+class AttentionMetadataBuilder(ABC):
+    """Turns the step's CommonAttentionMetadata into the backend's own metadata.
+
+    One builder serves all layers of one KV-cache group; `build` runs once per step,
+    before the forward, on the host.
+    """
+
+    def __init__(self, kv_cache_spec: Any, layer_names: list[str], device: torch.device):
+        self.kv_cache_spec = kv_cache_spec
+        self.layer_names = layer_names
+        self.device = device
+
+    @abstractmethod
+    def build(self, common: CommonAttentionMetadata) -> Any:
+        """The metadata object every layer's AttentionImpl.forward receives this step."""
+
+
+class AttentionImpl(ABC):
+    """The attention computation of one layer, reading and writing the paged KV cache."""
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int,
+        sliding_window: int | None = None,
+        attn_type: AttentionType = AttentionType.DECODER,
+    ) -> None:
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = scale
+        self.num_kv_heads = num_kv_heads
+        self.sliding_window = sliding_window
+        self.attn_type = attn_type
+
+    @abstractmethod
+    def forward(
+        self,
+        query: torch.Tensor,  # [num_tokens, num_heads, head_size]
+        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
+        value: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
+        kv_cache: torch.Tensor,  # the layer's view, shaped by get_kv_cache_shape
+        attn_metadata: Any,
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_size]
+        """Write key/value into the cache at the step's slots, then attend causally.
+
+        Each new query token attends to its request's cached context plus the new tokens
+        up to itself (restricted to the last `sliding_window` positions when set).
+        """
+
+
+class AttentionBackend(ABC):
+    """An attention implementation family, registered in `core.attention_backends`."""
+
+    name: ClassVar[str]
+    capabilities: ClassVar[AttentionCapabilities]
+
+    @classmethod
+    def supports_combination(cls, req: AttentionRequirements) -> str | None:
+        """None when this backend can serve `req`, else the reason it cannot.
+
+        Backends with constraints beyond the capability table (e.g. a missing kernel
+        library) extend this and still return a reason, never raise.
+        """
+        return cls.capabilities.check(req)
+
+    @staticmethod
+    @abstractmethod
+    def get_impl_cls() -> type[AttentionImpl]: ...
+
+    @staticmethod
+    @abstractmethod
+    def get_builder_cls() -> type[AttentionMetadataBuilder]: ...
+
+    @staticmethod
+    @abstractmethod
+    def get_kv_cache_shape(
+        num_blocks: int, block_size: int, num_kv_heads: int, head_size: int
+    ) -> tuple[int, ...]:
+        """The shape of one layer's KV-cache view, outermost dimension num_blocks."""

@@ -1,0 +1,62 @@
+"""Choosing the attention backend: the platform's preference list, filtered by capability."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from core.attention.interface import AttentionBackend, AttentionRequirements
+from core.platforms.interface import Platform
+from core.plugins.groups import ATTENTION_BACKENDS
+from core.plugins.registry import PluginRegistry, get_registry
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class BackendChoice:
+    name: str
+    backend: type[AttentionBackend]
+    rejected: dict[str, str] = field(default_factory=dict)
+
+
+def select_attention_backend(
+    platform: Platform,
+    req: AttentionRequirements,
+    forced: str | None = None,
+    registry: PluginRegistry | None = None,
+) -> BackendChoice:
+    """The first backend of the platform's preferences (or `forced`) that can serve `req`.
+
+    Raises ValueError listing every candidate and why it was rejected when none can.
+    """
+    registry = registry or get_registry()
+    candidates = (forced,) if forced else platform.preferred_attention_backends
+    rejected: dict[str, str] = {}
+    for name in candidates:
+        backend, reason = _try_backend(registry, name, req)
+        if backend is not None:
+            for other, why in rejected.items():
+                logger.info("attention backend %s rejected: %s", other, why)
+            logger.info("attention backend %s selected", name)
+            return BackendChoice(name, backend, rejected)
+        rejected[name] = reason
+    details = "; ".join(f"{n}: {why}" for n, why in rejected.items()) or "no candidates"
+    which = f"attention backend {forced!r} cannot serve" if forced else "no attention backend for"
+    raise ValueError(f"{which} {req}: {details}")
+
+
+def _try_backend(
+    registry: PluginRegistry, name: str, req: AttentionRequirements
+) -> tuple[type[AttentionBackend] | None, str]:
+    entry = registry.get(ATTENTION_BACKENDS, name)
+    if entry is None:
+        return None, "not installed"
+    backend = registry.load(entry)
+    if backend is None:
+        return None, f"{entry.state.value}: {entry.reason}"
+    if not (isinstance(backend, type) and issubclass(backend, AttentionBackend)):
+        registry.mark_failed(entry, "entry point is not an AttentionBackend subclass")
+        return None, f"failed: {entry.reason}"
+    reason = backend.supports_combination(req)
+    return (None, reason) if reason is not None else (backend, "")

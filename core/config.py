@@ -1,0 +1,137 @@
+"""Engine configuration: pydantic models whose validation errors name the field.
+
+Each sub-config records which fields the user set explicitly (pydantic's
+`model_fields_set`); defaults from optimization levels and platforms fill only the rest,
+so explicit user flags always win. The EngineConfig is adjusted by the platform and the
+`core_adjust_config` hook, then validated again and frozen.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_UNITS = {"": 1 << 30, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(value: str | int | float) -> int:
+    """Bytes from "4GiB", "512MiB", "1.5G" or a bare number of GiB."""
+    if isinstance(value, int | float):
+        return int(value * _UNITS[""])
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*", value.lower())
+    if match is None:
+        raise ValueError(f"size {value!r} is not a number with an optional unit like 4GiB")
+    return int(float(match.group(1)) * _UNITS[match.group(2)])
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    _frozen: bool = PrivateAttr(default=False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self._frozen and not name.startswith("_"):
+            raise ValueError(f"configuration is frozen; cannot set {name}")
+        super().__setattr__(name, value)
+
+    def is_user_set(self, field: str) -> bool:
+        """Whether `field` was given explicitly (then no default may override it)."""
+        return field in self.model_fields_set
+
+    def set_default(self, field: str, value: Any) -> None:
+        """Set `field` unless the user set it; does not mark it as user-set."""
+        if not self.is_user_set(field):
+            super().__setattr__(field, value)
+            self.model_fields_set.discard(field)
+
+
+class ModelConfig(_Config):
+    model: str | None = None  # a directory, a .gguf file or a hub id; None: the default
+    tokenizer: str | None = None
+    served_model_name: str | None = None
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    max_model_len: int | None = Field(default=None, ge=1)
+    quantization: str | None = None
+    seed: int = 0
+    chat_template: str | None = None
+    generation_config: str = "auto"
+    max_logprobs: int = Field(default=20, ge=0)
+
+    def torch_dtype(self, platform_default: torch.dtype) -> torch.dtype:
+        return platform_default if self.dtype == "auto" else _DTYPES[self.dtype]
+
+
+class CacheConfig(_Config):
+    block_size: int = Field(default=16, ge=1)
+    kv_cache_memory_bytes: int | None = Field(default=None, ge=1)
+    enable_prefix_caching: bool = True
+    prefix_caching_hash_algo: Literal["sha256", "fast"] = "sha256"
+    kv_cache_dtype: str = "auto"
+    watermark: float = Field(default=0.01, ge=0.0, lt=1.0)
+
+
+class SchedulerConfig(_Config):
+    max_num_seqs: int = Field(default=64, ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    long_prefill_token_threshold: int = Field(default=0, ge=0)
+    enable_chunked_prefill: bool = True
+    policy: Literal["fcfs", "priority"] = "fcfs"
+
+
+class ParallelConfig(_Config):
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    pipeline_parallel_size: int = Field(default=1, ge=1)
+    distributed_executor_backend: Literal["uni", "mp", "ray"] | None = None
+
+
+class DeviceConfig(_Config):
+    device: str | None = None  # a `core.platforms` entry name; None: automatic
+
+
+class CompilationConfig(_Config):
+    """-O levels (DESIGN.md section 6): 0 eager, 1 compile, 2 + graph capture, 3 reserved."""
+
+    level: int = Field(default=2, ge=0, le=3)
+    compile_model: bool | None = None
+    capture_graphs: bool | None = None
+
+    def apply_level(self) -> None:
+        """Fill compile_model / capture_graphs from the level where the user left them."""
+        self.set_default("compile_model", self.level >= 1)
+        self.set_default("capture_graphs", self.level >= 2)
+
+
+class ComponentConfig(_Config):
+    """Explicit component choices and their constructor keyword arguments."""
+
+    attention_backend: str | None = None
+    attention_backend_config: dict[str, Any] = Field(default_factory=dict)
+    sampler: str | None = None
+    sampler_config: dict[str, Any] = Field(default_factory=dict)
+
+
+class KVTransferConfig(_Config):
+    kv_connector: str | None = None
+    kv_role: Literal["kv_producer", "kv_consumer", "kv_both"] | None = None
+    kv_connector_extra_config: dict[str, Any] = Field(default_factory=dict)
+
+
+class EngineConfig(_Config):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    cache: CacheConfig = Field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    device: DeviceConfig = Field(default_factory=DeviceConfig)
+    compilation: CompilationConfig = Field(default_factory=CompilationConfig)
+    components: ComponentConfig = Field(default_factory=ComponentConfig)
+    kv_transfer: KVTransferConfig = Field(default_factory=KVTransferConfig)
+
+    def freeze(self) -> EngineConfig:
+        """A deep copy that refuses changes (assignments were validated as they happened)."""
+        frozen = self.model_copy(deep=True)
+        for part in (frozen, *(getattr(frozen, name) for name in EngineConfig.model_fields)):
+            part._frozen = True
+        return frozen

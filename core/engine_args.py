@@ -1,0 +1,197 @@
+"""EngineArgs: the user's engine options, from Python keywords or CLI flags named as in vLLM.
+
+Every option defaults to None, meaning "not given": only given options reach the config
+as explicit values, so levels and platforms never override them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import click
+
+from core.config import EngineConfig, parse_size
+
+
+def _option(section: str, key: str, flag: str, help: str, **click_kwargs: Any) -> Any:
+    meta = {"section": section, "key": key, "flag": flag, "help": help, "click": click_kwargs}
+    return field(default=None, metadata=meta)
+
+
+def _parse_json(flag: str, value: str | dict) -> dict:
+    if isinstance(value, dict):
+        return value
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{flag} must be a JSON object: {exc}") from exc
+    if not isinstance(parsed, dict):
+        raise ValueError(f"{flag} must be a JSON object, got {type(parsed).__name__}")
+    return parsed
+
+
+@dataclass
+class EngineArgs:
+    model: str | None = _option("model", "model", "--model", "model directory, .gguf or hub id")
+    tokenizer: str | None = _option("model", "tokenizer", "--tokenizer", "tokenizer path")
+    served_model_name: str | None = _option(
+        "model", "served_model_name", "--served-model-name", "model id the server reports"
+    )
+    dtype: str | None = _option(
+        "model", "dtype", "--dtype", "model dtype",
+        type=click.Choice(["auto", "float32", "float16", "bfloat16"]),
+    )  # fmt: skip
+    max_model_len: int | None = _option(
+        "model", "max_model_len", "--max-model-len", "context length", type=int
+    )
+    quantization: str | None = _option("model", "quantization", "--quantization", "method")
+    seed: int | None = _option("model", "seed", "--seed", "random seed", type=int)
+    chat_template: str | None = _option(
+        "model", "chat_template", "--chat-template", "chat template file or string"
+    )
+    generation_config: str | None = _option(
+        "model", "generation_config", "--generation-config", "'auto', 'none' or a directory"
+    )
+    max_logprobs: int | None = _option(
+        "model", "max_logprobs", "--max-logprobs", "most logprobs a request may ask", type=int
+    )
+    block_size: int | None = _option(
+        "cache", "block_size", "--block-size", "tokens per KV block", type=int
+    )
+    kv_cache_memory: str | None = _option(
+        "cache", "kv_cache_memory_bytes", "--kv-cache-memory", "KV budget, e.g. 4GiB (bare: GiB)"
+    )
+    enable_prefix_caching: bool | None = _option(
+        "cache", "enable_prefix_caching", "--enable-prefix-caching/--no-enable-prefix-caching",
+        "automatic prefix caching", default=None,
+    )  # fmt: skip
+    prefix_caching_hash_algo: str | None = _option(
+        "cache", "prefix_caching_hash_algo", "--prefix-caching-hash-algo", "block hash",
+        type=click.Choice(["sha256", "fast"]),
+    )  # fmt: skip
+    kv_cache_dtype: str | None = _option("cache", "kv_cache_dtype", "--kv-cache-dtype", "dtype")
+    max_num_seqs: int | None = _option(
+        "scheduler", "max_num_seqs", "--max-num-seqs", "most running requests", type=int
+    )
+    max_num_batched_tokens: int | None = _option(
+        "scheduler", "max_num_batched_tokens", "--max-num-batched-tokens", "token budget",
+        type=int,
+    )  # fmt: skip
+    long_prefill_token_threshold: int | None = _option(
+        "scheduler", "long_prefill_token_threshold", "--long-prefill-token-threshold",
+        "chunk prompts longer than this", type=int,
+    )  # fmt: skip
+    enable_chunked_prefill: bool | None = _option(
+        "scheduler", "enable_chunked_prefill",
+        "--enable-chunked-prefill/--no-enable-chunked-prefill", "chunked prefill", default=None,
+    )  # fmt: skip
+    scheduling_policy: str | None = _option(
+        "scheduler", "policy", "--scheduling-policy", "victim and admission order",
+        type=click.Choice(["fcfs", "priority"]),
+    )  # fmt: skip
+    tensor_parallel_size: int | None = _option(
+        "parallel", "tensor_parallel_size", "--tensor-parallel-size", "TP ranks", type=int
+    )
+    pipeline_parallel_size: int | None = _option(
+        "parallel", "pipeline_parallel_size", "--pipeline-parallel-size", "PP ranks", type=int
+    )
+    distributed_executor_backend: str | None = _option(
+        "parallel", "distributed_executor_backend", "--distributed-executor-backend", "executor",
+        type=click.Choice(["uni", "mp", "ray"]),
+    )  # fmt: skip
+    device: str | None = _option("device", "device", "--device", "platform entry name")
+    optimization_level: int | None = _option(
+        "compilation", "level", "-O", "optimization level 0-3", type=click.IntRange(0, 3)
+    )
+    enforce_eager: bool | None = _option(
+        "compilation", "enforce_eager", "--enforce-eager", "never compile or capture graphs",
+        is_flag=True, default=None,
+    )  # fmt: skip
+    attention_backend: str | None = _option(
+        "components", "attention_backend", "--attention-backend", "force this backend"
+    )
+    attention_backend_config: str | dict | None = _option(
+        "components", "attention_backend_config", "--attention-backend-config", "JSON kwargs"
+    )
+    sampler: str | None = _option("components", "sampler", "--sampler", "force this sampler")
+    sampler_config: str | dict | None = _option(
+        "components", "sampler_config", "--sampler-config", "JSON kwargs"
+    )
+    kv_transfer_config: str | dict | None = _option(
+        "kv_transfer", "", "--kv-transfer-config", "KV connector JSON"
+    )
+
+    def config_sections(self) -> dict[str, dict[str, Any]]:
+        """{section: {field: value}} holding only the options the user gave."""
+        sections: dict[str, dict[str, Any]] = {name: {} for name in EngineConfig.model_fields}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                _CONVERTERS.get(f.name, _assign)(sections, f.metadata, value)
+        return sections
+
+    def create_engine_config(self, platform: Any = None, hooks: Any = None) -> EngineConfig:
+        """Explicit options, then the -O level, the platform and hooks fill the rest."""
+        sections = self.config_sections()
+        config = EngineConfig(
+            **{
+                name: info.annotation.model_validate(sections[name])  # type: ignore[union-attr]
+                for name, info in EngineConfig.model_fields.items()
+            }
+        )
+        config.compilation.apply_level()
+        if platform is not None:
+            platform.check_and_update_config(config)
+        if hooks is not None:
+            hooks.hook.core_adjust_config(config=config)
+        return config.freeze()
+
+    @classmethod
+    def from_cli(cls, options: dict[str, Any]) -> EngineArgs:
+        """EngineArgs from click's parsed options (extra keys are ignored)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in options.items() if k in names})
+
+
+def _assign(sections: dict[str, dict[str, Any]], meta: Any, value: Any) -> None:
+    sections[meta["section"]][meta["key"]] = value
+
+
+def _set_eager(sections: dict[str, dict[str, Any]], meta: Any, value: bool) -> None:
+    if value:
+        sections["compilation"].update(compile_model=False, capture_graphs=False)
+
+
+def _set_json(sections: dict[str, dict[str, Any]], meta: Any, value: Any) -> None:
+    sections[meta["section"]][meta["key"]] = _parse_json(meta["flag"], value)
+
+
+def _set_kv_transfer(sections: dict[str, dict[str, Any]], meta: Any, value: Any) -> None:
+    sections["kv_transfer"] = _parse_json(meta["flag"], value)
+
+
+def _set_size(sections: dict[str, dict[str, Any]], meta: Any, value: Any) -> None:
+    sections[meta["section"]][meta["key"]] = parse_size(value)
+
+
+_CONVERTERS: dict[str, Callable[..., None]] = {
+    "enforce_eager": _set_eager,
+    "attention_backend_config": _set_json,
+    "sampler_config": _set_json,
+    "kv_transfer_config": _set_kv_transfer,
+    "kv_cache_memory": _set_size,
+}
+
+
+def engine_options(command: Callable) -> Callable:
+    """Decorate a click command with one option per EngineArgs field."""
+    for f in reversed(fields(EngineArgs)):
+        meta = f.metadata
+        command = click.option(meta["flag"], f.name, help=meta["help"], **meta["click"])(command)
+    return command
+
+
+__all__ = ["EngineArgs", "engine_options"]

@@ -1,0 +1,1 @@
+"""User entry points: the `core` CLI, the offline LLM API and the OpenAI server."""

@@ -1,0 +1,95 @@
+"""The text of `core plugins` and `core info`: what was discovered, chosen and why."""
+
+from __future__ import annotations
+
+import platform as host
+
+import core
+from core.plugins.registry import (
+    PluginEntry,
+    PluginRegistry,
+    get_registry,
+    plugin_distributions_without_entries,
+)
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in [headers, *rows]
+    )
+
+
+def _state(entry: PluginEntry) -> str:
+    state = entry.state.value
+    if entry.reason:
+        state += f": {entry.reason}"
+    if entry.warning:
+        state += f" (warning: {entry.warning})"
+    return state
+
+
+def plugins_report(registry: PluginRegistry | None = None) -> str:
+    registry = registry or get_registry()
+    registry.check_all_api_versions()
+    selected = _selected_components(registry)  # loads what selection needs, first
+    rows = [
+        [e.group, e.name, e.distribution, e.version, e.api_spec or "-", _state(e)]
+        for e in registry.all_entries()
+    ]
+    rows += [
+        ["-", "-", name, version, "-", "installed: registers no entry points yet"]
+        for name, version in plugin_distributions_without_entries(registry)
+    ]
+    headers = ["group", "entry", "distribution", "version", "api", "state"]
+    return _table(headers, rows) + "\n\n" + selected
+
+
+def _selected_components(registry: PluginRegistry) -> str:
+    from core.attention.interface import AttentionRequirements
+    from core.attention.selector import select_attention_backend
+    from core.platforms.selection import select_platform
+    from core.sample.selector import select_sampler_class
+
+    try:
+        choice = select_platform(registry)
+    except ValueError as exc:
+        return f"platform: none selected ({exc})"
+    platform = choice.platform
+    lines = [f"platform: {choice.name} ({choice.reason})"]
+    lines += [f"  rejected {name}: {why}" for name, why in choice.rejected.items()]
+    req = AttentionRequirements(dtype=platform.default_dtype, head_size=64, block_size=16)
+    label = f"attention backend (for {req})"
+    try:
+        lines.append(f"{label}: {select_attention_backend(platform, req, None, registry).name}")
+    except ValueError as exc:
+        lines.append(f"{label}: none ({exc})")
+    try:
+        lines.append(f"sampler: {select_sampler_class(platform, None, registry)[0]}")
+    except ValueError as exc:
+        lines.append(f"sampler: none ({exc})")
+    return "\n".join(lines)
+
+
+def info_report(registry: PluginRegistry | None = None) -> str:
+    import torch
+
+    from core.platforms.selection import select_platform
+
+    registry = registry or get_registry()
+    lines = [f"core {core.__version__} on Python {host.python_version()} ({host.machine()})"]
+    try:
+        choice = select_platform(registry)
+    except ValueError as exc:
+        return "\n".join([*lines, f"platform: none selected: {exc}"])
+    lines.append(f"platform: {choice.name} ({choice.platform.device_name}) — {choice.reason}")
+    lines += [f"  rejected {name}: {why}" for name, why in choice.rejected.items()]
+    memory = choice.platform.memory_info()
+    lines += [
+        f"torch: {torch.__version__}, {torch.get_num_threads()} threads",
+        f"memory: {memory.available_bytes / 2**30:.1f} GiB available "
+        f"of {memory.total_bytes / 2**30:.1f} GiB",
+        f"default dtype: {choice.platform.default_dtype}",
+    ]
+    return "\n".join(lines)

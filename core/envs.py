@@ -1,0 +1,37 @@
+"""Every environment variable core reads, in one place, each with its meaning.
+
+Values are read at call time, not import time, so tests and subprocesses see changes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def plugins_allowlist() -> list[str] | None:
+    """CORE_PLUGINS: comma list of plugin distribution names to load.
+
+    Unset -> None (every installed plugin except endpoint plugins); empty -> [] (none).
+    Core's own entry points are loaded whatever this says.
+    """
+    raw = os.environ.get("CORE_PLUGINS")
+    if raw is None:
+        return None
+    return [name.strip() for name in raw.split(",") if name.strip()]
+
+
+def platform_name() -> str | None:
+    """CORE_PLATFORM: entry name of the platform to use when several are available."""
+    return os.environ.get("CORE_PLATFORM") or None
+
+
+def trace_plugins() -> bool:
+    """CORE_TRACE_PLUGINS=1: log every hook call and which plugin answered."""
+    return os.environ.get("CORE_TRACE_PLUGINS", "") not in ("", "0")
+
+
+def cache_dir() -> Path:
+    """CORE_CACHE_DIR: where core keeps downloads (default ~/.cache/core)."""
+    raw = os.environ.get("CORE_CACHE_DIR")
+    return Path(raw).expanduser() if raw else Path.home() / ".cache" / "core"

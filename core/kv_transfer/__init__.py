@@ -1,0 +1,1 @@
+"""KV transfer between engines: the KVConnector interface and connectors."""

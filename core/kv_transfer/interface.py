@@ -1,0 +1,120 @@
+"""The KVConnector interface: moving KV-cache blocks between engines (P/D disaggregation).
+
+One connector class runs in two roles. The SCHEDULER role lives beside the scheduler in
+the engine-core process: it says how many prompt tokens an external store can provide,
+learns which blocks were allocated for them, and emits per-step metadata. The WORKER
+role lives in every worker: it receives that metadata, loads and saves KV per layer
+around the forward, and reports which requests finished sending or receiving.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+class KVConnectorRole(str, enum.Enum):
+    SCHEDULER = "scheduler"
+    WORKER = "worker"
+
+
+@dataclass
+class KVConnectorMetadata:
+    """Scheduler -> worker, once per step: what to load and save.
+
+    Connectors subclass it with their own fields; it travels inside SchedulerOutput.
+    """
+
+
+@dataclass
+class KVConnectorOutput:
+    """Worker -> scheduler, once per step: transfers that completed.
+
+    A failed receive is also reported in `finished_recving`, so the scheduler never
+    waits for it forever; `failed_recving` tells it to recompute those tokens instead.
+    """
+
+    finished_sending: set[str] = field(default_factory=set)
+    finished_recving: set[str] = field(default_factory=set)
+    failed_recving: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.finished_recving |= self.failed_recving
+
+
+class KVConnector(ABC):
+    """Base class of KV connectors (`core.kv_connectors` entry points).
+
+    Constructed as `cls(config, role, **connector_config)`; methods of the other role
+    are never called on an instance.
+    """
+
+    def __init__(self, config: Any, role: KVConnectorRole) -> None:
+        self.config = config
+        self.role = role
+        self._metadata: KVConnectorMetadata | None = None
+
+    # -- scheduler role --------------------------------------------------------------------
+
+    @abstractmethod
+    def get_num_new_matched_tokens(
+        self, request: Any, num_computed_tokens: int
+    ) -> tuple[int, bool]:
+        """(tokens beyond `num_computed_tokens` the external store can provide, whether
+        they arrive asynchronously — the request then waits for remote KV)."""
+
+    @abstractmethod
+    def update_state_after_alloc(
+        self, request: Any, block_ids: tuple[list[int], ...], num_external_tokens: int
+    ) -> None:
+        """Blocks were allocated for `request`; remember where its external tokens go."""
+
+    @abstractmethod
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        """This step's metadata for the workers; resets the per-step state."""
+
+    def request_finished(
+        self, request: Any, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """(whether the blocks must stay allocated until sending finishes, transfer
+        parameters to return to the client). Default: free at once, nothing to return."""
+        return False, None
+
+    # -- worker role -----------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """The worker's KV-cache views, by layer name, once after allocation."""
+
+    def bind_connector_metadata(self, metadata: KVConnectorMetadata) -> None:
+        self._metadata = metadata
+
+    def clear_connector_metadata(self) -> None:
+        self._metadata = None
+
+    @property
+    def connector_metadata(self) -> KVConnectorMetadata:
+        if self._metadata is None:
+            raise RuntimeError("no connector metadata is bound for this step")
+        return self._metadata
+
+    @abstractmethod
+    def start_load_kv(self, forward_context: Any) -> None:
+        """Begin loading this step's external KV into the paged cache (may be async)."""
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        """Block until `layer_name`'s KV is loaded; default: loads are synchronous."""
+
+    @abstractmethod
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any) -> None:
+        """Start saving `layer_name`'s new KV for requests this step marks to save."""
+
+    def wait_for_save(self) -> None:
+        """Block until every save of this step is done; default: saves are synchronous."""
+
+    def get_finished(self, finished_req_ids: set[str]) -> KVConnectorOutput:
+        """Transfers completed since the last call; default: synchronous, none pending."""
+        return KVConnectorOutput()

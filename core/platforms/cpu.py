@@ -1,0 +1,61 @@
+"""The CPU platform, built into core and registered as the `cpu` entry point."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from core.platforms.interface import MemoryInfo, Platform
+
+
+def probe() -> str:
+    """The CPU is always available."""
+    return "core.platforms.cpu.CpuPlatform"
+
+
+class CpuPlatform(Platform):
+    """Runs everything on the host CPU in float32 by default.
+
+    float32 is the default because on CPUs without AVX-512 PyTorch's bf16 and low-bit
+    matmuls are orders of magnitude slower than its float32 GEMM.
+    """
+
+    name = "cpu"
+    device_type = "cpu"
+    device_name = "CPU"
+    dist_backend = "gloo"
+    supported_dtypes = (torch.float32, torch.bfloat16, torch.float16)
+    preferred_attention_backends = ("torch_ref",)
+
+    def memory_info(self) -> MemoryInfo:
+        return MemoryInfo(_meminfo("MemTotal"), _meminfo("MemAvailable"))
+
+    def check_and_update_config(self, config: Any) -> None:
+        super().check_and_update_config(config)
+        # No graphs to capture on a CPU, and torch.compile stays off until a benchmark
+        # shows it wins within the cold-start budget (DESIGN.md section 6).
+        config.compilation.set_default("compile_model", False)
+        config.compilation.set_default("capture_graphs", False)
+
+    def set_device(self, device: torch.device) -> None:
+        if device.type != "cpu":
+            raise ValueError(f"the CPU platform cannot use device {device}")
+
+    def torch_device(self, local_rank: int = 0) -> torch.device:
+        # One host, one "device": every rank of a CPU run shares it.
+        return torch.device("cpu")
+
+
+def _meminfo(field: str) -> int:
+    """A /proc/meminfo field in bytes; falls back to sysconf where /proc is absent."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    pages = os.sysconf("SC_AVPHYS_PAGES" if field == "MemAvailable" else "SC_PHYS_PAGES")
+    return pages * os.sysconf("SC_PAGE_SIZE")

@@ -1,0 +1,64 @@
+"""Shared fixtures. `make_distribution` writes real installed-distribution metadata."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+
+class SitePackages:
+    """A temporary site directory on sys.path holding throw-away distributions.
+
+    Each distribution gets a `<name>-<version>.dist-info` with METADATA and
+    entry_points.txt, so `importlib.metadata` discovers it exactly as it would a wheel.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def add(
+        self,
+        name: str,
+        entry_points: dict[str, dict[str, str]],
+        modules: dict[str, str],
+        version: str = "1.0",
+    ) -> None:
+        for relpath, source in modules.items():
+            path = self.root / relpath
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(textwrap.dedent(source))
+        info = self.root / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+        (info / "METADATA").write_text(metadata + "Requires-Dist: core\n")
+        lines = []
+        for group, entries in entry_points.items():
+            lines.append(f"[{group}]")
+            lines += [f"{key} = {value}" for key, value in entries.items()]
+        (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+        importlib.invalidate_caches()
+
+
+@pytest.fixture
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SitePackages:
+    root = tmp_path / "site"
+    root.mkdir()
+    monkeypatch.syspath_prepend(str(root))
+    before = set(sys.modules)
+    yield SitePackages(root)
+    for name in set(sys.modules) - before:  # forget the throw-away packages
+        if not name.startswith(("core", "torch", "_pytest", "pytest")):
+            sys.modules.pop(name, None)
+
+
+@pytest.fixture
+def fresh_registry(monkeypatch: pytest.MonkeyPatch):
+    """Make this process discover plugins anew (the registry is cached per process)."""
+    import core.plugins.registry as registry
+
+    monkeypatch.setattr(registry, "_registry", None)
+    yield

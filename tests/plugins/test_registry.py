@@ -1,0 +1,199 @@
+"""The plugin registry against throw-away distributions discovered by importlib.metadata."""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import sys
+
+import pytest
+from plugin_sources import API, available_platform, platform_plugin
+
+from core.plugins import PLUGIN_API_VERSION, EntryState, PluginRegistry
+from core.plugins.groups import ALL_GROUPS, ENDPOINTS, GENERAL, PLATFORMS
+from core.plugins.registry import plugin_distributions_without_entries
+
+
+def discover(allowlist: list[str] | None = None) -> PluginRegistry:
+    points = [ep for group in ALL_GROUPS for ep in metadata.entry_points(group=group)]
+    return PluginRegistry(points, allowlist)
+
+
+ENDPOINT_PLUGIN = {
+    "acme_routes/__init__.py": API,
+    "acme_routes/routes.py": """
+        from fastapi import APIRouter
+
+        def router():
+            r = APIRouter()
+
+            @r.get("/acme")
+            def acme():
+                return {"acme": True}
+
+            return r
+    """,
+}
+
+
+def test_core_defaults_come_through_the_same_groups(site):
+    registry = discover()
+    cpu = registry.get(PLATFORMS, "cpu")
+    assert cpu is not None and cpu.distribution == "core"
+    assert registry.load(cpu)() == "core.platforms.cpu.CpuPlatform"
+
+
+def test_third_party_platform_is_discovered_with_its_distribution(site):
+    site.add("acme-platform", {PLATFORMS: {"acme": "acme_platform.probe:probe"}},
+             available_platform("acme_platform", "AcmePlatform"), version="2.3")  # fmt: skip
+    entry = discover().get(PLATFORMS, "acme")
+    assert (entry.distribution, entry.version, entry.state) == (
+        "acme-platform",
+        "2.3",
+        EntryState.AVAILABLE,
+    )
+
+
+def test_loading_is_lazy_until_asked(site):
+    site.add("acme-platform", {PLATFORMS: {"acme": "acme_platform.probe:probe"}},
+             available_platform("acme_platform", "AcmePlatform"))  # fmt: skip
+    registry = discover()
+    assert "acme_platform.probe" not in sys.modules
+    registry.load(registry.get(PLATFORMS, "acme"))
+    assert "acme_platform.probe" in sys.modules
+    assert "acme_platform.platform" not in sys.modules  # only the probe, not the class
+
+
+def test_import_failure_is_recorded_not_raised(site):
+    modules = {"broken_plugin/__init__.py": API,
+               "broken_plugin/probe.py": "raise ImportError('libacme.so not found')\n"}  # fmt: skip
+    site.add("broken-plugin", {PLATFORMS: {"broken": "broken_plugin.probe:probe"}}, modules)
+    registry = discover()
+    entry = registry.get(PLATFORMS, "broken")
+    assert registry.load(entry) is None
+    assert entry.state is EntryState.FAILED
+    assert "ImportError: libacme.so not found" in entry.reason
+
+
+def test_allowlist_filters_by_distribution_name(site):
+    site.add("acme-platform", {PLATFORMS: {"acme": "acme_platform.probe:probe"}},
+             available_platform("acme_platform", "AcmePlatform"))  # fmt: skip
+    registry = discover(allowlist=["core-cuda"])
+    entry = registry.get(PLATFORMS, "acme")
+    assert entry.state is EntryState.FILTERED
+    assert "not in CORE_PLUGINS" in entry.reason
+    assert registry.load(entry) is None
+    assert registry.get(PLATFORMS, "cpu").state is EntryState.AVAILABLE  # core always on
+    assert discover(allowlist=["Acme_Platform"]).get(PLATFORMS, "acme").state is (
+        EntryState.AVAILABLE
+    )
+
+
+def test_empty_allowlist_admits_only_core(site):
+    site.add("acme-platform", {PLATFORMS: {"acme": "acme_platform.probe:probe"}},
+             available_platform("acme_platform", "AcmePlatform"))  # fmt: skip
+    registry = discover(allowlist=[])
+    assert [e.name for e in registry.admitted(PLATFORMS)] == ["cpu"] or all(
+        e.is_core for e in registry.admitted(PLATFORMS)
+    )
+    assert registry.get(PLATFORMS, "acme").state is EntryState.FILTERED
+
+
+def test_endpoint_plugin_is_denied_unless_allowlisted(site):
+    site.add("acme-routes", {ENDPOINTS: {"acme": "acme_routes.routes:router"}}, ENDPOINT_PLUGIN)
+    denied = discover(allowlist=None)
+    entry = denied.get(ENDPOINTS, "acme")
+    assert entry.state is EntryState.FILTERED
+    assert denied.load(entry) is None
+    assert "acme_routes.routes" not in sys.modules
+    allowed = discover(allowlist=["acme-routes"])
+    router = allowed.load(allowed.get(ENDPOINTS, "acme"))()
+    assert [route.path for route in router.routes] == ["/acme"]
+
+
+def test_incompatible_api_is_refused_with_both_versions(site):
+    modules = available_platform("future_platform", "FuturePlatform")
+    modules["future_platform/__init__.py"] = 'CORE_PLUGIN_API = ">=2.0"\n'
+    site.add("future-platform", {PLATFORMS: {"future": "future_platform.probe:probe"}}, modules)
+    registry = discover()
+    entry = registry.get(PLATFORMS, "future")
+    assert registry.load(entry) is None
+    assert entry.state is EntryState.REFUSED
+    assert ">=2.0" in entry.reason and PLUGIN_API_VERSION in entry.reason
+    assert "future_platform.probe" not in sys.modules
+
+
+def test_undeclared_api_loads_with_a_warning(site):
+    modules = available_platform("old_platform", "OldPlatform")
+    modules["old_platform/__init__.py"] = ""
+    site.add("old-platform", {PLATFORMS: {"old": "old_platform.probe:probe"}}, modules)
+    registry = discover()
+    entry = registry.get(PLATFORMS, "old")
+    assert registry.load(entry) is not None
+    assert entry.state is EntryState.LOADED
+    assert "no CORE_PLUGIN_API" in entry.warning
+
+
+def test_duplicate_entry_name_is_skipped_naming_the_first(site):
+    site.add("acme-platform", {PLATFORMS: {"acme": "acme_platform.probe:probe"}},
+             available_platform("acme_platform", "AcmePlatform"))  # fmt: skip
+    site.add("copycat", {PLATFORMS: {"acme": "copycat.probe:probe"}},
+             available_platform("copycat", "Copycat"))  # fmt: skip
+    registry = discover()
+    kept = registry.get(PLATFORMS, "acme")
+    skipped = [e for e in registry.all_entries() if e.name == "acme" and e is not kept]
+    assert len(skipped) == 1
+    assert skipped[0].state is EntryState.FAILED
+    assert kept.distribution in skipped[0].reason
+
+
+def test_general_plugins_run_once_per_process(site, tmp_path):
+    counter = tmp_path / "calls"
+    modules = {
+        "counting/__init__.py": API,
+        "counting/setup.py": f"""
+            def setup():
+                with open({str(counter)!r}, "a") as f:
+                    f.write("x")
+        """,
+        "failing/__init__.py": API,
+        "failing/setup.py": "def setup():\n    raise RuntimeError('boom')\n",
+    }
+    site.add("counting", {GENERAL: {"count": "counting.setup:setup"}}, modules)
+    site.add("failing", {GENERAL: {"fail": "failing.setup:setup"}}, {})
+    registry = discover()
+    registry.run_general_plugins()
+    registry.run_general_plugins()
+    assert counter.read_text() == "x"
+    failed = registry.get(GENERAL, "fail")
+    assert failed.state is EntryState.FAILED and "RuntimeError: boom" in failed.reason
+
+
+def test_probe_that_raises_is_not_fatal(site):
+    site.add("flaky", {PLATFORMS: {"flaky": "flaky.probe:probe"}},
+             platform_plugin("flaky", "Flaky", "raise OSError('driver crashed')"))  # fmt: skip
+    from core.platforms import select_platform
+
+    choice = select_platform(discover())
+    assert choice.name == "cpu"
+    assert "OSError: driver crashed" in choice.rejected["flaky"]
+
+
+def test_installed_plugin_without_entries_is_listed(site):
+    site.add("idle-plugin", {}, {"idle_plugin/__init__.py": API})
+    names = [name for name, _ in plugin_distributions_without_entries(discover())]
+    assert "idle-plugin" in names
+
+
+@pytest.mark.parametrize(("kwargs", "ok"), [({"threshold": 2}, True), ({"treshold": 2}, False)])
+def test_component_config_must_fit_the_constructor(kwargs, ok):
+    from core.plugins import build_component
+
+    class Component:
+        def __init__(self, threshold: int = 1) -> None:
+            self.threshold = threshold
+
+    if ok:
+        assert build_component(Component, kwargs, "--sampler-config").threshold == 2
+    else:
+        with pytest.raises(ValueError, match="--sampler-config"):
+            build_component(Component, kwargs, "--sampler-config")

@@ -1,0 +1,145 @@
+"""The `core` command line: plugins, info, and commands not available yet."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+from plugin_sources import API, available_platform, platform_plugin
+
+from core.entrypoints.cli import cli
+from core.plugins.groups import HOOKS, PLATFORMS
+
+PLUGIN_DISTRIBUTIONS = (
+    "core-cuda",
+    "core-rocm",
+    "core-attn-flash",
+    "core-quant-awq",
+    "core-lora",
+    "core-spec-decode",
+)
+
+HOOKS_PLUGIN = {
+    "acme_hooks/__init__.py": API,
+    "acme_hooks/impl.py": """
+        import click
+        from core.plugins import hookimpl
+
+        @hookimpl
+        def core_add_commands(cli):
+            @click.command(name="acme-hello")
+            def hello():
+                click.echo("hello from acme")
+            cli.add_command(hello)
+    """,
+}
+
+
+def run_core(*args: str, site=None, **env: str) -> subprocess.CompletedProcess:
+    environ = {**os.environ, **env}
+    if site is not None:
+        environ["PYTHONPATH"] = os.pathsep.join([str(site.root), environ.get("PYTHONPATH", "")])
+    script = [sys.executable, "-c", "from core.entrypoints.cli import main; main()"]
+    return subprocess.run([*script, *args], capture_output=True, text=True, env=environ)
+
+
+def invoke(*args: str, **env: str):
+    return CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
+
+
+def test_version():
+    result = invoke("--version")
+    assert result.exit_code == 0 and "0.1.0" in result.output
+
+
+def test_info_selects_an_available_third_party_platform(site):
+    site.add("acme-platform", {PLATFORMS: {"acme": "acme_platform.probe:probe"}},
+             available_platform("acme_platform", "AcmePlatform"))  # fmt: skip
+    result = run_core("info", site=site)
+    assert result.returncode == 0, result.stderr
+    assert "platform: acme (AcmePlatform device)" in result.stdout
+    assert "the only available accelerator platform" in result.stdout
+
+
+def test_info_survives_a_plugin_that_fails_to_import(site, fresh_registry):
+    modules = {"broken_plugin/__init__.py": API,
+               "broken_plugin/probe.py": "raise ImportError('libacme.so not found')\n"}  # fmt: skip
+    site.add("broken-plugin", {PLATFORMS: {"broken": "broken_plugin.probe:probe"}}, modules)
+    result = invoke("info")
+    assert result.exit_code == 0
+    assert "platform: cpu" in result.output
+    assert "rejected broken: failed: import failed: ImportError: libacme.so" in result.output
+    plugins = invoke("plugins")
+    assert "broken-plugin" in plugins.output
+    assert "failed: import failed: ImportError: libacme.so not found" in plugins.output
+
+
+def test_info_shows_an_unavailable_reason(site, fresh_registry):
+    site.add("sleepy", {PLATFORMS: {"sleepy": "sleepy.probe:probe"}},
+             platform_plugin("sleepy", "Sleepy", 'raise Unavailable("no device")'))  # fmt: skip
+    result = invoke("info")
+    assert "rejected sleepy: unavailable: no device" in result.output
+
+
+def test_two_available_platforms_are_an_error_until_one_is_chosen(site, fresh_registry):
+    for package, cls in (("acme_platform", "AcmePlatform"), ("zeta_platform", "ZetaPlatform")):
+        name = package.split("_")[0]
+        site.add(f"{name}-platform", {PLATFORMS: {name: f"{package}.probe:probe"}},
+                 available_platform(package, cls))  # fmt: skip
+    result = invoke("info", CORE_PLATFORM="")
+    assert "several platforms are available: acme, zeta" in result.output
+    import core.plugins.registry as registry
+
+    registry._registry = None
+    assert "platform: zeta" in invoke("info", CORE_PLATFORM="zeta").output
+
+
+def test_plugins_shows_filtered_and_refused_states(site, fresh_registry):
+    site.add("acme-platform", {PLATFORMS: {"acme": "acme_platform.probe:probe"}},
+             available_platform("acme_platform", "AcmePlatform"))  # fmt: skip
+    modules = available_platform("future_platform", "FuturePlatform")
+    modules["future_platform/__init__.py"] = 'CORE_PLUGIN_API = ">=2.0"\n'
+    site.add("future-platform", {PLATFORMS: {"future": "future_platform.probe:probe"}}, modules)
+    output = invoke("plugins", CORE_PLUGINS="future-platform").output
+    assert "filtered: acme-platform is not in CORE_PLUGINS" in output
+    assert "refused: requires core plugin API >=2.0, core provides 1.0" in output
+    assert "platform: cpu" in output
+
+
+def test_hook_plugins_add_commands(site):
+    site.add("acme-hooks", {HOOKS: {"acme": "acme_hooks.impl"}}, HOOKS_PLUGIN)
+    result = run_core("acme-hello", site=site, CORE_TRACE_PLUGINS="1")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "hello from acme"
+    assert "hook core_add_commands answered by ['acme-hooks:acme']" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["serve", "generate", "bench"])
+def test_commands_not_built_yet_exit_non_zero(command):
+    result = invoke(command, "--port", "8000")
+    assert result.exit_code != 0
+    assert "not available yet" in result.output
+
+
+def test_plugins_lists_every_installed_plugin_distribution():
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        versions = {name: version(name) for name in PLUGIN_DISTRIBUTIONS}
+    except PackageNotFoundError as missing:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"plugin distribution {missing} is not installed here (CI installs all)")
+    result = run_core("plugins")
+    assert result.returncode == 0, result.stderr
+    rows = [line.split() for line in result.stdout.splitlines()]
+    for name in PLUGIN_DISTRIBUTIONS:
+        row = next(r for r in rows if name in r)
+        assert versions[name] in row
+    assert any(r[:2] == ["core.platforms", "cuda"] and "loaded" in r for r in rows)
+    info = run_core("info")
+    assert "platform: cpu (CPU) — no accelerator platform is available" in info.stdout
+    assert "rejected cuda: unavailable:" in info.stdout

@@ -1,0 +1,121 @@
+"""EngineArgs -> EngineConfig: explicit flags win, errors name the field, config freezes."""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+
+import click
+import pytest
+from click.testing import CliRunner
+from plugin_sources import API
+
+from core.config import parse_size
+from core.engine_args import EngineArgs, engine_options
+from core.platforms.cpu import CpuPlatform
+from core.plugins import PluginRegistry
+from core.plugins.groups import ALL_GROUPS, HOOKS
+from core.plugins.hooks import get_hook_manager
+
+ADJUSTING_HOOK = {
+    "tuner/__init__.py": API,
+    "tuner/hooks.py": """
+        from core.plugins import hookimpl
+
+        @hookimpl
+        def core_adjust_config(config):
+            config.scheduler.set_default("max_num_seqs", 7)
+    """,
+}
+
+
+def test_defaults_on_cpu_compile_nothing():
+    config = EngineArgs().create_engine_config(CpuPlatform())
+    assert config.compilation.level == 2
+    assert (config.compilation.compile_model, config.compilation.capture_graphs) == (False, False)
+    assert config.cache.block_size == 16 and config.cache.enable_prefix_caching
+
+
+def test_explicit_flags_win_over_level_defaults():
+    config = EngineArgs(optimization_level=1, enforce_eager=True).create_engine_config()
+    assert config.compilation.compile_model is False
+    assert EngineArgs(optimization_level=1).create_engine_config().compilation.compile_model
+    assert not EngineArgs(optimization_level=0).create_engine_config().compilation.compile_model
+
+
+def test_only_given_options_are_marked_as_set():
+    config = EngineArgs(max_num_seqs=3).create_engine_config(CpuPlatform())
+    assert config.scheduler.is_user_set("max_num_seqs")
+    assert not config.scheduler.is_user_set("max_num_batched_tokens")
+    assert not config.compilation.is_user_set("compile_model")
+
+
+def test_adjust_config_hook_fills_defaults_but_not_user_flags(site):
+    site.add("tuner", {HOOKS: {"tuner": "tuner.hooks"}}, ADJUSTING_HOOK)
+    points = [ep for group in ALL_GROUPS for ep in metadata.entry_points(group=group)]
+    hooks = get_hook_manager(PluginRegistry(points, None))
+    assert EngineArgs().create_engine_config(hooks=hooks).scheduler.max_num_seqs == 7
+    explicit = EngineArgs(max_num_seqs=32).create_engine_config(hooks=hooks)
+    assert explicit.scheduler.max_num_seqs == 32
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"block_size": 0}, "block_size"),
+        ({"dtype": "float64"}, "dtype"),
+        ({"max_num_seqs": -1}, "max_num_seqs"),
+        ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
+        ({"scheduling_policy": "random"}, "policy"),
+        ({"kv_cache_memory": "lots"}, "size"),
+        ({"sampler_config": "[1, 2]"}, "--sampler-config"),
+        ({"kv_transfer_config": '{"kv_role": "sideways"}'}, "kv_role"),
+    ],
+)
+def test_invalid_values_raise_value_error_naming_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        EngineArgs(**kwargs).create_engine_config()
+
+
+def test_platform_rejects_an_unsupported_quantization():
+    with pytest.raises(ValueError, match="quantization 'awq' is not supported on cpu"):
+        EngineArgs(quantization="awq").create_engine_config(CpuPlatform())
+
+
+def test_config_is_frozen_after_creation():
+    config = EngineArgs().create_engine_config()
+    with pytest.raises(ValueError, match="frozen"):
+        config.cache.block_size = 32
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("4GiB", 4 << 30), ("512MiB", 512 << 20), ("1.5G", 3 << 29), ("2", 2 << 30), (3, 3 << 30)],
+)
+def test_sizes_accept_units_and_bare_gib(text, size):
+    assert parse_size(text) == size
+
+
+def test_cli_flags_use_vllm_names():
+    seen = {}
+
+    @click.command()
+    @engine_options
+    def command(**options):
+        seen["args"] = EngineArgs.from_cli(options)
+
+    flags = [
+        "--max-model-len", "100", "--no-enable-prefix-caching", "-O", "0",
+        "--kv-cache-memory", "512MiB", "--sampler-config", '{"k": 1}',
+        "--tensor-parallel-size", "1", "--enforce-eager",
+    ]  # fmt: skip
+    result = CliRunner().invoke(command, flags, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    config = seen["args"].create_engine_config(CpuPlatform())
+    assert config.model.max_model_len == 100
+    assert config.cache.enable_prefix_caching is False
+    assert config.cache.kv_cache_memory_bytes == 512 << 20
+    assert config.compilation.level == 0
+    assert config.components.sampler_config == {"k": 1}
+    assert not config.scheduler.is_user_set("max_num_seqs")
+    bad = CliRunner().invoke(command, ["--tensor-parallel-size", "x"])
+    assert bad.exit_code == 2 and "tensor-parallel-size" in bad.output

@@ -1,0 +1,52 @@
+"""All seven distributions build wheels that carry their entry points and API declaration."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# distribution -> (source dir, import package, entry points the wheel must declare)
+DISTRIBUTIONS = {
+    "core": (".", "core", ["[core.platforms]", "cpu = core.platforms.cpu:probe"]),
+    "core-cuda": ("plugins/platform_cuda", "core_cuda", ["cuda = core_cuda.probe:probe"]),
+    "core-rocm": ("plugins/platform_rocm", "core_rocm", ["rocm = core_rocm.probe:probe"]),
+    "core-attn-flash": ("plugins/attn_flash", "core_attn_flash", []),
+    "core-quant-awq": ("plugins/quant_awq", "core_quant_awq", []),
+    "core-lora": ("plugins/lora", "core_lora", []),
+    "core-spec-decode": ("plugins/spec_decode", "core_spec_decode", []),
+}
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("wheels")
+    sources = [str(ROOT / source) for source, _, _ in DISTRIBUTIONS.values()]
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w"]
+    subprocess.run([*cmd, str(out), *sources], check=True, capture_output=True)
+    return {name: next(out.glob(f"{name.replace('-', '_')}-*.whl")) for name in DISTRIBUTIONS}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", DISTRIBUTIONS)
+def test_wheel_carries_package_metadata_and_entry_points(wheels, name):
+    _, package, entry_lines = DISTRIBUTIONS[name]
+    with zipfile.ZipFile(wheels[name]) as wheel:
+        files = wheel.namelist()
+        assert f"{package}/__init__.py" in files and f"{package}/py.typed" in files
+        meta = next(f for f in files if f.endswith(".dist-info/METADATA"))
+        metadata = wheel.read(meta).decode()
+        entry_file = next((f for f in files if f.endswith("entry_points.txt")), None)
+        entries = wheel.read(entry_file).decode() if entry_file else ""
+        init = wheel.read(f"{package}/__init__.py").decode()
+    assert f"Name: {name}" in metadata
+    for line in entry_lines:
+        assert line in entries
+    if name != "core":
+        assert "Requires-Dist: core" in metadata
+        assert "CORE_PLUGIN_API" in init
