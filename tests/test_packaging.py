@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -26,7 +27,14 @@ DISTRIBUTIONS = {
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("wheels")
-    sources = [str(ROOT / source) for source, _, _ in DISTRIBUTIONS.values()]
+    # Build from copies: setuptools writes *.egg-info into the source tree, and a stale one
+    # at the repository root would shadow the installed metadata (and its entry points).
+    ignore = shutil.ignore_patterns(".git", ".nox", "tests", "plugins", "benchmarks", "*.egg-info")
+    sources = []
+    for name, (source, _, _) in DISTRIBUTIONS.items():
+        copy = tmp_path_factory.mktemp("src") / name
+        shutil.copytree(ROOT / source, copy, ignore=ignore)
+        sources.append(str(copy))
     cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w"]
     subprocess.run([*cmd, str(out), *sources], check=True, capture_output=True)
     return {name: next(out.glob(f"{name.replace('-', '_')}-*.whl")) for name in DISTRIBUTIONS}
