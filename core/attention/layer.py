@@ -1,0 +1,83 @@
+"""The Attention layer models use: q/k/v in, attention out, backend chosen elsewhere.
+
+A model creates one `Attention` per attention layer with its unique `layer_name` (the
+module prefix, e.g. "model.layers.0.self_attn.attn"). The model runner later binds the
+selected backend (`bind_backend`) and the layer's KV-cache view (`kv_cache`); at forward
+time the layer reads its metadata from the forward context. No model code knows which
+backend runs.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from core.attention.interface import AttentionBackend, AttentionImpl, AttentionType
+from core.forward_context import get_forward_context
+from core.kv_cache.spec import AttentionSpec, FullAttentionSpec, SlidingWindowSpec
+
+
+class Attention(nn.Module):
+    def __init__(
+        self,
+        layer_name: str,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int,
+        sliding_window: int | None = None,
+        attn_type: AttentionType = AttentionType.DECODER,
+    ) -> None:
+        super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError(f"{layer_name}: {num_heads} heads not divisible by {num_kv_heads}")
+        self.layer_name = layer_name
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = scale
+        self.num_kv_heads = num_kv_heads
+        self.sliding_window = sliding_window
+        self.attn_type = attn_type
+        self.impl: AttentionImpl | None = None
+        self.kv_cache: torch.Tensor | None = None  # bound by the worker after allocation
+
+    def bind_backend(self, backend: type[AttentionBackend]) -> None:
+        self.impl = backend.get_impl_cls()(
+            self.num_heads,
+            self.head_size,
+            self.scale,
+            self.num_kv_heads,
+            self.sliding_window,
+            self.attn_type,
+        )
+
+    def kv_cache_spec(self, block_size: int, dtype: torch.dtype) -> AttentionSpec:
+        """What this layer keeps per block (the worker reports it to the engine)."""
+        common = dict(
+            block_size=block_size,
+            num_kv_heads=self.num_kv_heads,
+            head_size=self.head_size,
+            dtype=dtype,
+        )
+        if self.sliding_window is not None:
+            return SlidingWindowSpec(sliding_window=self.sliding_window, **common)
+        return FullAttentionSpec(**common)
+
+    def forward(
+        self,
+        query: torch.Tensor,  # [num_tokens, num_heads * head_size]
+        key: torch.Tensor,  # [num_tokens, num_kv_heads * head_size]
+        value: torch.Tensor,  # [num_tokens, num_kv_heads * head_size]
+    ) -> torch.Tensor:  # [num_tokens, num_heads * head_size]
+        if self.impl is None or self.kv_cache is None:
+            raise RuntimeError(f"{self.layer_name}: no backend or KV cache bound")
+        metadata = get_forward_context().attn_metadata[self.layer_name]
+        num_tokens = query.shape[0]
+        out = self.impl.forward(
+            query.view(num_tokens, self.num_heads, self.head_size),
+            key.view(num_tokens, self.num_kv_heads, self.head_size),
+            value.view(num_tokens, self.num_kv_heads, self.head_size),
+            self.kv_cache,
+            metadata,
+        )
+        return out.reshape(num_tokens, self.num_heads * self.head_size)

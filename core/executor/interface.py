@@ -1,0 +1,42 @@
+"""The Executor: how the engine core reaches its workers (in-process, processes, Ray)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from core.config import EngineConfig
+from core.kv_cache.layout import KVCacheConfig
+from core.kv_cache.spec import KVCacheSpec
+from core.scheduler.output import SchedulerOutput
+from core.worker.output import ModelRunnerOutput
+
+
+class Executor(ABC):
+    """Runs the same call on every worker and gathers the results.
+
+    `collective_rpc(method, args, kwargs)` calls `method` on each worker (a Worker method
+    name) and returns their results in rank order. The other methods are that call with
+    a fixed method name; `execute_model` returns the driver worker's output, since every
+    rank computes the same sampled tokens.
+    """
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+
+    @abstractmethod
+    def collective_rpc(
+        self, method: str, args: tuple = (), kwargs: dict[str, Any] | None = None
+    ) -> list[Any]: ...
+
+    def get_kv_cache_specs(self) -> list[dict[str, KVCacheSpec]]:
+        return self.collective_rpc("get_kv_cache_spec")
+
+    def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
+        self.collective_rpc("initialize_kv_cache", (kv_cache_config,))
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self.collective_rpc("execute_model", (scheduler_output,))[0]
+
+    def shutdown(self) -> None:
+        """Release the workers; the default has nothing to release."""

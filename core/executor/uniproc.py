@@ -1,0 +1,26 @@
+"""UniProcExecutor: one worker, in the engine-core process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.config import EngineConfig
+from core.executor.interface import Executor
+from core.model_loader import Checkpoint
+from core.platforms.interface import Platform
+from core.worker.worker import Worker
+
+
+class UniProcExecutor(Executor):
+    def __init__(
+        self, config: EngineConfig, platform: Platform, checkpoint: Checkpoint | None = None
+    ) -> None:
+        super().__init__(config)
+        self.worker = Worker(config, platform)
+        self.worker.init_device()
+        self.worker.load_model(checkpoint)
+
+    def collective_rpc(
+        self, method: str, args: tuple = (), kwargs: dict[str, Any] | None = None
+    ) -> list[Any]:
+        return [getattr(self.worker, method)(*args, **(kwargs or {}))]

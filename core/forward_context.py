@@ -1,0 +1,40 @@
+"""The forward context: per-step data the attention layers read without the model knowing.
+
+The model's forward signature stays (input_ids, positions); the model runner sets the
+context around the forward so each Attention layer finds its backend metadata by its
+layer name. It is the one deliberate implicit channel (STYLE.md habit 6), set and
+cleared by a context manager.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class ForwardContext:
+    attn_metadata: dict[str, Any]  # layer name -> that layer's backend metadata this step
+    num_tokens: int
+    extra: dict[str, Any] = field(default_factory=dict)  # e.g. the KV connector of the step
+
+
+_current: ForwardContext | None = None
+
+
+@contextmanager
+def set_forward_context(context: ForwardContext) -> Iterator[ForwardContext]:
+    global _current
+    previous, _current = _current, context
+    try:
+        yield context
+    finally:
+        _current = previous
+
+
+def get_forward_context() -> ForwardContext:
+    if _current is None:
+        raise RuntimeError("no forward context is set: run the model inside set_forward_context")
+    return _current

@@ -1,0 +1,168 @@
+"""ArchConfig: the architecture hyperparameters a model class is built from.
+
+Built from a transformers-style config.json dict (what every checkpoint loader produces,
+whatever the file format), so the model code depends on one typed value rather than on
+transformers' config classes. Both the transformers 4 spelling (`rope_theta`,
+`rope_scaling`) and the transformers 5 one (`rope_parameters`) are read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+FULL_ATTENTION = "full_attention"
+SLIDING_ATTENTION = "sliding_attention"
+_LAYER_TYPES = (FULL_ATTENTION, SLIDING_ATTENTION)
+_DEFAULT_ROPE_THETA = 10000.0  # transformers' default for the Llama family
+
+
+@dataclass(frozen=True)
+class ArchConfig:
+    """Hyperparameters of a Llama-family decoder, in transformers' vocabulary.
+
+    `rope_scaling` is None for plain RoPE, else a dict with "rope_type" ("linear",
+    "llama3", ...) and that type's parameters (llama3: factor, low_freq_factor,
+    high_freq_factor, original_max_position_embeddings). `sliding_window` is already None
+    when the checkpoint turns it off (`use_sliding_window: false`); `layer_types` says per
+    layer whether the window applies. Whether an architecture honours the window at all
+    is the model class's business.
+    """
+
+    architectures: tuple[str, ...]
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    rope_scaling: dict[str, Any] | None = field(default=None, hash=False)
+    tie_word_embeddings: bool = False
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] = ()
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def from_hf(cls, d: dict[str, Any]) -> ArchConfig:
+        """Read a config.json dict; ValueError naming a missing or invalid key."""
+        architectures = _required(d, "architectures")
+        if not isinstance(architectures, list) or not architectures:
+            raise ValueError(f"config 'architectures' should be a non-empty list: {architectures}")
+        hidden_act = d.get("hidden_act", "silu")
+        if hidden_act != "silu":
+            raise ValueError(f"config 'hidden_act' {hidden_act!r} is not supported (only 'silu')")
+        num_layers = int(_required(d, "num_hidden_layers"))
+        rope_theta, rope_scaling = _rope(d)
+        sliding_window = d.get("sliding_window") if d.get("use_sliding_window", True) else None
+        config = cls(
+            architectures=tuple(architectures),
+            vocab_size=int(_required(d, "vocab_size")),
+            hidden_size=int(_required(d, "hidden_size")),
+            intermediate_size=int(_required(d, "intermediate_size")),
+            num_hidden_layers=num_layers,
+            num_attention_heads=int(_required(d, "num_attention_heads")),
+            num_key_value_heads=int(
+                d.get("num_key_value_heads") or _required(d, "num_attention_heads")
+            ),
+            head_dim=_head_dim(d),
+            rms_norm_eps=float(_required(d, "rms_norm_eps")),
+            rope_theta=rope_theta,
+            max_position_embeddings=int(_required(d, "max_position_embeddings")),
+            rope_scaling=rope_scaling,
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            sliding_window=None if sliding_window is None else int(sliding_window),
+            layer_types=_layer_types(d, num_layers, sliding_window),
+            attention_bias=bool(d.get("attention_bias", False)),
+            mlp_bias=bool(d.get("mlp_bias", False)),
+            bos_token_id=d.get("bos_token_id"),
+            eos_token_ids=_token_ids(d.get("eos_token_id")),
+        )
+        config._validate()
+        return config
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """The primary end-of-sequence id: the first of `eos_token_ids` (config.json may
+        list several, e.g. Llama 3's end-of-turn ids; the rest are extra stop tokens)."""
+        return self.eos_token_ids[0] if self.eos_token_ids else None
+
+    def layer_sliding_window(self, layer_idx: int) -> int | None:
+        """The window of layer `layer_idx` (None: full attention)."""
+        if self.layer_types[layer_idx] == SLIDING_ATTENTION:
+            return self.sliding_window
+        return None
+
+    def _validate(self) -> None:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"config 'num_attention_heads' ({self.num_attention_heads}) is not a multiple "
+                f"of 'num_key_value_heads' ({self.num_key_value_heads})"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"config 'head_dim' should be even for RoPE, got {self.head_dim}")
+
+
+def _required(d: dict[str, Any], key: str) -> Any:
+    if d.get(key) is None:
+        raise ValueError(f"model config is missing {key!r}")
+    return d[key]
+
+
+def _head_dim(d: dict[str, Any]) -> int:
+    if d.get("head_dim"):
+        return int(d["head_dim"])
+    hidden, heads = int(_required(d, "hidden_size")), int(_required(d, "num_attention_heads"))
+    if hidden % heads:
+        raise ValueError(
+            f"config needs 'head_dim': {hidden} hidden not a multiple of {heads} heads"
+        )
+    return hidden // heads
+
+
+def _rope(d: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, rope_scaling) from either transformers spelling.
+
+    transformers 5 writes one `rope_parameters` dict holding rope_theta and the scaling;
+    older configs have a top-level `rope_theta` and a `rope_scaling` dict whose type key
+    is "type" or "rope_type". A "default" type means no scaling.
+    """
+    params = {**(d.get("rope_scaling") or {}), **(d.get("rope_parameters") or {})}
+    rope_theta = float(params.pop("rope_theta", None) or d.get("rope_theta") or _DEFAULT_ROPE_THETA)
+    legacy_type = params.pop("type", None)
+    rope_type = params.pop("rope_type", None) or legacy_type or "default"
+    if rope_type == "default":
+        return rope_theta, None
+    return rope_theta, {"rope_type": rope_type, **params}
+
+
+def _layer_types(d: dict[str, Any], num_layers: int, sliding_window: Any) -> tuple[str, ...]:
+    """Per layer, full or sliding attention.
+
+    An explicit `layer_types` wins; otherwise, as transformers does for Qwen2/Qwen3, the
+    layers from `max_window_layers` on slide (Mistral has no such key: all of them).
+    """
+    if d.get("layer_types"):
+        types = tuple(d["layer_types"])
+        if len(types) != num_layers or any(t not in _LAYER_TYPES for t in types):
+            raise ValueError(
+                f"config 'layer_types' should list {num_layers} of {_LAYER_TYPES}: {types}"
+            )
+        return types
+    first_sliding = int(d.get("max_window_layers") or 0)
+    return tuple(
+        SLIDING_ATTENTION if sliding_window is not None and i >= first_sliding else FULL_ATTENTION
+        for i in range(num_layers)
+    )
+
+
+def _token_ids(value: int | list[int] | None) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return (int(value),) if isinstance(value, int) else tuple(int(v) for v in value)

@@ -1,0 +1,20 @@
+"""The building blocks of the Llama-family decoders."""
+
+from core.models.layers.activation import SiluAndMul
+from core.models.layers.layernorm import RMSNorm
+from core.models.layers.linear import LinearBase, MergedLinear, QKVLinear, ReplicatedLinear
+from core.models.layers.rotary_embedding import RotaryEmbedding, apply_rotary_emb
+from core.models.layers.vocab_embedding import LMHead, VocabEmbedding
+
+__all__ = [
+    "LMHead",
+    "LinearBase",
+    "MergedLinear",
+    "QKVLinear",
+    "RMSNorm",
+    "ReplicatedLinear",
+    "RotaryEmbedding",
+    "SiluAndMul",
+    "VocabEmbedding",
+    "apply_rotary_emb",
+]

@@ -1,0 +1,15 @@
+"""The gated activation of the Llama-family MLP."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class SiluAndMul(nn.Module):
+    """silu(gate) * up, where the input is [gate | up] concatenated on the last dimension."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, 2 * I] -> [T, I]
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up

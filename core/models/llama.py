@@ -1,0 +1,259 @@
+"""The Llama-family decoder, shared by Llama, Mistral, Qwen2 and Qwen3.
+
+One implementation, parameterized by the ArchConfig and a few per-architecture switches
+(`DecoderOptions`); the other architectures are subclasses that only choose switches.
+Tokens of all scheduled requests are packed back to back ([T], no batch dimension); the
+attention layers find how they split into requests in the forward context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from core.attention.layer import Attention
+from core.models.arch_config import ArchConfig
+from core.models.hf_weights import StackedParam, load_hf_weights
+from core.models.layers import (
+    LMHead,
+    MergedLinear,
+    QKVLinear,
+    ReplicatedLinear,
+    RMSNorm,
+    RotaryEmbedding,
+    SiluAndMul,
+    VocabEmbedding,
+    apply_rotary_emb,
+)
+from core.quantization.interface import QuantizationConfig
+
+# Checkpoint projections that the decoder fuses into one matmul each.
+_STACKED_PARAMS = (
+    StackedParam("qkv_proj", "q_proj", "q"),
+    StackedParam("qkv_proj", "k_proj", "k"),
+    StackedParam("qkv_proj", "v_proj", "v"),
+    StackedParam("gate_up_proj", "gate_proj", 0),
+    StackedParam("gate_up_proj", "up_proj", 1),
+)
+
+
+@dataclass(frozen=True)
+class DecoderOptions:
+    """Where the Llama-family architectures differ, as switches on one decoder."""
+
+    qkv_bias: bool = False
+    o_proj_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False  # RMSNorm of each query / key head before RoPE (Qwen3)
+    sliding_window: bool = False  # honour the config's sliding window on its layers
+
+
+class LlamaMLP(nn.Module):
+    def __init__(
+        self,
+        config: ArchConfig,
+        options: DecoderOptions,
+        quant_config: QuantizationConfig | None,
+        prefix: str,
+        dtype: torch.dtype,
+    ) -> None:
+        super().__init__()
+        hidden, inter = config.hidden_size, config.intermediate_size
+        self.gate_up_proj = MergedLinear(
+            hidden, [inter, inter], options.mlp_bias, quant_config, f"{prefix}.gate_up_proj", dtype
+        )
+        self.act_fn = SiluAndMul()
+        self.down_proj = ReplicatedLinear(
+            inter, hidden, options.mlp_bias, quant_config, f"{prefix}.down_proj", dtype
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaAttention(nn.Module):
+    def __init__(
+        self,
+        config: ArchConfig,
+        options: DecoderOptions,
+        layer_idx: int,
+        quant_config: QuantizationConfig | None,
+        prefix: str,
+        dtype: torch.dtype,
+    ) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.qkv_proj = QKVLinear(
+            config.hidden_size,
+            self.head_dim,
+            self.num_heads,
+            self.num_kv_heads,
+            bias=options.qkv_bias,
+            quant_config=quant_config,
+            prefix=f"{prefix}.qkv_proj",
+            dtype=dtype,
+        )
+        self.o_proj = ReplicatedLinear(
+            self.num_heads * self.head_dim,
+            config.hidden_size,
+            bias=options.o_proj_bias,
+            quant_config=quant_config,
+            prefix=f"{prefix}.o_proj",
+            dtype=dtype,
+        )
+        self.q_norm = _head_norm(config, options, dtype)
+        self.k_norm = _head_norm(config, options, dtype)
+        window = config.layer_sliding_window(layer_idx) if options.sliding_window else None
+        self.attn = Attention(
+            layer_name=f"{prefix}.attn",
+            num_heads=self.num_heads,
+            head_size=self.head_dim,
+            scale=self.head_dim**-0.5,
+            num_kv_heads=self.num_kv_heads,
+            sliding_window=window,
+        )
+
+    def forward(
+        self,
+        hidden: torch.Tensor,  # [T, hidden]
+        cos: torch.Tensor,  # [T, 1, head_dim]
+        sin: torch.Tensor,  # [T, 1, head_dim]
+    ) -> torch.Tensor:  # [T, hidden]
+        num_tokens = hidden.shape[0]
+        qkv = self.qkv_proj(hidden)  # [T, (H + 2 * H_kv) * D]
+        kv_size = self.qkv_proj.kv_size
+        q, k, v = qkv.split([self.qkv_proj.q_size, kv_size, kv_size], dim=-1)
+        q = self.q_norm(q.view(num_tokens, self.num_heads, self.head_dim))  # [T, H, D]
+        k = self.k_norm(k.view(num_tokens, self.num_kv_heads, self.head_dim))  # [T, H_kv, D]
+        q, k = apply_rotary_emb(q, cos, sin), apply_rotary_emb(k, cos, sin)
+        out = self.attn(q.reshape(num_tokens, -1), k.reshape(num_tokens, -1), v)  # [T, H * D]
+        return self.o_proj(out)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(
+        self,
+        config: ArchConfig,
+        options: DecoderOptions,
+        layer_idx: int,
+        quant_config: QuantizationConfig | None,
+        prefix: str,
+        dtype: torch.dtype,
+    ) -> None:
+        super().__init__()
+        eps = config.rms_norm_eps
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype)
+        self.self_attn = LlamaAttention(
+            config, options, layer_idx, quant_config, f"{prefix}.self_attn", dtype
+        )
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype)
+        self.mlp = LlamaMLP(config, options, quant_config, f"{prefix}.mlp", dtype)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,  # [T, hidden]
+        cos: torch.Tensor,  # [T, 1, head_dim]
+        sin: torch.Tensor,  # [T, 1, head_dim]
+    ) -> torch.Tensor:  # [T, hidden]
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class LlamaModel(nn.Module):
+    """Embedding, decoder layers and final norm: token ids to last hidden states."""
+
+    def __init__(
+        self,
+        config: ArchConfig,
+        options: DecoderOptions,
+        quant_config: QuantizationConfig | None,
+        prefix: str,
+        dtype: torch.dtype,
+    ) -> None:
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype)
+        # One table for all layers: it is indexed by position only.
+        self.rotary_emb = RotaryEmbedding(
+            config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
+        )
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, options, i, quant_config, f"{prefix}.layers.{i}", dtype)
+            for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T] int64
+        positions: torch.Tensor,  # [T] int64
+    ) -> torch.Tensor:  # [T, hidden]
+        hidden = self.embed_tokens(input_ids)
+        cos, sin = self.rotary_emb(positions)
+        for layer in self.layers:
+            hidden = layer(hidden, cos, sin)
+        return self.norm(hidden)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Llama 2/3 (incl. llama3 RoPE scaling), SmolLM2, TinyLlama; tied embeddings optional.
+
+    The interface every core model class implements:
+    - `__init__(config, quant_config=None, dtype=torch.float32)` builds the parameters,
+      uninitialized, on the current default device; `load_weights` fills them.
+    - `forward(input_ids [T], positions [T]) -> hidden [T, hidden_size]`, run inside
+      `core.forward_context.set_forward_context` with each attention layer's backend and
+      KV cache bound (see `core.attention.layer.Attention`).
+    - `compute_logits(hidden [N, hidden_size]) -> [N, vocab_size]`.
+    - `load_weights(weights)` takes `(hf_name, tensor)` pairs as a Checkpoint yields them.
+    """
+
+    @classmethod
+    def decoder_options(cls, config: ArchConfig) -> DecoderOptions:
+        # Llama applies `attention_bias` to all four projections; it has no window.
+        bias = config.attention_bias
+        return DecoderOptions(qkv_bias=bias, o_proj_bias=bias, mlp_bias=config.mlp_bias)
+
+    def __init__(
+        self,
+        config: ArchConfig,
+        quant_config: QuantizationConfig | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        options = self.decoder_options(config)
+        self.model = LlamaModel(config, options, quant_config, "model", dtype)
+        tied_to = self.model.embed_tokens if config.tie_word_embeddings else None
+        self.lm_head = LMHead(config.vocab_size, config.hidden_size, dtype, tied_to)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, positions)  # [T] -> [T, hidden]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)  # [N, hidden] -> [N, vocab]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load Hugging Face-named tensors; ValueError naming missing / unexpected ones.
+
+        q/k/v and gate/up projections go to their shard of the fused parameters. RoPE
+        tables some checkpoints carry ("rotary_emb.inv_freq") are recomputed, not read;
+        a tied model ignores an "lm_head.weight" (it is the embedding).
+        """
+        load_hf_weights(self, weights, _STACKED_PARAMS, self._skips_weight)
+
+    def _skips_weight(self, hf_name: str) -> bool:
+        if "rotary_emb" in hf_name.split("."):
+            return True
+        return self.config.tie_word_embeddings and hf_name == "lm_head.weight"
+
+
+def _head_norm(config: ArchConfig, options: DecoderOptions, dtype: torch.dtype) -> nn.Module:
+    """Per-head RMSNorm of queries or keys where the architecture has one, else identity."""
+    if options.qk_norm:
+        return RMSNorm(config.head_dim, config.rms_norm_eps, dtype)
+    return nn.Identity()

@@ -1,0 +1,24 @@
+"""Quantization: the QuantizationConfig / LinearMethod interfaces, their reference, lookup."""
+
+from core.quantization.interface import LinearMethod, QuantizationConfig
+from core.quantization.registry import get_quantization_config_class
+from core.quantization.unquantized import UnquantizedLinearMethod
+from core.quantization.weight_loader import (
+    WeightLoader,
+    default_weight_loader,
+    fused_weight_loader,
+    get_weight_loader,
+    set_weight_loader,
+)
+
+__all__ = [
+    "LinearMethod",
+    "QuantizationConfig",
+    "UnquantizedLinearMethod",
+    "WeightLoader",
+    "default_weight_loader",
+    "fused_weight_loader",
+    "get_quantization_config_class",
+    "get_weight_loader",
+    "set_weight_loader",
+]

@@ -1,0 +1,42 @@
+"""The reference LinearMethod: a plain weight matrix and F.linear."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from core.quantization.interface import LinearMethod
+from core.quantization.weight_loader import fused_weight_loader, set_weight_loader
+
+
+class UnquantizedLinearMethod(LinearMethod):
+    """`weight` [sum(output_sizes), input_size] and optional `bias`, in the model's dtype."""
+
+    def create_weights(
+        self,
+        layer: nn.Module,
+        input_size: int,
+        output_sizes: list[int],
+        bias: bool,
+        dtype: torch.dtype,
+    ) -> None:
+        loader = fused_weight_loader(output_sizes)
+        output_size = sum(output_sizes)
+        weight = nn.Parameter(
+            torch.empty(output_size, input_size, dtype=dtype), requires_grad=False
+        )
+        set_weight_loader(weight, loader)
+        layer.register_parameter("weight", weight)
+        if bias:
+            bias_param = nn.Parameter(torch.empty(output_size, dtype=dtype), requires_grad=False)
+            set_weight_loader(bias_param, loader)
+            layer.register_parameter("bias", bias_param)
+
+    def apply(
+        self,
+        layer: nn.Module,
+        x: torch.Tensor,  # [num_tokens, input_size]
+        bias: torch.Tensor | None,
+    ) -> torch.Tensor:  # [num_tokens, sum(output_sizes)]
+        return F.linear(x, layer.weight, bias)

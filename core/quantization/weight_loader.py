@@ -1,0 +1,72 @@
+"""Per-parameter weight loaders: how one checkpoint tensor lands in one model parameter.
+
+Every parameter a model loads may carry a `weight_loader(param, loaded, shard_id)`
+attribute; the model's `load_weights` calls it with the Hugging Face tensor and, for a
+fused parameter (q/k/v or gate/up stacked along the output dimension), the id of the
+shard the tensor fills. Parameters without one get `default_weight_loader`. Quantization
+plugins build their parameters' loaders from the helpers here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+from torch import nn
+
+ShardId = int | str | None
+"""Which fused output a checkpoint tensor fills: an index, a layer's own name ("q"), or None."""
+
+
+class WeightLoader(Protocol):
+    def __call__(
+        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId = None
+    ) -> None: ...
+
+
+def set_weight_loader(param: nn.Parameter, loader: WeightLoader) -> None:
+    param.weight_loader = loader
+
+
+def get_weight_loader(param: nn.Parameter) -> WeightLoader:
+    """The parameter's own loader, else `default_weight_loader`."""
+    return getattr(param, "weight_loader", default_weight_loader)
+
+
+def default_weight_loader(
+    param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId = None
+) -> None:
+    """Copy `loaded` into the whole of `param` (cast to its dtype); shapes must match."""
+    if shard_id is not None:
+        raise ValueError(f"parameter is not fused, got shard {shard_id!r}")
+    _copy_checked(param.data, loaded)
+
+
+def fused_weight_loader(output_sizes: Sequence[int], output_dim: int = 0) -> WeightLoader:
+    """A loader for a parameter holding `len(output_sizes)` shards along `output_dim`.
+
+    Shard ids are indices into `output_sizes`; shard i fills the slice starting at
+    sum(output_sizes[:i]). A parameter not split per shard (one shard) takes shard None.
+    A plugin whose parameters pack several outputs per element (e.g. eight 4-bit values
+    per int32) passes the packed sizes.
+    """
+    offsets = [sum(output_sizes[:i]) for i in range(len(output_sizes))]
+
+    def load(param: nn.Parameter, loaded: torch.Tensor, shard_id: int | None = None) -> None:
+        if shard_id is None:
+            if len(output_sizes) != 1:
+                raise ValueError(f"fused parameter of {len(output_sizes)} shards needs a shard id")
+            shard_id = 0
+        if not 0 <= shard_id < len(output_sizes):
+            raise ValueError(f"shard {shard_id} out of range for {len(output_sizes)} shards")
+        target = param.data.narrow(output_dim, offsets[shard_id], output_sizes[shard_id])
+        _copy_checked(target, loaded)
+
+    return load
+
+
+def _copy_checked(target: torch.Tensor, loaded: torch.Tensor) -> None:
+    if target.shape != loaded.shape:
+        raise ValueError(f"shape {tuple(loaded.shape)} does not fit {tuple(target.shape)}")
+    target.copy_(loaded)

@@ -1,0 +1,272 @@
+"""ModelRunner: turns a SchedulerOutput into model inputs, runs the model, samples.
+
+It owns the persistent InputBatch. Each step it (1) applies the scheduler's changes to
+the batch, (2) fills preallocated host arrays with input_ids, positions, slot_mapping,
+query_start_loc and seq_lens for the scheduled tokens only, (3) builds each KV-cache
+group's attention metadata, (4) runs the model inside the forward context, and
+(5) computes logits only for the rows that sample (and prompt positions whose logprobs
+were asked), then samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from core.attention.interface import AttentionMetadataBuilder, CommonAttentionMetadata
+from core.forward_context import ForwardContext, set_forward_context
+from core.kv_cache.layout import KVCacheConfig
+from core.sample.interface import Sampler
+from core.sample.logprobs import LogprobsTensors, compute_prompt_logprobs
+from core.sample.metadata import SamplingMetadata
+from core.scheduler.output import SchedulerOutput
+from core.worker.input_batch import CachedRequestState, InputBatch
+from core.worker.output import LogprobsLists, ModelRunnerOutput
+
+
+@dataclass
+class _StepInputs:
+    rows: np.ndarray  # [T] batch row of each token
+    positions: np.ndarray  # [T]
+    query_start_loc: np.ndarray  # [num_reqs + 1]
+    seq_lens: np.ndarray  # [num_reqs]
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: nn.Module,
+        sampler: Sampler,
+        device: torch.device,
+        max_num_reqs: int,
+        max_model_len: int,
+        max_num_batched_tokens: int,
+        vocab_size: int,
+        eos_token_id: int | None,
+    ) -> None:
+        self.model = model
+        self.sampler = sampler
+        self.device = device
+        self.max_num_reqs = max_num_reqs
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.eos_token_id = eos_token_id
+        self.requests: dict[str, CachedRequestState] = {}
+        self.batch: InputBatch | None = None
+        self._builders: list[tuple[AttentionMetadataBuilder, tuple[str, ...]]] = []
+        self._arange = np.arange(max(max_num_batched_tokens, max_num_reqs) + 1, dtype=np.int64)
+
+    def initialize_kv_cache(
+        self, config: KVCacheConfig, builders: list[AttentionMetadataBuilder]
+    ) -> None:
+        """Size the batch's block tables to the groups; one metadata builder per group."""
+        sizes = [group.kv_cache_spec.block_size for group in config.kv_cache_groups]
+        self.batch = InputBatch(self.max_num_reqs, self.max_model_len, sizes)
+        layers = [group.layer_names for group in config.kv_cache_groups]
+        self._builders = list(zip(builders, layers, strict=True))
+
+    # -- 1. state -------------------------------------------------------------------------
+
+    def _update_states(self, so: SchedulerOutput) -> None:
+        batch = self._require_batch()
+        for req_id in so.finished_req_ids:
+            self.requests.pop(req_id, None)
+            if req_id in batch.req_id_to_row:
+                batch.remove(req_id)
+        # A request not scheduled this step leaves the batch but keeps its state.
+        for req_id in list(batch.req_id_to_row):
+            if req_id not in so.num_scheduled_tokens:
+                batch.remove(req_id)
+        for new in so.scheduled_new_reqs:
+            state = CachedRequestState(
+                req_id=new.req_id,
+                prompt_token_ids=list(new.prompt_token_ids),
+                sampling_params=new.sampling_params,
+                generator=self._generator(new.sampling_params.seed),
+                block_ids=tuple(list(ids) for ids in new.block_ids),
+                num_computed_tokens=new.num_computed_tokens,
+            )
+            self.requests[new.req_id] = state
+            batch.add(state)
+        self._update_cached(so)
+        batch.condense()
+
+    def _update_cached(self, so: SchedulerOutput) -> None:
+        batch = self._require_batch()
+        cached = so.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            state = self.requests[req_id]
+            state.num_computed_tokens = cached.num_computed_tokens[i]
+            new_ids = cached.new_block_ids[i]
+            if cached.resumed_from_preemption[i]:
+                state.block_ids = tuple(list(ids) for ids in new_ids or ())
+            elif new_ids is not None:
+                for ids, added in zip(state.block_ids, new_ids, strict=True):
+                    ids.extend(added)
+            row = batch.req_id_to_row.get(req_id)
+            if row is None:
+                batch.add(state)
+                continue
+            batch.num_computed_tokens[row] = state.num_computed_tokens
+            if new_ids is not None:
+                for table, added in zip(batch.block_tables, new_ids, strict=True):
+                    table.append_row(row, added)
+
+    def _generator(self, seed: int | None) -> torch.Generator | None:
+        if seed is None:
+            return None
+        return torch.Generator(device=self.device).manual_seed(seed)
+
+    # -- 2. inputs ------------------------------------------------------------------------
+
+    def _prepare_inputs(self, so: SchedulerOutput) -> _StepInputs:
+        batch = self._require_batch()
+        num_reqs = batch.num_reqs
+        counts = np.array(
+            [so.num_scheduled_tokens[state.req_id] for state in batch.rows[:num_reqs]],
+            dtype=np.int64,
+        )
+        query_start_loc = np.zeros(num_reqs + 1, dtype=np.int64)
+        np.cumsum(counts, out=query_start_loc[1:])
+        total = int(query_start_loc[-1])
+        rows = np.repeat(self._arange[:num_reqs], counts)  # [T]
+        offsets = self._arange[:total] - query_start_loc[rows]  # [T] index within the request
+        positions = batch.num_computed_tokens[rows] + offsets
+        seq_lens = batch.num_computed_tokens[:num_reqs] + counts
+        if np.any(seq_lens > batch.num_tokens[:num_reqs]):
+            raise ValueError("scheduled tokens beyond a request's known tokens")
+        return _StepInputs(rows, positions, query_start_loc, seq_lens)
+
+    def _attention_metadata(self, inputs: _StepInputs) -> dict[str, Any]:
+        batch = self._require_batch()
+        num_reqs = len(inputs.seq_lens)
+        per_layer: dict[str, Any] = {}
+        for (builder, layer_names), table in zip(self._builders, batch.block_tables, strict=True):
+            common = CommonAttentionMetadata(
+                query_start_loc=self._tensor(inputs.query_start_loc, torch.int32),
+                seq_lens=self._tensor(inputs.seq_lens, torch.int32),
+                num_computed_tokens=self._tensor(batch.num_computed_tokens[:num_reqs], torch.int32),
+                block_table=table.tensor[:num_reqs].to(self.device),
+                slot_mapping=self._tensor(table.slot_mapping(inputs.rows, inputs.positions)),
+                num_reqs=num_reqs,
+                num_actual_tokens=len(inputs.rows),
+                max_query_len=int(np.diff(inputs.query_start_loc).max(initial=0)),
+                max_seq_len=int(inputs.seq_lens.max(initial=0)),
+            )
+            metadata = builder.build(common)
+            per_layer.update(dict.fromkeys(layer_names, metadata))
+        return per_layer
+
+    def _tensor(self, array: np.ndarray, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        return torch.from_numpy(array).to(device=self.device, dtype=dtype)
+
+    # -- 3. step --------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        if so.grammar_bitmask is not None:
+            raise NotImplementedError("structured-output bitmasks are not applied yet")
+        self._update_states(so)
+        batch = self._require_batch()
+        if so.total_num_scheduled_tokens == 0 or batch.num_reqs == 0:
+            return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
+        inputs = self._prepare_inputs(so)
+        input_ids = self._tensor(batch.token_ids[inputs.rows, inputs.positions])
+        context = ForwardContext(self._attention_metadata(inputs), len(inputs.rows))
+        with set_forward_context(context):
+            hidden = self.model(input_ids, self._tensor(inputs.positions))  # [T, H]
+        sample_rows = np.flatnonzero(inputs.seq_lens == batch.num_tokens[: batch.num_reqs])
+        prompt_rows, prompt_index, prompt_targets = self._prompt_logprob_positions(inputs)
+        last_index = inputs.query_start_loc[sample_rows + 1] - 1
+        logits = self.model.compute_logits(
+            hidden[self._tensor(np.concatenate([last_index, prompt_index]))]
+        )  # [num_sample + num_prompt_positions, V]
+        output = self._sample(logits[: len(sample_rows)], sample_rows)
+        output.prompt_logprobs = self._prompt_logprobs(
+            logits[len(sample_rows) :], prompt_rows, prompt_targets
+        )
+        return output
+
+    def _sample(self, logits: torch.Tensor, sample_rows: np.ndarray) -> ModelRunnerOutput:
+        batch = self._require_batch()
+        states = [batch.rows[row] for row in range(batch.num_reqs)]
+        req_ids = [s.req_id for s in states if s is not None]
+        sampled: list[list[int]] = [[] for _ in req_ids]
+        logprobs: dict[str, LogprobsLists] = {}
+        if len(sample_rows) == 0:
+            return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled)
+        chosen = [states[row] for row in sample_rows]
+        metadata = SamplingMetadata.from_params(
+            [s.sampling_params for s in chosen],
+            output_token_ids=[s.output_token_ids for s in chosen],
+            prompt_token_ids=[s.prompt_token_ids for s in chosen],
+            vocab_size=self.vocab_size,
+            generators={i: s.generator for i, s in enumerate(chosen) if s.generator is not None},
+            eos_token_id=self.eos_token_id,
+            device=self.device,
+        )
+        result = self.sampler(logits, metadata)
+        token_ids = result.sampled_token_ids.tolist()
+        for i, row in enumerate(sample_rows):
+            sampled[row] = [token_ids[i]]
+            batch.append_token(int(row), token_ids[i])
+            if chosen[i].sampling_params.logprobs is not None and result.logprobs is not None:
+                k = chosen[i].sampling_params.logprobs
+                logprobs[chosen[i].req_id] = _lists(result.logprobs, i, i + 1, k)
+        return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled, logprobs=logprobs)
+
+    def _prompt_logprob_positions(
+        self, inputs: _StepInputs
+    ) -> tuple[list[tuple[str, int, int]], np.ndarray, np.ndarray]:
+        """([(req_id, start, end) into the prompt slices], hidden indices, target ids).
+
+        A prompt position p predicts prompt token p + 1, so the last prompt position
+        (which predicts the first output token) has no prompt logprob.
+        """
+        batch = self._require_batch()
+        spans, indices, targets = [], [], []
+        for row in range(batch.num_reqs):
+            state = batch.rows[row]
+            if state is None or state.sampling_params.prompt_logprobs is None:
+                continue
+            start = int(inputs.query_start_loc[row])
+            first = int(inputs.seq_lens[row]) - (int(inputs.query_start_loc[row + 1]) - start)
+            last = min(int(inputs.seq_lens[row]), len(state.prompt_token_ids) - 1)
+            if last <= first:
+                continue
+            spans.append((state.req_id, len(indices), len(indices) + last - first))
+            indices.extend(range(start, start + last - first))
+            targets.extend(state.prompt_token_ids[first + 1 : last + 1])
+        return spans, np.array(indices, dtype=np.int64), np.array(targets, dtype=np.int64)
+
+    def _prompt_logprobs(
+        self, logits: torch.Tensor, spans: list[tuple[str, int, int]], targets: np.ndarray
+    ) -> dict[str, LogprobsLists]:
+        if not spans:
+            return {}
+        k = max(self.requests[req_id].sampling_params.prompt_logprobs or 0 for req_id, *_ in spans)
+        tensors = compute_prompt_logprobs(logits, self._tensor(targets), k)
+        params = {req_id: self.requests[req_id].sampling_params for req_id, *_ in spans}
+        return {
+            req_id: _lists(tensors, start, end, params[req_id].prompt_logprobs)
+            for req_id, start, end in spans
+        }
+
+    def _require_batch(self) -> InputBatch:
+        if self.batch is None:
+            raise RuntimeError("initialize_kv_cache must run before the first step")
+        return self.batch
+
+
+def _lists(tensors: LogprobsTensors, start: int, end: int, k: int | None) -> LogprobsLists:
+    """Rows [start, end) of `tensors`, each cut to the request's own k + 1 columns."""
+    width = (k or 0) + 1
+    return LogprobsLists(
+        logprob_token_ids=tensors.logprob_token_ids[start:end, :width].tolist(),
+        logprobs=tensors.logprobs[start:end, :width].tolist(),
+        ranks=tensors.selected_token_ranks[start:end].tolist(),
+    )

@@ -1,0 +1,97 @@
+"""ArchConfig reads config.json dicts as transformers writes them (versions 4 and 5)."""
+
+from __future__ import annotations
+
+import pytest
+import transformers
+
+from core.models import ArchConfig
+
+BASE = {
+    "architectures": ["LlamaForCausalLM"],
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 128,
+}
+
+
+def test_defaults_follow_transformers():
+    config = ArchConfig.from_hf(BASE)
+    assert (config.num_key_value_heads, config.head_dim, config.rope_theta) == (4, 16, 10000.0)
+    assert config.rope_scaling is None and config.sliding_window is None
+    assert config.layer_types == ("full_attention",) * 3
+    assert not config.tie_word_embeddings
+
+
+@pytest.mark.parametrize("key", sorted(BASE))
+def test_missing_required_key_is_named(key):
+    incomplete = {k: v for k, v in BASE.items() if k != key}
+    with pytest.raises(ValueError, match=f"missing '{key}'"):
+        ArchConfig.from_hf(incomplete)
+
+
+def test_transformers5_rope_parameters():
+    hf = transformers.LlamaConfig(
+        rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0,
+                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8192},
+    )  # fmt: skip
+    config = ArchConfig.from_hf({**hf.to_dict(), "architectures": ["LlamaForCausalLM"]})
+    assert config.rope_theta == 5e5
+    assert config.rope_scaling == {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+
+
+def test_transformers4_rope_theta_and_legacy_scaling_type_key():
+    legacy = {**BASE, "rope_theta": 1e6, "rope_scaling": {"type": "linear", "factor": 2.0}}
+    config = ArchConfig.from_hf(legacy)
+    assert config.rope_theta == 1e6
+    assert config.rope_scaling == {"rope_type": "linear", "factor": 2.0}
+
+
+def test_default_rope_type_means_no_scaling():
+    config = ArchConfig.from_hf({**BASE, "rope_parameters": {"rope_type": "default"}})
+    assert config.rope_scaling is None
+
+
+def test_qwen_window_is_off_unless_use_sliding_window():
+    qwen = {**BASE, "sliding_window": 4096, "max_window_layers": 1}
+    assert ArchConfig.from_hf({**qwen, "use_sliding_window": False}).sliding_window is None
+    config = ArchConfig.from_hf({**qwen, "use_sliding_window": True})
+    assert config.layer_types == ("full_attention", "sliding_attention", "sliding_attention")
+    assert [config.layer_sliding_window(i) for i in range(3)] == [None, 4096, 4096]
+
+
+def test_mistral_window_applies_to_every_layer():
+    config = ArchConfig.from_hf({**BASE, "sliding_window": 8})
+    assert [config.layer_sliding_window(i) for i in range(3)] == [8, 8, 8]
+
+
+def test_eos_token_id_list_and_int():
+    listed = ArchConfig.from_hf({**BASE, "eos_token_id": [2, 7]})
+    assert (listed.eos_token_ids, listed.eos_token_id) == ((2, 7), 2)
+    assert ArchConfig.from_hf({**BASE, "eos_token_id": 2}).eos_token_ids == (2,)
+    assert ArchConfig.from_hf(BASE).eos_token_id is None
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"num_key_value_heads": 3}, "'num_attention_heads' \\(4\\) is not a multiple"),
+        ({"hidden_act": "gelu"}, "'hidden_act' 'gelu' is not supported"),
+        ({"architectures": []}, "'architectures' should be a non-empty list"),
+        ({"layer_types": ["full_attention"]}, "'layer_types' should list 3"),
+    ],
+)
+def test_invalid_values_are_named(change, message):
+    with pytest.raises(ValueError, match=message):
+        ArchConfig.from_hf({**BASE, **change})

@@ -1,0 +1,131 @@
+"""A QuantizationConfig swaps how linear layers store weights and multiply, invisibly."""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+
+import pytest
+import torch
+from model_harness import assert_logits_match, hf_logits, our_model, run_logits, tiny_hf_model
+from plugin_sources import API
+from torch import nn
+
+from core.plugins import PluginRegistry
+from core.plugins.groups import ALL_GROUPS, QUANTIZATION
+from core.quantization import (
+    LinearMethod,
+    QuantizationConfig,
+    UnquantizedLinearMethod,
+    fused_weight_loader,
+    get_quantization_config_class,
+    set_weight_loader,
+)
+
+
+class DoubledTransposedMethod(LinearMethod):
+    """Stores 2 * W^T ([input, output], shards side by side) and halves it back in apply."""
+
+    def create_weights(self, layer, input_size, output_sizes, bias, dtype):
+        columns = fused_weight_loader(output_sizes, output_dim=1)
+
+        def load(param, loaded, shard_id=None):
+            columns(param, 2 * loaded.t(), shard_id)
+
+        weight = nn.Parameter(
+            torch.empty(input_size, sum(output_sizes), dtype=dtype), requires_grad=False
+        )
+        set_weight_loader(weight, load)
+        layer.register_parameter("weight", weight)
+        if bias:
+            bias_param = nn.Parameter(
+                torch.empty(sum(output_sizes), dtype=dtype), requires_grad=False
+            )
+            set_weight_loader(bias_param, fused_weight_loader(output_sizes))
+            layer.register_parameter("bias", bias_param)
+
+    def apply(self, layer, x, bias):
+        out = x @ (layer.weight / 2)  # [T, input] @ [input, output]
+        return out if bias is None else out + bias
+
+
+class DoubledConfig(QuantizationConfig):
+    """Doubles every linear layer except the ones named in `skip`."""
+
+    name = "doubled"
+
+    def __init__(self, skip: tuple[str, ...] = ()) -> None:
+        self.skip = skip
+        self.asked: list[str] = []
+
+    @classmethod
+    def from_config(cls, hf_quant_config):
+        return cls(tuple(hf_quant_config.get("modules_to_not_convert", ())))
+
+    def get_linear_method(self, layer_name):
+        self.asked.append(layer_name)
+        if any(part in layer_name for part in self.skip):
+            return UnquantizedLinearMethod()
+        return DoubledTransposedMethod()
+
+
+@pytest.fixture(scope="module")
+def hf_qwen2():  # q/k/v carry biases, o_proj none: both paths of the method
+    return tiny_hf_model("Qwen2ForCausalLM")
+
+
+def test_swapped_linear_method_gives_the_same_logits(hf_qwen2):
+    quant_config = DoubledConfig.from_config({"modules_to_not_convert": ["down_proj"]})
+    model = our_model(hf_qwen2, quant_config)
+    input_ids = torch.randint(0, 256, (10,))
+
+    qkv = model.model.layers[0].self_attn.qkv_proj
+    assert qkv.weight.shape == (64, 128)  # stored transposed: [hidden, (4 + 2 + 2) * 16]
+    assert isinstance(model.model.layers[0].mlp.down_proj.linear_method, UnquantizedLinearMethod)
+    assert_logits_match(run_logits(model, input_ids), hf_logits(hf_qwen2, input_ids))
+
+
+def test_config_is_asked_once_per_linear_layer_by_module_prefix(hf_qwen2):
+    quant_config = DoubledConfig()
+    our_model(hf_qwen2, quant_config)
+    assert quant_config.asked[:4] == [
+        "model.layers.0.self_attn.qkv_proj",
+        "model.layers.0.self_attn.o_proj",
+        "model.layers.0.mlp.gate_up_proj",
+        "model.layers.0.mlp.down_proj",
+    ]
+    assert len(quant_config.asked) == 8
+
+
+QUANT_PLUGIN = {
+    "acme_quant/__init__.py": API,
+    "acme_quant/config.py": """
+        from core.quantization import QuantizationConfig, UnquantizedLinearMethod
+
+        class AcmeConfig(QuantizationConfig):
+            name = "acme"
+
+            @classmethod
+            def from_config(cls, hf_quant_config):
+                return cls()
+
+            def get_linear_method(self, layer_name):
+                return UnquantizedLinearMethod()
+    """,
+}
+
+
+def discover() -> PluginRegistry:
+    points = [ep for group in ALL_GROUPS for ep in metadata.entry_points(group=group)]
+    return PluginRegistry(points, allowlist=None)
+
+
+def test_quantization_method_is_found_by_entry_name(site):
+    site.add("acme-quant", {QUANTIZATION: {"acme": "acme_quant.config:AcmeConfig"}}, QUANT_PLUGIN)
+    cls = get_quantization_config_class("acme", discover())
+    assert issubclass(cls, QuantizationConfig) and cls.name == "acme"
+
+
+def test_unknown_quantization_method_lists_the_installed_ones(site):
+    site.add("acme-quant", {QUANTIZATION: {"acme": "acme_quant.config:AcmeConfig"}}, QUANT_PLUGIN)
+    with pytest.raises(ValueError, match=r"'gptq' is not installed; installed: \['acme'\]"):
+        get_quantization_config_class("gptq", discover())
