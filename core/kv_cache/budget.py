@@ -1,0 +1,82 @@
+"""Turning a memory budget into a number of KV-cache blocks, and checking it suffices.
+
+One block id costs one page in every layer (each group's KVCacheTensor holds
+`num_blocks` pages per layer), so num_blocks = budget // sum of the layers' page sizes.
+Block 0 is the null block, so `num_blocks - 1` blocks hold tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from core.kv_cache.grouping import kv_cache_bytes_per_block
+from core.kv_cache.single_type_manager import cdiv
+from core.kv_cache.spec import KVCacheSpec
+from core.platforms.interface import Platform
+
+__all__ = [
+    "CPU_KV_CACHE_CAP_BYTES",
+    "CPU_KV_CACHE_FRACTION",
+    "DEVICE_KV_CACHE_FRACTION",
+    "check_max_model_len_fits",
+    "default_kv_cache_budget",
+    "num_blocks_for_budget",
+]
+
+# On the CPU the cache shares RAM with the OS, the weights, the tokenizer and every other
+# process, and swapping would be far slower than recomputing: take a quarter of what is
+# available. Past 4 GiB a CPU cannot use it: SmolLM2-135M in float32 costs 45 KiB of KV
+# per token, so 4 GiB already holds ~90k tokens, more context than two cores can keep
+# busy at interactive speed.
+CPU_KV_CACHE_FRACTION = 0.25
+CPU_KV_CACHE_CAP_BYTES = 4 << 30
+# An accelerator's memory is the engine's alone and the weights are loaded before the
+# budget is taken; the rest leaves room for activations and allocator fragmentation
+# without a profiling run.
+DEVICE_KV_CACHE_FRACTION = 0.8
+
+
+def num_blocks_for_budget(specs_by_layer: Mapping[str, KVCacheSpec], budget_bytes: int) -> int:
+    """How many block ids (the null block included) `budget_bytes` pays for."""
+    if not specs_by_layer:
+        raise ValueError("specs_by_layer is empty: the model has no KV-cache layers")
+    if budget_bytes < 1:
+        raise ValueError(f"budget_bytes must be >= 1, got {budget_bytes}")
+    return budget_bytes // kv_cache_bytes_per_block(specs_by_layer)
+
+
+def default_kv_cache_budget(platform: Platform) -> int:
+    """The KV-cache budget in bytes when the user gives none (see the fractions above)."""
+    available = platform.memory_info().available_bytes
+    if platform.device_type == "cpu":
+        return min(int(available * CPU_KV_CACHE_FRACTION), CPU_KV_CACHE_CAP_BYTES)
+    return int(available * DEVICE_KV_CACHE_FRACTION)
+
+
+def check_max_model_len_fits(
+    specs_by_layer: Mapping[str, KVCacheSpec],
+    num_blocks: int,
+    max_model_len: int,
+    budget_bytes: int,
+) -> None:
+    """Raise ValueError unless one request of `max_model_len` tokens fits in the cache.
+
+    Conservative for sliding-window layers, which would hold fewer blocks: a prompt
+    prefilled in one step needs a block for every token before the window frees any.
+    """
+    block_size = min(spec.block_size for spec in specs_by_layer.values())
+    num_usable = max(num_blocks - 1, 0)
+    if num_usable < cdiv(max_model_len, block_size):
+        raise ValueError(
+            f"KV cache budget {format_bytes(budget_bytes)} fits {num_usable} blocks = "
+            f"{num_usable * block_size} tokens, but max_model_len is {max_model_len}; "
+            "raise --kv-cache-memory or lower --max-model-len"
+        )
+
+
+def format_bytes(num_bytes: int) -> str:
+    """A byte count in the largest binary unit that keeps it >= 1 ("1.50 GiB", "512 B")."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if num_bytes >= size:
+            return f"{num_bytes / size:.2f} {unit}"
+    return f"{num_bytes} B"

@@ -1,0 +1,170 @@
+"""Request and RequestStatus: one request's lifecycle inside the engine core.
+
+The scheduler has no prefill or decode phase: a request only has `num_computed_tokens`
+(tokens whose KV is in the cache) and `num_tokens` (prompt + output so far), and each
+step moves the first towards the second. Block hashes of full blocks are kept here,
+extended as tokens arrive, so the prefix cache never rehashes a block.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from core.engine.protocol import EngineCoreRequest, FinishReason
+from core.kv_cache.block_hash import BlockHash, BlockHasher
+from core.sampling_params import SamplingParams
+
+__all__ = ["Request", "RequestStatus"]
+
+
+class RequestStatus(enum.IntEnum):
+    """Where a request is; every status from FINISHED_STOPPED on is final."""
+
+    WAITING = enum.auto()
+    WAITING_FOR_REMOTE_KVS = enum.auto()  # a KV connector is still loading its prefix
+    WAITING_FOR_GRAMMAR = enum.auto()  # its structured-output grammar is compiling
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()  # lost its blocks; recomputes from the prefix cache
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH_CAPPED = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+    FINISHED_ERROR = enum.auto()
+
+    def is_finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_STOPPED
+
+    def finish_reason(self) -> FinishReason | None:
+        """The reason reported to the frontend; None while the request is unfinished."""
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
+    RequestStatus.FINISHED_LENGTH_CAPPED: FinishReason.LENGTH,
+    RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
+    RequestStatus.FINISHED_ERROR: FinishReason.ERROR,
+}
+
+
+class Request:
+    """A request as the scheduler and the KV-cache manager see it.
+
+    `max_tokens` is resolved: the sampling params' value, capped by the room left under
+    `max_model_len` when that is known. `num_cached_tokens` is the prefix-cache hit of
+    the first admission, -1 until the scheduler has looked it up. `block_hashes` holds
+    one hash per full block of `all_token_ids` when a block hasher is given.
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        eos_token_id: int | None,
+        arrival_time: float,
+        *,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        lora_name: str | None = None,
+        block_hasher: BlockHasher | None = None,
+        max_model_len: int | None = None,
+    ) -> None:
+        if not prompt_token_ids:
+            raise ValueError(f"request {request_id}: prompt_token_ids must not be empty")
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.eos_token_id = eos_token_id
+        self.arrival_time = arrival_time
+        self.priority = priority
+        self.cache_salt = cache_salt
+        self.lora_name = lora_name
+        self.max_tokens = _resolve_max_tokens(
+            request_id, sampling_params, len(prompt_token_ids), max_model_len
+        )
+
+        self.status = RequestStatus.WAITING
+        self.stop_reason: int | str | None = None
+        self.output_token_ids: list[int] = []
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = -1
+        self.num_preemptions = 0
+
+        self._block_hasher = block_hasher
+        self.block_hashes: list[BlockHash] = []
+        self._update_block_hashes()
+
+    @classmethod
+    def from_engine_core_request(
+        cls,
+        request: EngineCoreRequest,
+        block_hasher: BlockHasher | None = None,
+        max_model_len: int | None = None,
+    ) -> Request:
+        return cls(
+            request.request_id,
+            request.prompt_token_ids,
+            request.sampling_params,
+            request.eos_token_id,
+            request.arrival_time,
+            priority=request.priority,
+            cache_salt=request.cache_salt,
+            lora_name=request.lora_name,
+            block_hasher=block_hasher,
+            max_model_len=max_model_len,
+        )
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished()
+
+    def append_output_token_ids(self, token_ids: int | list[int]) -> None:
+        """Add sampled tokens and hash every block they complete."""
+        if isinstance(token_ids, int):
+            token_ids = [token_ids]
+        self.output_token_ids.extend(token_ids)
+        self.all_token_ids.extend(token_ids)
+        self._update_block_hashes()
+
+    def get_finished_reason(self) -> FinishReason | None:
+        return self.status.finish_reason()
+
+    def _update_block_hashes(self) -> None:
+        if self._block_hasher is not None:
+            self.block_hashes.extend(self._block_hasher(self))
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, {self.status.name}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens})"
+        )
+
+
+def _resolve_max_tokens(
+    request_id: str, params: SamplingParams, num_prompt_tokens: int, max_model_len: int | None
+) -> int:
+    """How many tokens the request may generate: its own cap and the model's, whichever is lower."""
+    if max_model_len is None:
+        if params.max_tokens is None:
+            raise ValueError(f"request {request_id}: max_tokens is None and max_model_len unknown")
+        return params.max_tokens
+    room = max_model_len - num_prompt_tokens
+    if room < 1:
+        raise ValueError(
+            f"request {request_id}: prompt of {num_prompt_tokens} tokens leaves no room to "
+            f"generate under max_model_len {max_model_len}"
+        )
+    return room if params.max_tokens is None else min(params.max_tokens, room)
