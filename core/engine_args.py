@@ -133,8 +133,14 @@ class EngineArgs:
                 _CONVERTERS.get(f.name, _assign)(sections, f.metadata, value)
         return sections
 
-    def create_engine_config(self, platform: Any = None, hooks: Any = None) -> EngineConfig:
-        """Explicit options, then the -O level, the platform and hooks fill the rest."""
+    def create_engine_config(
+        self, platform: Any = None, hooks: Any = None, model_max_len: int | None = None
+    ) -> EngineConfig:
+        """Explicit options, then the model, the -O level, the platform and hooks fill the rest.
+
+        `model_max_len` is the checkpoint's context length: the default max_model_len and
+        the most a user may ask for.
+        """
         sections = self.config_sections()
         config = EngineConfig(
             **{
@@ -142,6 +148,8 @@ class EngineArgs:
                 for name, info in EngineConfig.model_fields.items()
             }
         )
+        if model_max_len is not None:
+            _apply_model_limits(config, model_max_len)
         config.compilation.apply_level()
         if platform is not None:
             platform.check_and_update_config(config)
@@ -154,6 +162,29 @@ class EngineArgs:
         """EngineArgs from click's parsed options (extra keys are ignored)."""
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in options.items() if k in names})
+
+
+# Tokens per step when the user gives no budget: large enough to keep the CPU's GEMMs
+# efficient, small enough that decodes keep flowing while a long prompt is chunked.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+
+
+def _apply_model_limits(config: EngineConfig, model_max_len: int) -> None:
+    requested = config.model.max_model_len
+    if requested is not None and requested > model_max_len:
+        raise ValueError(
+            f"max_model_len {requested} exceeds the model's context length {model_max_len}"
+        )
+    config.model.set_default("max_model_len", model_max_len)
+    max_len = config.model.max_model_len
+    scheduler = config.scheduler
+    default = DEFAULT_MAX_NUM_BATCHED_TOKENS if scheduler.enable_chunked_prefill else max_len
+    scheduler.set_default("max_num_batched_tokens", max(default, scheduler.max_num_seqs))
+    if not scheduler.enable_chunked_prefill and scheduler.max_num_batched_tokens < max_len:
+        raise ValueError(
+            f"max_num_batched_tokens {scheduler.max_num_batched_tokens} must be >= "
+            f"max_model_len {max_len} when chunked prefill is disabled"
+        )
 
 
 def _assign(sections: dict[str, dict[str, Any]], meta: Any, value: Any) -> None:

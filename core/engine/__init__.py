@@ -1,0 +1,1 @@
+"""The engine: EngineCore step loop, clients, LLMEngine, AsyncLLM and output processing."""

@@ -1,0 +1,111 @@
+"""EngineCore: the step loop — schedule, execute, update — over one executor.
+
+It sizes the KV cache from the workers' specs and the memory budget, then each `step()`
+turns the scheduler's decision into model work and the results into EngineCoreOutputs
+(token ids only; the frontend detokenizes).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from core.config import EngineConfig
+from core.engine.protocol import EngineCoreOutputs, EngineCoreRequest
+from core.executor.uniproc import UniProcExecutor
+from core.kv_cache.budget import (
+    check_max_model_len_fits,
+    default_kv_cache_budget,
+    format_bytes,
+    num_blocks_for_budget,
+)
+from core.kv_cache.grouping import kv_cache_config_for_blocks
+from core.kv_cache.kv_cache_manager import KVCacheManager
+from core.kv_cache.registry import load_spec_registry
+from core.model_loader import Checkpoint
+from core.platforms.interface import Platform
+from core.request import Request, RequestStatus
+from core.scheduler.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+
+class EngineCore:
+    def __init__(
+        self,
+        config: EngineConfig,
+        platform: Platform,
+        checkpoint: Checkpoint | None = None,
+        hooks: Any = None,
+    ) -> None:
+        if config.model.max_model_len is None:
+            raise ValueError("max_model_len must be resolved before the engine core starts")
+        self.config = config
+        self.hooks = hooks
+        self.max_model_len = config.model.max_model_len
+        self.executor = UniProcExecutor(config, platform, checkpoint)
+        self.kv = self._init_kv_cache(platform)
+        self.scheduler = Scheduler(config, self.kv, self.max_model_len)
+        self._call_hook("core_engine_started")
+
+    def _init_kv_cache(self, platform: Platform) -> KVCacheManager:
+        specs = self.executor.get_kv_cache_specs()[0]
+        spec_registry = load_spec_registry()
+        spec_registry.validate(specs)
+        cache = self.config.cache
+        budget = cache.kv_cache_memory_bytes or default_kv_cache_budget(platform)
+        num_blocks = num_blocks_for_budget(specs, budget)
+        check_max_model_len_fits(specs, num_blocks, self.max_model_len, budget)
+        kv_cache_config = kv_cache_config_for_blocks(specs, num_blocks)
+        self.executor.initialize_kv_cache(kv_cache_config)
+        logger.info(
+            "KV cache: %s for %d blocks of %d tokens (%d tokens, %d groups)",
+            format_bytes(budget),
+            num_blocks - 1,
+            cache.block_size,
+            (num_blocks - 1) * cache.block_size,
+            len(kv_cache_config.kv_cache_groups),
+        )
+        self.num_gpu_blocks = num_blocks
+        return KVCacheManager(
+            kv_cache_config,
+            self.max_model_len,
+            enable_caching=cache.enable_prefix_caching,
+            hash_algo=cache.prefix_caching_hash_algo,
+            spec_registry=spec_registry,
+            watermark=cache.watermark,
+        )
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        """Queue a request; ValueError (nothing queued) when it cannot be served."""
+        self.scheduler.add_request(
+            Request.from_engine_core_request(request, self.kv.block_hasher, self.max_model_len)
+        )
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> EngineCoreOutputs:
+        if not self.scheduler.has_unfinished_requests():
+            return EngineCoreOutputs()
+        scheduler_output = self.scheduler.schedule()
+        runner_output = self.executor.execute_model(scheduler_output)
+        return self.scheduler.update_from_output(scheduler_output, runner_output)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.kv.reset_prefix_cache()
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()
+        self._call_hook("core_engine_stopped")
+
+    def _call_hook(self, name: str) -> None:
+        if self.hooks is None:
+            return
+        try:
+            getattr(self.hooks.hook, name)(config=self.config)
+        except Exception:  # a plugin's hook must never stop the engine
+            logger.exception("hook %s failed", name)

@@ -1,0 +1,297 @@
+"""The scheduler: one token budget per step, shared by running and waiting requests.
+
+There are no prefill and decode phases. Each request has num_computed_tokens and
+num_tokens; a step moves the first towards the second for as many requests as the token
+budget, `max_num_seqs` and the free KV blocks allow. Running requests go first (so
+decodes keep flowing while a long prompt is prefilled in chunks), then waiting ones are
+admitted, looking up the prefix cache. When blocks run out, a running request is
+preempted (its blocks freed, to be recomputed later): the last one in FCFS order, or
+the one of lowest priority.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from core.config import EngineConfig
+from core.engine.protocol import EngineCoreOutput, EngineCoreOutputs
+from core.kv_cache.kv_cache_manager import KVCacheBlocks, KVCacheManager
+from core.request import Request, RequestStatus
+from core.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
+from core.scheduler.request_queue import RequestQueue
+from core.worker.output import ModelRunnerOutput
+
+
+@dataclass
+class SchedulerStats:
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_preemptions: int
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        if not self.prefix_cache_queries:
+            return 0.0
+        return self.prefix_cache_hits / self.prefix_cache_queries
+
+
+@dataclass
+class _Step:
+    """What one schedule() call has decided so far."""
+
+    token_budget: int
+    num_scheduled: dict[str, int]
+    new_blocks: dict[str, KVCacheBlocks]
+    new_reqs: list[Request]
+    resumed_reqs: list[Request]
+    running_reqs: list[Request]
+    preempted: bool = False
+
+
+class Scheduler:
+    def __init__(
+        self, config: EngineConfig, kv_cache_manager: KVCacheManager, max_model_len: int
+    ) -> None:
+        sched = config.scheduler
+        self.max_num_seqs = sched.max_num_seqs
+        self.max_num_batched_tokens = sched.max_num_batched_tokens or max_model_len
+        self.long_prefill_threshold = sched.long_prefill_token_threshold
+        self.chunked_prefill = sched.enable_chunked_prefill
+        self.policy = sched.policy
+        self.max_model_len = max_model_len
+        self.kv = kv_cache_manager
+        self.requests: dict[str, Request] = {}
+        self.waiting = RequestQueue(sched.policy)
+        self.running: list[Request] = []
+        self.finished_req_ids: set[str] = set()  # told to the workers at the next step
+        self.num_preemptions = 0
+
+    # -- requests -------------------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        self.requests[request.request_id] = request
+        self.waiting.add(request)
+
+    def finish_requests(self, request_ids: list[str], status: RequestStatus) -> None:
+        """End requests from outside the step (aborts); unknown ids are ignored."""
+        for req_id in request_ids:
+            request = self.requests.get(req_id)
+            if request is None:
+                continue
+            if request.status == RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove(request)
+            request.status = status
+            self._free(request)
+
+    def _free(self, request: Request) -> None:
+        self.kv.free(request)
+        self.finished_req_ids.add(request.request_id)
+        del self.requests[request.request_id]
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # -- schedule -------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        step = _Step(self.max_num_batched_tokens, {}, {}, [], [], [])
+        self._schedule_running(step)
+        if not step.preempted:
+            self._schedule_waiting(step)
+        output = self._make_output(step)
+        for req_id, count in step.num_scheduled.items():
+            self.requests[req_id].num_computed_tokens += count
+        return output
+
+    def _num_new_tokens(self, request: Request, num_computed: int, budget: int) -> int:
+        count = request.num_tokens - num_computed
+        if 0 < self.long_prefill_threshold < count:
+            count = self.long_prefill_threshold
+        return min(count, budget, self.max_model_len - num_computed)
+
+    def _schedule_running(self, step: _Step) -> None:
+        index = 0
+        while index < len(self.running) and step.token_budget > 0:
+            request = self.running[index]
+            count = self._num_new_tokens(request, request.num_computed_tokens, step.token_budget)
+            if count <= 0:
+                index += 1
+                continue
+            blocks = self._allocate_or_preempt(request, count, step)
+            if blocks is None:
+                break  # the request itself was preempted: nothing more fits
+            index = self.running.index(request) + 1
+            step.running_reqs.append(request)
+            self._take(step, request, count, blocks)
+
+    def _allocate_or_preempt(
+        self, request: Request, count: int, step: _Step
+    ) -> KVCacheBlocks | None:
+        """Allocate slots for `request`, preempting others until they fit; None if it
+        was preempted itself."""
+        while True:
+            blocks = self.kv.allocate_slots(request, count)
+            if blocks is not None:
+                return blocks
+            victim = self._choose_victim()
+            self._preempt(victim, step)
+            if victim is request:
+                return None
+
+    def _choose_victim(self) -> Request:
+        if self.policy == "priority":
+            return max(self.running, key=lambda r: (r.priority, r.arrival_time))
+        return self.running[-1]
+
+    def _preempt(self, request: Request, step: _Step) -> None:
+        """Free the request's blocks and send it back to wait; it will be recomputed."""
+        self.running.remove(request)
+        if request.request_id in step.num_scheduled:  # undo what this step gave it
+            step.token_budget += step.num_scheduled.pop(request.request_id)
+            step.new_blocks.pop(request.request_id)
+            step.running_reqs.remove(request)
+        self.kv.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.add_front(request)
+        step.preempted = True
+
+    def _schedule_waiting(self, step: _Step) -> None:
+        while self.waiting and step.token_budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting.peek()
+            computed_blocks, num_computed = self.kv.get_computed_blocks(request)
+            count = self._num_new_tokens(request, num_computed, step.token_budget)
+            if not self.chunked_prefill and num_computed + count < request.num_tokens:
+                break  # the whole prompt must fit in one step
+            blocks = self.kv.allocate_slots(request, count, num_computed, computed_blocks)
+            if blocks is None:
+                break
+            self.waiting.pop()
+            self.running.append(request)
+            resumed = request.status == RequestStatus.PREEMPTED
+            (step.resumed_reqs if resumed else step.new_reqs).append(request)
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_computed
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_computed
+            self._take(step, request, count, blocks)
+
+    def _take(self, step: _Step, request: Request, count: int, blocks: KVCacheBlocks) -> None:
+        step.num_scheduled[request.request_id] = count
+        step.new_blocks[request.request_id] = blocks
+        step.token_budget -= count
+
+    def _make_output(self, step: _Step) -> SchedulerOutput:
+        new = [
+            NewRequestData(
+                req_id=r.request_id,
+                prompt_token_ids=r.prompt_token_ids,
+                sampling_params=r.sampling_params,
+                block_ids=self.kv.get_block_ids(r.request_id),
+                num_computed_tokens=r.num_computed_tokens,
+            )
+            for r in step.new_reqs
+        ]
+        cached = CachedRequestData()
+        for request in step.running_reqs + step.resumed_reqs:
+            resumed = request in step.resumed_reqs
+            added = step.new_blocks[request.request_id].get_block_ids()
+            cached.req_ids.append(request.request_id)
+            cached.resumed_from_preemption.append(resumed)
+            if resumed:
+                cached.new_block_ids.append(self.kv.get_block_ids(request.request_id))
+            else:
+                cached.new_block_ids.append(added if any(added) else None)
+            cached.num_computed_tokens.append(request.num_computed_tokens)
+        finished, self.finished_req_ids = self.finished_req_ids, set()
+        return SchedulerOutput(
+            scheduled_new_reqs=new,
+            scheduled_cached_reqs=cached,
+            num_scheduled_tokens=dict(step.num_scheduled),
+            total_num_scheduled_tokens=sum(step.num_scheduled.values()),
+            finished_req_ids=finished,
+        )
+
+    # -- results --------------------------------------------------------------------------
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
+    ) -> EngineCoreOutputs:
+        outputs = []
+        for req_id, sampled in zip(
+            runner_output.req_ids, runner_output.sampled_token_ids, strict=True
+        ):
+            request = self.requests.get(req_id)
+            if request is None:
+                continue  # aborted while the step ran
+            new_token_ids = self._append_until_stop(request, sampled)
+            prompt_logprobs = runner_output.prompt_logprobs.get(req_id)
+            if new_token_ids or prompt_logprobs is not None or request.is_finished:
+                outputs.append(
+                    EngineCoreOutput(
+                        request_id=req_id,
+                        new_token_ids=new_token_ids,
+                        new_logprobs=runner_output.logprobs.get(req_id),
+                        new_prompt_logprobs=prompt_logprobs,
+                        finish_reason=request.get_finished_reason(),
+                        stop_reason=request.stop_reason,
+                        num_cached_tokens=max(request.num_cached_tokens, 0),
+                    )
+                )
+            if request.is_finished:
+                self.running.remove(request)
+                self._free(request)
+        return EngineCoreOutputs(outputs=outputs, timestamp=time.monotonic())
+
+    def _append_until_stop(self, request: Request, sampled: list[int]) -> list[int]:
+        for i, token_id in enumerate(sampled):
+            request.append_output_token_ids(token_id)
+            if self._check_stop(request, token_id):
+                return sampled[: i + 1]
+        return sampled
+
+    def _check_stop(self, request: Request, token_id: int) -> bool:
+        """Set the finished status when the new token ends the request.
+
+        A stop token at the last allowed position reports "stop", not "length". Stop
+        strings are the frontend's: it detokenizes, and aborts the request on a match.
+        """
+        params = request.sampling_params
+        if request.num_output_tokens >= params.min_tokens:
+            if token_id == request.eos_token_id and not params.ignore_eos:
+                request.status = RequestStatus.FINISHED_STOPPED
+                return True
+            if params.stop_token_ids and token_id in params.stop_token_ids:
+                request.status = RequestStatus.FINISHED_STOPPED
+                request.stop_reason = token_id
+                return True
+        if (
+            request.num_output_tokens >= request.max_tokens
+            or request.num_tokens >= self.max_model_len
+        ):
+            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+            return True
+        return False
+
+    # -- stats ----------------------------------------------------------------------------
+
+    def make_stats(self) -> SchedulerStats:
+        cache = self.kv.prefix_cache_stats
+        return SchedulerStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            kv_cache_usage=self.kv.usage,
+            prefix_cache_queries=cache.queries,
+            prefix_cache_hits=cache.hits,
+            num_preemptions=self.num_preemptions,
+        )

@@ -1,0 +1,184 @@
+"""The scheduler on a real KV-cache manager, with a fake model that samples token 7."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from core.config import EngineConfig, SchedulerConfig
+from core.engine.protocol import FinishReason
+from core.kv_cache.grouping import kv_cache_config_for_blocks
+from core.kv_cache.kv_cache_manager import KVCacheManager
+from core.kv_cache.spec import FullAttentionSpec
+from core.request import Request, RequestStatus
+from core.sampling_params import SamplingParams
+from core.scheduler.output import SchedulerOutput
+from core.scheduler.scheduler import Scheduler
+from core.worker.output import ModelRunnerOutput
+
+BLOCK = 4
+MAX_LEN = 64
+_arrivals = itertools.count()
+
+
+def make_scheduler(num_blocks: int = 64, **sched) -> Scheduler:
+    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=2, dtype=torch.float32)
+    kv_config = kv_cache_config_for_blocks({"layer.0": spec}, num_blocks)
+    kv = KVCacheManager(kv_config, MAX_LEN, enable_caching=True)
+    config = EngineConfig(scheduler=SchedulerConfig(**sched))
+    return Scheduler(config, kv, MAX_LEN)
+
+
+def make_request(
+    scheduler: Scheduler, req_id: str, num_prompt: int, max_tokens: int = 4, priority: int = 0
+) -> Request:
+    prompt = [(hash(req_id) + i) % 100 + 1 for i in range(num_prompt)]
+    request = Request(
+        req_id,
+        prompt,
+        SamplingParams(temperature=0.0, max_tokens=max_tokens),
+        eos_token_id=0,
+        arrival_time=next(_arrivals),
+        priority=priority,
+        block_hasher=scheduler.kv.block_hasher,
+        max_model_len=MAX_LEN,
+    )
+    scheduler.add_request(request)
+    return request
+
+
+def fake_run(scheduler: Scheduler, so: SchedulerOutput) -> ModelRunnerOutput:
+    """Sample token 7 for every request whose scheduled tokens reach its known end."""
+    req_ids = list(so.num_scheduled_tokens)
+    sampled = []
+    for req_id in req_ids:
+        request = scheduler.requests[req_id]
+        sampled.append([7] if request.num_computed_tokens == request.num_tokens else [])
+    return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled)
+
+
+def step(scheduler: Scheduler) -> SchedulerOutput:
+    so = scheduler.schedule()
+    scheduler.update_from_output(so, fake_run(scheduler, so))
+    return so
+
+
+def test_token_budget_holds_at_every_step():
+    scheduler = make_scheduler(max_num_batched_tokens=16, max_num_seqs=8)
+    for i in range(6):
+        make_request(scheduler, f"r{i}", num_prompt=5 + 3 * i)
+    while scheduler.has_unfinished_requests():
+        so = step(scheduler)
+        assert 0 < so.total_num_scheduled_tokens <= 16
+        assert so.total_num_scheduled_tokens == sum(so.num_scheduled_tokens.values())
+
+
+def test_long_prompt_is_prefilled_in_chunks():
+    scheduler = make_scheduler(max_num_batched_tokens=8)
+    request = make_request(scheduler, "long", num_prompt=20)
+    chunks = []
+    while request.num_output_tokens == 0:
+        chunks.append(step(scheduler).num_scheduled_tokens["long"])
+    assert chunks == [8, 8, 4]
+
+
+def test_decodes_keep_progressing_while_a_long_prefill_runs():
+    scheduler = make_scheduler(max_num_batched_tokens=8)
+    short = make_request(scheduler, "short", num_prompt=3, max_tokens=10)
+    step(scheduler)  # short prefilled, samples its first token
+    make_request(scheduler, "long", num_prompt=30)
+    for _ in range(4):
+        so = step(scheduler)
+        assert so.num_scheduled_tokens["short"] == 1  # one decode token every step
+        assert so.num_scheduled_tokens["long"] == 7
+    assert short.num_output_tokens == 5
+
+
+def test_long_prefill_threshold_caps_each_chunk():
+    scheduler = make_scheduler(max_num_batched_tokens=32, long_prefill_token_threshold=6)
+    make_request(scheduler, "long", num_prompt=20)
+    assert step(scheduler).num_scheduled_tokens["long"] == 6
+
+
+def test_max_num_seqs_limits_running_requests():
+    scheduler = make_scheduler(max_num_seqs=2)
+    for i in range(3):
+        make_request(scheduler, f"r{i}", num_prompt=4)
+    assert sorted(step(scheduler).num_scheduled_tokens) == ["r0", "r1"]
+
+
+def test_fcfs_preempts_the_last_running_request_when_blocks_run_out():
+    # 9 blocks = null + 8 usable blocks of 4 tokens.
+    scheduler = make_scheduler(num_blocks=9, max_num_batched_tokens=64)
+    first = make_request(scheduler, "first", num_prompt=12, max_tokens=12)
+    second = make_request(scheduler, "second", num_prompt=12, max_tokens=12)
+    step(scheduler)  # both prefilled: 3 blocks each, 2 free
+    preempted_at = None
+    for i in range(12):
+        step(scheduler)
+        if second.status == RequestStatus.PREEMPTED and preempted_at is None:
+            preempted_at = i
+    assert preempted_at is not None
+    assert first.num_preemptions == 0 and second.num_preemptions >= 1
+    while scheduler.has_unfinished_requests():
+        step(scheduler)
+    assert first.get_finished_reason() == second.get_finished_reason() == FinishReason.LENGTH
+    assert second.output_token_ids == [7] * 12
+
+
+def test_priority_policy_admits_and_preempts_by_priority():
+    scheduler = make_scheduler(num_blocks=9, max_num_seqs=1, policy="priority")
+    make_request(scheduler, "low", num_prompt=4, priority=5)
+    make_request(scheduler, "high", num_prompt=4, priority=1)
+    assert list(step(scheduler).num_scheduled_tokens) == ["high"]
+
+    scheduler = make_scheduler(num_blocks=9, policy="priority")
+    urgent = make_request(scheduler, "urgent", num_prompt=12, max_tokens=12, priority=0)
+    lazy = make_request(scheduler, "lazy", num_prompt=12, max_tokens=12, priority=9)
+    while urgent.status != RequestStatus.FINISHED_LENGTH_CAPPED:
+        step(scheduler)
+    assert urgent.num_preemptions == 0 and lazy.num_preemptions >= 1
+
+
+def test_abort_frees_blocks_of_running_and_waiting_requests():
+    scheduler = make_scheduler(max_num_seqs=1)
+    make_request(scheduler, "running", num_prompt=9, max_tokens=20)
+    make_request(scheduler, "waiting", num_prompt=9, max_tokens=20)
+    step(scheduler)
+    free_before = scheduler.kv.coordinator.block_pools[0].get_num_free_blocks()
+    assert scheduler.kv.usage > 0
+    scheduler.finish_requests(["running", "waiting"], RequestStatus.FINISHED_ABORTED)
+    assert not scheduler.has_unfinished_requests()
+    pool = scheduler.kv.coordinator.block_pools[0]
+    assert pool.get_num_free_blocks() > free_before
+    assert pool.get_usage() == 0
+    assert scheduler.schedule().finished_req_ids == {"running", "waiting"}
+
+
+def test_prefix_cache_hit_is_scheduled_as_computed_tokens():
+    scheduler = make_scheduler()
+    first = make_request(scheduler, "first", num_prompt=12)
+    step(scheduler)
+    twin = Request("twin", list(first.prompt_token_ids) + [99], first.sampling_params, 0,
+                   next(_arrivals), block_hasher=scheduler.kv.block_hasher,
+                   max_model_len=MAX_LEN)  # fmt: skip
+    scheduler.add_request(twin)
+    so = step(scheduler)
+    new = next(r for r in so.scheduled_new_reqs if r.req_id == "twin")
+    assert new.num_computed_tokens == 12  # three full cached blocks
+    assert so.num_scheduled_tokens["twin"] == 1
+    assert twin.num_cached_tokens == 12
+
+
+@pytest.mark.parametrize(("eos_at", "reason"), [(None, FinishReason.LENGTH)])
+def test_no_leak_after_everything_finishes(eos_at, reason):
+    scheduler = make_scheduler(num_blocks=12, max_num_batched_tokens=16)
+    for i in range(8):
+        make_request(scheduler, f"r{i}", num_prompt=3 + i, max_tokens=6)
+    while scheduler.has_unfinished_requests():
+        step(scheduler)
+    pool = scheduler.kv.coordinator.block_pools[0]
+    assert pool.get_num_free_blocks() == 11
+    assert all(block.ref_cnt == 0 for block in pool.blocks[1:])
