@@ -13,15 +13,11 @@ from pathlib import Path
 
 import jinja2.exceptions
 import pytest
-from gguf_vocab_fixtures import (
-    CHAT_TEMPLATE,
-    write_byte_level_gguf,
-    write_sentencepiece_gguf,
-)
+from gguf_vocab_fixtures import write_byte_level_gguf, write_sentencepiece_gguf
 from tokenizers import pre_tokenizers
 from tokenizers.decoders import DecodeStream
 
-from core.tokenizer import Tokenizer, load_chat_template, load_generation_defaults
+from core.tokenizer import Tokenizer, load_generation_defaults
 
 transformers = pytest.importorskip("transformers")
 
@@ -300,7 +296,7 @@ def test_messages_must_be_json_data(smollm):
 
 
 def test_same_template_compiles_once(smollm):
-    from core.tokenizer import _compile_chat_template
+    from core.chat_template import _compile_chat_template
 
     template = "{{ messages | length }} messages, compiled once"
     smollm.apply_chat_template([], chat_template=template)
@@ -328,16 +324,6 @@ def test_gguf_named_chat_templates_select_tool_use_when_tools_given(gguf_dir):
     assert tokenizer.apply_chat_template([]) == "plain"
     assert tokenizer.apply_chat_template([], tools=FEATURE_TOOLS) == "tools: ['function']"
     assert tokenizer.apply_chat_template([], chat_template="tool_use", tools=[]) == "tools: []"
-
-
-def test_load_chat_template_reads_files_and_takes_literal_templates(tmp_path):
-    path = tmp_path / "template.jinja"
-    path.write_text(CHAT_TEMPLATE, encoding="utf-8")
-    assert load_chat_template(path) == CHAT_TEMPLATE
-    assert load_chat_template(str(path)) == CHAT_TEMPLATE
-    assert load_chat_template("{{ messages[0]['content'] }}") == "{{ messages[0]['content'] }}"
-    with pytest.raises(ValueError, match="missing.jinja"):
-        load_chat_template(str(tmp_path / "missing.jinja"))
 
 
 # --- SentencePiece-style GGUF vs transformers ----------------------------------------------

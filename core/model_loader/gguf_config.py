@@ -1,12 +1,15 @@
-"""GGUF metadata -> a transformers-style config.json dict."""
+"""A GGUF header -> a transformers-style config.json dict."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from gguf import GGUFReader, LlamaFileType
+from gguf import LlamaFileType
+
+from core.model_loader.gguf_metadata import GGUFHeader
 
 # GGUF `general.architecture` -> transformers class. Mistral checkpoints converted by
 # llama.cpp carry the architecture "llama" and compute the same function as Llama.
@@ -27,9 +30,11 @@ _FILE_DTYPES: dict[int, str] = {
 _LLAMA3_ORIGINAL_CONTEXT = 8192
 
 
-def hf_config_from_gguf(reader: GGUFReader) -> dict[str, Any]:
-    """Build the config.json dict of the model in the GGUF file `reader` reads.
+def hf_config_from_gguf(header: GGUFHeader, rope_freqs: np.ndarray | None) -> dict[str, Any]:
+    """Build the config.json dict of the model whose GGUF file has `header`.
 
+    `rope_freqs` holds the values of the file's `rope_freqs.weight` tensor (llama.cpp's
+    form of llama3 rope scaling), which the header does not carry; None when it has none.
     Dimensions come from the `{arch}.*` metadata; `head_dim` from
     `attention.key_length` (else `rope.dimension_count`, else hidden / heads);
     `vocab_size` from the embedding's rows; `tie_word_embeddings` from the absence of
@@ -37,96 +42,95 @@ def hf_config_from_gguf(reader: GGUFReader) -> dict[str, Any]:
     dequantized values float32 holds exactly). Raises ValueError naming a missing or
     malformed key, or an architecture core cannot load.
     """
-    arch = _field(reader, "general.architecture")
+    metadata, tensors = header.metadata, header.tensors
+    arch = metadata.get("general.architecture")
     if arch not in ARCHITECTURES:
         supported = ", ".join(sorted(ARCHITECTURES))
         raise ValueError(f"GGUF architecture {arch!r} is not supported (supported: {supported})")
-    tensors = {tensor.name: tensor for tensor in reader.tensors}
     if "token_embd.weight" not in tensors:
         raise ValueError("GGUF file has no token_embd.weight tensor")
-    hidden_size = _required_int(reader, f"{arch}.embedding_length")
-    num_heads = _required_int(reader, f"{arch}.attention.head_count")
+    hidden_size = _required_int(metadata, f"{arch}.embedding_length")
+    num_heads = _required_int(metadata, f"{arch}.attention.head_count")
     head_dim = (
-        _optional_int(reader, f"{arch}.attention.key_length")
-        or _optional_int(reader, f"{arch}.rope.dimension_count")
+        _optional_int(metadata, f"{arch}.attention.key_length")
+        or _optional_int(metadata, f"{arch}.rope.dimension_count")
         or hidden_size // num_heads
     )
-    rope_theta = float(_field(reader, f"{arch}.rope.freq_base") or 10000.0)
+    rope_theta = float(metadata.get(f"{arch}.rope.freq_base") or 10000.0)
     return {
         "architectures": [ARCHITECTURES[arch]],
         "model_type": arch,
         "hidden_size": hidden_size,
-        "intermediate_size": _required_int(reader, f"{arch}.feed_forward_length"),
-        "num_hidden_layers": _required_int(reader, f"{arch}.block_count"),
+        "intermediate_size": _required_int(metadata, f"{arch}.feed_forward_length"),
+        "num_hidden_layers": _required_int(metadata, f"{arch}.block_count"),
         "num_attention_heads": num_heads,
-        "num_key_value_heads": _optional_int(reader, f"{arch}.attention.head_count_kv")
+        "num_key_value_heads": _optional_int(metadata, f"{arch}.attention.head_count_kv")
         or num_heads,
         "head_dim": head_dim,
         "hidden_act": "silu",
-        "rms_norm_eps": _required_float(reader, f"{arch}.attention.layer_norm_rms_epsilon"),
+        "rms_norm_eps": _required_float(metadata, f"{arch}.attention.layer_norm_rms_epsilon"),
         "rope_theta": rope_theta,
-        "rope_scaling": _rope_scaling(reader, arch, tensors, head_dim, rope_theta),
-        "max_position_embeddings": _required_int(reader, f"{arch}.context_length"),
+        "rope_scaling": _rope_scaling(metadata, arch, rope_freqs, head_dim, rope_theta),
+        "max_position_embeddings": _required_int(metadata, f"{arch}.context_length"),
         # GGUF `ne` lists the fastest dimension first: [hidden, vocab]
-        "vocab_size": int(tensors["token_embd.weight"].shape[-1]),
+        "vocab_size": tensors["token_embd.weight"].shape[-1],
         "tie_word_embeddings": "output.weight" not in tensors,
         "attention_bias": "blk.0.attn_q.bias" in tensors,
-        "sliding_window": _optional_int(reader, f"{arch}.attention.sliding_window"),
-        "torch_dtype": _FILE_DTYPES.get(_optional_int(reader, "general.file_type"), "float32"),
-        "bos_token_id": _optional_int(reader, "tokenizer.ggml.bos_token_id"),
-        "eos_token_id": _optional_int(reader, "tokenizer.ggml.eos_token_id"),
-        "pad_token_id": _optional_int(reader, "tokenizer.ggml.padding_token_id"),
+        "sliding_window": _optional_int(metadata, f"{arch}.attention.sliding_window"),
+        "torch_dtype": _FILE_DTYPES.get(_optional_int(metadata, "general.file_type"), "float32"),
+        "bos_token_id": _optional_int(metadata, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": _optional_int(metadata, "tokenizer.ggml.eos_token_id"),
+        "pad_token_id": _optional_int(metadata, "tokenizer.ggml.padding_token_id"),
     }
 
 
-def _field(reader: GGUFReader, key: str) -> Any:
-    field = reader.get_field(key)
-    return None if field is None else field.contents()
-
-
-def _optional_int(reader: GGUFReader, key: str) -> int | None:
-    value = _field(reader, key)
+def _optional_int(metadata: Mapping[str, Any], key: str) -> int | None:
+    value = metadata.get(key)
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
         raise ValueError(f"GGUF metadata {key} should be an integer, got {value!r}")
     return value
 
 
-def _required_int(reader: GGUFReader, key: str) -> int:
-    value = _optional_int(reader, key)
+def _required_int(metadata: Mapping[str, Any], key: str) -> int:
+    value = _optional_int(metadata, key)
     if value is None:
         raise ValueError(f"GGUF metadata {key} is missing")
     return value
 
 
-def _required_float(reader: GGUFReader, key: str) -> float:
-    value = _field(reader, key)
+def _required_float(metadata: Mapping[str, Any], key: str) -> float:
+    value = metadata.get(key)
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise ValueError(f"GGUF metadata {key} should be a number, got {value!r}")
     return float(value)
 
 
 def _rope_scaling(
-    reader: GGUFReader, arch: str, tensors: dict[str, Any], head_dim: int, rope_theta: float
+    metadata: Mapping[str, Any],
+    arch: str,
+    rope_freqs: np.ndarray | None,
+    head_dim: int,
+    rope_theta: float,
 ) -> dict[str, Any] | None:
     """The HF `rope_scaling` dict the metadata (or llama.cpp's rope_freqs tensor) describes."""
-    original_context = _optional_int(reader, f"{arch}.rope.scaling.original_context_length")
-    if "rope_freqs.weight" in tensors:
-        factors = np.asarray(tensors["rope_freqs.weight"].data, dtype=np.float64).reshape(-1)
+    original_context = _optional_int(metadata, f"{arch}.rope.scaling.original_context_length")
+    if rope_freqs is not None:
+        factors = np.asarray(rope_freqs, dtype=np.float64).reshape(-1)
         inv_freq = rope_theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
         return _llama3_rope_scaling(factors, inv_freq, original_context or _LLAMA3_ORIGINAL_CONTEXT)
-    kind = _field(reader, f"{arch}.rope.scaling.type")
+    kind = metadata.get(f"{arch}.rope.scaling.type")
     if kind in (None, "none"):
         return None
     if kind not in ("linear", "yarn"):
         raise ValueError(f"GGUF rope scaling type {kind!r} is not supported")
     scaling: dict[str, Any] = {
         "rope_type": kind,
-        "factor": _required_float(reader, f"{arch}.rope.scaling.factor"),
+        "factor": _required_float(metadata, f"{arch}.rope.scaling.factor"),
     }
     if original_context is not None:
         scaling["original_max_position_embeddings"] = original_context
     for suffix, hf_key in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
-        if (value := _field(reader, f"{arch}.rope.scaling.{suffix}")) is not None:
+        if (value := metadata.get(f"{arch}.rope.scaling.{suffix}")) is not None:
             scaling[hf_key] = float(value)
     return scaling
 

@@ -1,4 +1,4 @@
-"""GGUF files: metadata to config, tensor names to HF names, weights dequantized."""
+"""GGUF files: header to config, tensor names to HF names, weights dequantized."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from gguf import GGUFReader, ReaderTensor
 from core.model_loader.checkpoint import Checkpoint
 from core.model_loader.gguf_config import hf_config_from_gguf
 from core.model_loader.gguf_dequant import SUPPORTED_TYPES, dequantize
+from core.model_loader.gguf_metadata import GGUFTensorInfo, read_gguf_header
 
 _GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
@@ -36,7 +37,7 @@ _LAYER_NAMES = {
 }
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # Folded into hf_config["rope_scaling"]; not a model parameter.
-_CONFIG_TENSORS = frozenset({"rope_freqs.weight"})
+_ROPE_FREQS = "rope_freqs.weight"
 # llama.cpp's converter permutes q/k rows of these architectures (its rotary embedding
 # pairs adjacent dimensions where transformers pairs the two halves of a head).
 _PERMUTED_ARCHS = frozenset({"llama"})
@@ -69,11 +70,11 @@ class GGUFCheckpoint(Checkpoint):
         return {**self.__dict__, "_reader": None}
 
     def reader(self) -> GGUFReader:
-        """The parsed file (metadata, tokenizer fields included, and tensors).
+        """The parsed file, for its tensor data.
 
-        Parsing takes about a second for a 49k-token vocabulary, so the reader is opened
-        once per process and shared (e.g. with the tokenizer). Raises ValueError when the
-        file has become unreadable.
+        GGUFReader parses every metadata array too (about a second for a 49k-token
+        vocabulary), so it is opened on first use, once per process, and kept. Raises
+        ValueError when the file has become unreadable.
         """
         reader = self._reader
         if reader is None:
@@ -85,7 +86,7 @@ class GGUFCheckpoint(Checkpoint):
     def iter_weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
         permuted = self.hf_config["model_type"] in _PERMUTED_ARCHS
         for tensor in self.reader().tensors:
-            if tensor.name in _CONFIG_TENSORS:
+            if tensor.name == _ROPE_FREQS:
                 continue
             name = hf_name(tensor.name)
             weight = _read_tensor(tensor)
@@ -95,19 +96,22 @@ class GGUFCheckpoint(Checkpoint):
 
 
 def load_gguf_checkpoint(path: Path, served_name: str | None = None) -> GGUFCheckpoint:
-    """Open the GGUF file `path`: parse its metadata into a config and check its tensors.
+    """Open the GGUF file `path`: read its header into a config and check its tensors.
 
-    Every tensor name must map to an HF name and every tensor type must be one core
-    dequantizes, so a file core cannot serve fails here rather than mid-load.
-    `served_name` defaults to the file name without its extension. Raises ValueError
-    when the file is missing, truncated or corrupt, names an unsupported architecture,
-    or holds an unknown tensor name or an unsupported tensor type (naming both).
+    Every tensor name must map to an HF name, every tensor type must be one core
+    dequantizes and every tensor's data must lie within the file, so a file core cannot
+    serve fails here rather than mid-load. `served_name` defaults to the file name without
+    its extension. Raises ValueError when the file is missing, truncated or corrupt, names
+    an unsupported architecture, or holds an unknown tensor name or an unsupported tensor
+    type (naming both).
     """
-    if not path.is_file():
-        raise ValueError(f"GGUF file {path} does not exist")
-    reader = _open(path)
-    hf_config = hf_config_from_gguf(reader)
-    for tensor in reader.tensors:
+    header = read_gguf_header(path)
+    # The slow full reader is needed at load only for rope_freqs' values; it is then kept
+    # for the weights.
+    reader = _open(path) if _ROPE_FREQS in header.tensors else None
+    rope_freqs = None if reader is None else _tensor_data(reader, _ROPE_FREQS)
+    hf_config = hf_config_from_gguf(header, rope_freqs)
+    for tensor in header.tensors.values():
         _check_tensor(tensor)
     return GGUFCheckpoint(
         path=path,
@@ -137,14 +141,18 @@ def _open(path: Path) -> GGUFReader:
         raise ValueError(f"{path}: corrupt or truncated GGUF file ({exc})") from exc
 
 
-def _check_tensor(tensor: ReaderTensor) -> None:
+def _tensor_data(reader: GGUFReader, name: str) -> np.ndarray:
+    return next(tensor.data for tensor in reader.tensors if tensor.name == name)
+
+
+def _check_tensor(tensor: GGUFTensorInfo) -> None:
     if tensor.tensor_type not in SUPPORTED_TYPES:
         supported = ", ".join(sorted(qtype.name for qtype in SUPPORTED_TYPES))
         raise ValueError(
             f"GGUF tensor {tensor.name} has type {tensor.tensor_type.name}, which core cannot "
             f"dequantize (supported: {supported})"
         )
-    if tensor.name not in _CONFIG_TENSORS:
+    if tensor.name != _ROPE_FREQS:
         hf_name(tensor.name)
 
 

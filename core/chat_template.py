@@ -1,0 +1,147 @@
+"""Chat templates: loaded from a file or a string, rendered as Hugging Face templates expect.
+
+Chat templates come from model files, so they are untrusted code: they render in jinja2's
+immutable sandbox, with the few helpers Hugging Face templates call (raise_exception,
+strftime_now, a json.dumps-style tojson, `{% generation %}` blocks), over inputs copied to
+plain JSON data.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+import jinja2.sandbox
+
+__all__ = ["load_chat_template", "render_chat_template"]
+
+
+def render_chat_template(
+    source: str,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    add_generation_prompt: bool,
+    tools: Sequence[Mapping[str, Any]] | None,
+    special_tokens: Mapping[str, str],
+    template_kwargs: Mapping[str, Any],
+) -> str:
+    """Render the template `source` over `messages` and OpenAI-style `tools`.
+
+    `special_tokens` (bos_token -> "<s>", ...) and `template_kwargs` (e.g. enable_thinking)
+    are template variables too; a kwarg overrides a special token, never messages, tools or
+    add_generation_prompt. Every input must be JSON data (dicts, lists, str, numbers, bool,
+    None); message keys set to None are dropped. Raises ValueError for a syntax error,
+    non-JSON input, or a failed render (raise_exception, a sandbox SecurityError).
+    """
+    template = _compile_chat_template(source)
+    context = {
+        **special_tokens,
+        "documents": None,
+        **_plain_data(template_kwargs, "template_kwargs"),
+        "messages": _template_messages(messages),
+        "tools": _plain_data(tools, "tools"),
+        "add_generation_prompt": add_generation_prompt,
+    }
+    try:
+        return template.render(context)
+    except (jinja2.TemplateError, TypeError) as e:
+        raise ValueError(f"chat template failed to render: {type(e).__name__}: {e}") from e
+
+
+class _GenerationBlock(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}` marks assistant turns for training masks in
+    Hugging Face templates; serving needs only the text, so the block renders its body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.Scope(body, lineno=lineno)
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # Jinja's own tojson HTML-escapes and sorts keys; templates are written for json.dumps.
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(date_format: str) -> str:
+    return datetime.now().strftime(date_format)
+
+
+@functools.lru_cache(maxsize=1)
+def _template_environment() -> jinja2.sandbox.ImmutableSandboxedEnvironment:
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[_GenerationBlock, jinja2.ext.loopcontrols],
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+@functools.lru_cache(maxsize=32)
+def _compile_chat_template(source: str) -> jinja2.Template:
+    try:
+        return _template_environment().from_string(source)
+    except jinja2.TemplateSyntaxError as e:
+        raise ValueError(f"chat template has a syntax error at line {e.lineno}: {e}") from e
+
+
+def _plain_data(value: Any, where: str) -> Any:
+    """A copy made of JSON types only, so a template cannot reach methods of richer objects."""
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _plain_data(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain_data(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    raise ValueError(f"{where} is a {type(value).__name__}; template inputs must be JSON data")
+
+
+def _template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    # Keys set to None are dropped, as Hugging Face does: templates test `'key' in message`
+    # and would otherwise render a literal "None" (e.g. OpenAI's content=None with tool_calls).
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise ValueError(f"messages[{i}] is a {type(message).__name__}, not a dict")
+    return [
+        {k: _plain_data(v, f"messages[{i}].{k}") for k, v in m.items() if v is not None}
+        for i, m in enumerate(messages)
+    ]
+
+
+def load_chat_template(path_or_string: str | Path) -> str:
+    """A chat template from a file path, or the string itself when it is a template.
+
+    A template always contains '{', '}' or a newline, so a string without any is a path; a
+    path that names no file raises ValueError naming it.
+    """
+    text = str(path_or_string)
+    if any(c in text for c in "{}\n"):
+        return text
+    path = Path(text)
+    if not path.is_file():
+        raise ValueError(f"chat template file {text!r} does not exist")
+    return path.read_text(encoding="utf-8")

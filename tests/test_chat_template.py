@@ -1,0 +1,54 @@
+"""core.chat_template on its own: template sources from files or strings, and which value a
+template variable takes when special tokens, kwargs and the call's own arguments share a name.
+Rendering against transformers is pinned through Tokenizer in test_tokenizer.py."""
+
+from __future__ import annotations
+
+import pytest
+from gguf_vocab_fixtures import CHAT_TEMPLATE
+
+from core.chat_template import load_chat_template, render_chat_template
+
+
+def test_load_chat_template_reads_files_and_takes_literal_templates(tmp_path):
+    path = tmp_path / "template.jinja"
+    path.write_text(CHAT_TEMPLATE, encoding="utf-8")
+    assert load_chat_template(path) == CHAT_TEMPLATE
+    assert load_chat_template(str(path)) == CHAT_TEMPLATE
+    assert load_chat_template("{{ messages[0]['content'] }}") == "{{ messages[0]['content'] }}"
+    with pytest.raises(ValueError, match="missing.jinja"):
+        load_chat_template(str(tmp_path / "missing.jinja"))
+
+
+def test_kwargs_override_special_tokens_but_not_the_calls_own_arguments():
+    template = (
+        "{{ bos_token }}|{{ eos_token }}|{{ flavour }}|{{ documents }}|{{ messages | length }}"
+        "|{{ tools | length }}|{{ add_generation_prompt }}"
+    )
+    rendered = render_chat_template(
+        template,
+        [{"role": "user", "content": "hi"}],
+        add_generation_prompt=False,
+        tools=[{"type": "function"}],
+        special_tokens={"bos_token": "<s>", "eos_token": "</s>"},
+        template_kwargs={
+            "bos_token": "[BOS]",
+            "flavour": "mint",
+            "messages": [],
+            "tools": [],
+            "add_generation_prompt": True,
+        },
+    )
+    assert rendered == "[BOS]|</s>|mint|None|1|1|False"
+
+
+def test_template_kwargs_must_be_json_data():
+    with pytest.raises(ValueError, match=r"template_kwargs\.when is a object"):
+        render_chat_template(
+            "{{ when }}",
+            [],
+            add_generation_prompt=True,
+            tools=None,
+            special_tokens={},
+            template_kwargs={"when": object()},
+        )
