@@ -1,3 +1,45 @@
-"""core: an LLM inference and serving engine."""
+"""core: an LLM inference and serving engine.
+
+    from core import LLM, SamplingParams
+
+Public names are imported on first use, so `core --version` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+_PUBLIC = {
+    "LLM": "core.entrypoints.llm",
+    "SamplingParams": "core.sampling_params",
+    "EngineArgs": "core.engine_args",
+    "RequestOutput": "core.outputs",
+    "CompletionOutput": "core.outputs",
+    "LLMEngine": "core.engine.llm_engine",
+}
+
+__all__ = [
+    "CompletionOutput",
+    "EngineArgs",
+    "LLM",
+    "LLMEngine",
+    "RequestOutput",
+    "SamplingParams",
+    "__version__",
+]
+
+if TYPE_CHECKING:
+    from core.engine.llm_engine import LLMEngine
+    from core.engine_args import EngineArgs
+    from core.entrypoints.llm import LLM
+    from core.outputs import CompletionOutput, RequestOutput
+    from core.sampling_params import SamplingParams
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'core' has no attribute {name!r}")
+    return getattr(importlib.import_module(_PUBLIC[name]), name)

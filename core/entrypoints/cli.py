@@ -9,6 +9,7 @@ import click
 
 import core
 from core import envs
+from core.engine_args import engine_options
 
 
 @click.group()
@@ -47,10 +48,31 @@ def _not_available(name: str, issue: str) -> click.Command:
 
 for _name, _issue in (
     ("serve", "the OpenAI-compatible server comes with the server work"),
-    ("generate", "offline generation comes with the engine work"),
     ("bench", "benchmarks come with the benchmark work"),
 ):
     cli.add_command(_not_available(_name, _issue))
+
+
+@cli.command()
+@click.argument("prompt")
+@click.option("--max-tokens", type=int, default=128, show_default=True)
+@click.option("--temperature", type=float, default=None, help="0 for greedy")
+@click.option("--top-p", type=float, default=None)
+@click.option("--top-k", type=int, default=None)
+@click.option("--min-p", type=float, default=None)
+@click.option("--repetition-penalty", type=float, default=None)
+@click.option("--stop", multiple=True, help="a stop string (repeatable)")
+@click.option("--sampling-seed", type=int, default=None, help="the request's own seed")
+@click.option("--chat/--no-chat", default=True, show_default=True, help="apply the chat template")
+@engine_options
+def generate(prompt: str, **options) -> None:
+    """Stream a completion of PROMPT to stdout."""
+    from core.entrypoints.generate import stream_completion
+
+    try:
+        stream_completion(prompt, options)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 def main() -> None:

@@ -1,0 +1,119 @@
+"""LLM: the offline API — `LLM(model).generate(prompts, params)` and `.chat(messages)`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm import tqdm
+
+from core.engine.llm_engine import LLMEngine, PreparedRequest
+from core.engine_args import EngineArgs
+from core.outputs import RequestOutput
+from core.sampling_params import SamplingParams
+
+Prompt = str | list[int] | dict[str, Any]  # text, token ids, {"prompt"} or {"prompt_token_ids"}
+Message = dict[str, Any]
+
+
+class LLM:
+    """An engine in this process. Keyword arguments are EngineArgs fields (vLLM names)."""
+
+    def __init__(self, model: str | None = None, **engine_args: Any) -> None:
+        self.engine = LLMEngine(EngineArgs(model=model, **engine_args))
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt; outputs come back in the prompts' order.
+
+        Every prompt is validated before any is queued: a bad one raises ValueError and
+        the engine is left as it was.
+        """
+        batch = _as_list(prompts)
+        params = self._params_for(batch, sampling_params)
+        if priority is not None and len(priority) != len(batch):
+            raise ValueError(f"priority has {len(priority)} entries for {len(batch)} prompts")
+        prepared = [
+            self.engine.prepare(_prompt_input(p), sp) for p, sp in zip(batch, params, strict=True)
+        ]
+        return self._run(prepared, priority, use_tqdm)
+
+    def chat(
+        self,
+        messages: list[Message] | Sequence[list[Message]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """Render each conversation with the chat template, then generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        template = chat_template or self.engine.config.model.chat_template
+        prompts = [
+            self.engine.tokenizer.encode(
+                self.engine.tokenizer.apply_chat_template(
+                    list(conversation),
+                    add_generation_prompt=add_generation_prompt,
+                    chat_template=template,
+                    **(chat_template_kwargs or {}),
+                ),
+                add_special_tokens=False,
+            )
+            for conversation in conversations
+        ]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _params_for(
+        self, batch: list[Prompt], params: SamplingParams | Sequence[SamplingParams] | None
+    ) -> list[SamplingParams]:
+        if params is None:
+            return [self.engine.default_sampling_params()] * len(batch)
+        if isinstance(params, SamplingParams):
+            return [params] * len(batch)
+        if len(params) != len(batch):
+            raise ValueError(f"sampling_params has {len(params)} entries for {len(batch)} prompts")
+        return list(params)
+
+    def _run(
+        self, prepared: list[PreparedRequest], priority: Sequence[int] | None, use_tqdm: bool
+    ) -> list[RequestOutput]:
+        ids = [self.engine.new_request_id() for _ in prepared]
+        for i, (request_id, request) in enumerate(zip(ids, prepared, strict=True)):
+            self.engine.add_prepared(request_id, request, priority=priority[i] if priority else 0)
+        finished: dict[str, RequestOutput] = {}
+        with tqdm(total=len(ids), desc="Generating", disable=not use_tqdm) as bar:
+            while len(finished) < len(ids):
+                for output in self.engine.step():
+                    if output.finished:
+                        finished[output.request_id] = output
+                        bar.update(1)
+        return [finished[request_id] for request_id in ids]
+
+
+def _as_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+    if isinstance(prompts, str | dict):
+        return [prompts]
+    if isinstance(prompts, list) and prompts and isinstance(prompts[0], int):
+        return [prompts]
+    return list(prompts)
+
+
+def _prompt_input(prompt: Prompt) -> str | list[int]:
+    if isinstance(prompt, dict):
+        if "prompt_token_ids" in prompt:
+            return list(prompt["prompt_token_ids"])
+        if "prompt" in prompt:
+            return prompt["prompt"]
+        raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+    if isinstance(prompt, str | list):
+        return prompt
+    raise ValueError(f"prompt must be text, token ids or a dict, got {type(prompt).__name__}")
