@@ -143,3 +143,11 @@ def test_plugins_lists_every_installed_plugin_distribution():
     info = run_core("info")
     assert "platform: cpu (CPU) — no accelerator platform is available" in info.stdout
     assert "rejected cuda: unavailable:" in info.stdout
+
+
+@pytest.mark.slow
+def test_generate_streams_a_completion():
+    result = run_core("generate", "What is the capital of France?", "--temperature", "0",
+                      "--max-tokens", "16", "--max-model-len", "1024")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout

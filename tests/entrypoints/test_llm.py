@@ -90,3 +90,32 @@ def test_bad_input_raises_and_the_engine_keeps_serving(llm, prompt, params, mess
 def test_invalid_sampling_parameter_names_the_field():
     with pytest.raises(ValueError, match="top_p"):
         SamplingParams(top_p=1.5)
+
+
+def test_n_samples_share_the_prompt_blocks(llm):
+    stats = llm.engine.core.kv.prefix_cache_stats
+    hits_before = stats.hits
+    prompt = "The quick brown fox jumps over the lazy dog. " * 8  # > 4 full blocks
+    params = SamplingParams(n=4, temperature=1.0, seed=7, max_tokens=4)
+    output = llm.generate(prompt, params, use_tqdm=False)[0]
+    num_prompt = len(output.prompt_token_ids)
+    full_blocks = (num_prompt - 1) // 16 * 16
+    # Children admitted after the first find its prompt blocks in the cache.
+    assert stats.hits - hits_before >= 3 * full_blocks
+    assert output.num_cached_tokens == 0  # sample 0 computed the prompt itself
+
+
+def test_abort_frees_the_request(llm):
+    engine = llm.engine
+    engine.add_request("to-abort", "Tell me a long story", SamplingParams(max_tokens=200))
+    engine.step()
+    assert engine.core.kv.usage > 0
+    engine.abort_request(["to-abort"])
+    assert not engine.has_unfinished_requests()
+    engine.core.step()  # tells the worker; nothing is left running
+    assert engine.core.kv.usage == 0
+
+
+def test_engine_refuses_a_kv_budget_smaller_than_one_request():
+    with pytest.raises(ValueError, match="raise --kv-cache-memory or lower --max-model-len"):
+        LLM(kv_cache_memory="1MiB", max_model_len=2048)
