@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import msgspec
 
-__all__ = ["SAMPLING_EPS", "SamplingParams", "SamplingType"]
+__all__ = ["SAMPLING_EPS", "SamplingParams", "SamplingType", "StructuredOutputsParams"]
 
 # Below this temperature a request is greedy: dividing by it would overflow the logits.
 SAMPLING_EPS = 1e-5
@@ -33,6 +33,34 @@ class SamplingType(enum.IntEnum):
     GREEDY = 0
     RANDOM = 1
     RANDOM_SEED = 2
+
+
+class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A constraint on the output's shape: exactly one of the fields is set.
+
+    json: a JSON schema (dict or its JSON text); json_object: any JSON object; regex: a
+    regular expression; choice: one of these strings; grammar: an EBNF grammar.
+    """
+
+    json: str | dict | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+
+    def __post_init__(self) -> None:
+        given = [
+            name
+            for name in ("json", "regex", "choice", "grammar")
+            if getattr(self, name) is not None
+        ] + (["json_object"] if self.json_object else [])
+        if len(given) != 1:
+            raise ValueError(
+                "structured_outputs needs exactly one of json, json_object, regex, choice, "
+                f"grammar; got {given or 'none'}"
+            )
+        if self.choice is not None and (not self.choice or not all(self.choice)):
+            raise ValueError("structured_outputs.choice must be a non-empty list of strings")
 
 
 class SamplingParams(msgspec.Struct, kw_only=True):
@@ -64,6 +92,7 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     bad_words_token_ids: list[list[int]] | None = None
+    structured_outputs: StructuredOutputsParams | None = None
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False

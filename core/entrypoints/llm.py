@@ -7,7 +7,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from core.engine.llm_engine import LLMEngine, PreparedRequest
+from core.engine.llm_engine import LLMEngine
+from core.engine.processor import PreparedRequest
 from core.engine_args import EngineArgs
 from core.outputs import RequestOutput
 from core.sampling_params import SamplingParams

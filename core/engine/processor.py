@@ -1,0 +1,140 @@
+"""The frontend's input side, shared by LLMEngine and AsyncLLM.
+
+It resolves the model and the configuration, loads the tokenizer, and turns a prompt and
+SamplingParams into a validated request — so bad input is a ValueError in the frontend
+and never reaches the engine core.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from core.config import EngineConfig
+from core.engine.protocol import EngineCoreRequest
+from core.engine_args import EngineArgs
+from core.model_loader import Checkpoint, resolve_model
+from core.model_loader.gguf_loader import GGUFCheckpoint
+from core.models.arch_config import ArchConfig
+from core.platforms.interface import Platform
+from core.platforms.selection import select_platform
+from core.plugins.hooks import get_hook_manager
+from core.plugins.registry import get_registry
+from core.sampling_params import SamplingParams
+from core.tokenizer import Tokenizer, load_generation_defaults
+
+# The generation_config.json keys that become SamplingParams defaults.
+_GENERATION_KEYS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "max_new_tokens": "max_tokens",
+}
+
+
+@dataclass
+class PreparedRequest:
+    """A validated request, ready to be queued."""
+
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass
+class EngineSetup:
+    """Everything the frontend resolves before an engine core starts."""
+
+    config: EngineConfig
+    platform: Platform
+    checkpoint: Checkpoint
+    hooks: Any
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> EngineSetup:
+        registry = get_registry()
+        registry.run_general_plugins()
+        choice = select_platform(registry, engine_args.device)
+        hooks = get_hook_manager(registry)
+        checkpoint = resolve_model(engine_args.model)
+        arch = ArchConfig.from_hf(checkpoint.hf_config)
+        config = engine_args.create_engine_config(
+            choice.platform, hooks, model_max_len=arch.max_position_embeddings
+        )
+        return cls(config, choice.platform, checkpoint, hooks)
+
+
+class InputProcessor:
+    def __init__(self, setup: EngineSetup) -> None:
+        self.config = setup.config
+        checkpoint = setup.checkpoint
+        self.served_model_name = self.config.model.served_model_name or checkpoint.served_name
+        self.max_model_len: int = self.config.model.max_model_len
+        self.vocab_size = ArchConfig.from_hf(checkpoint.hf_config).vocab_size
+        self.tokenizer = load_tokenizer(checkpoint, self.config.model.tokenizer)
+        self.generation_defaults = self._generation_defaults(checkpoint)
+
+    def _generation_defaults(self, checkpoint: Checkpoint) -> dict[str, Any]:
+        source = self.config.model.generation_config
+        if source == "none" or isinstance(checkpoint, GGUFCheckpoint) and source == "auto":
+            return {}
+        directory = checkpoint.path if source == "auto" else Path(source)
+        found = load_generation_defaults(directory)
+        return {_GENERATION_KEYS[k]: v for k, v in found.items() if k in _GENERATION_KEYS}
+
+    def default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the model's generation_config.json defaults."""
+        return SamplingParams(**self.generation_defaults)
+
+    def prepare(self, prompt: str | list[int], params: SamplingParams) -> PreparedRequest:
+        """Tokenize and validate; ValueError naming the problem, nothing queued."""
+        if isinstance(prompt, str):
+            text: str | None = prompt
+            token_ids = self.tokenizer.encode(prompt) if prompt else []
+        else:
+            text, token_ids = None, list(prompt)
+        if not token_ids:
+            raise ValueError("prompt must not be empty")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt is {len(token_ids)} tokens long, but max_model_len is "
+                f"{self.max_model_len}: the prompt and at least one generated token must fit"
+            )
+        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary")
+        params = msgspec.structs.replace(params)  # the caller's object stays untouched
+        params.verify(self.config.model.max_logprobs, self.vocab_size)
+        params.resolve_bad_words(lambda word: self.tokenizer.encode(word, False))
+        return PreparedRequest(text, token_ids, params)
+
+    def engine_core_request(
+        self,
+        request_id: str,
+        prepared: PreparedRequest,
+        priority: int = 0,
+        cache_salt: str | None = None,
+    ) -> EngineCoreRequest:
+        return EngineCoreRequest(
+            request_id=request_id,
+            prompt_token_ids=prepared.prompt_token_ids,
+            sampling_params=prepared.params,
+            eos_token_id=self.tokenizer.eos_token_id,
+            arrival_time=time.time(),
+            priority=priority,
+            cache_salt=cache_salt,
+        )
+
+
+def load_tokenizer(checkpoint: Checkpoint, override: str | None = None) -> Tokenizer:
+    """The tokenizer of `override` (a directory or .gguf) or of the checkpoint itself."""
+    path = Path(override) if override else checkpoint.path
+    if path.suffix == ".gguf":
+        return Tokenizer.from_gguf(path)
+    return Tokenizer.from_dir(path)
