@@ -52,8 +52,26 @@ class EngineCoreOutput(msgspec.Struct, kw_only=True, array_like=True, omit_defau
         return self.finish_reason is not None
 
 
+class SchedulerStats(msgspec.Struct, kw_only=True):
+    """The scheduler's state after a step, for logs and metrics."""
+
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_preemptions: int
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        if not self.prefix_cache_queries:
+            return 0.0
+        return self.prefix_cache_hits / self.prefix_cache_queries
+
+
 class EngineCoreOutputs(msgspec.Struct, kw_only=True, array_like=True, omit_defaults=True):
     outputs: list[EngineCoreOutput] = msgspec.field(default_factory=list)
     timestamp: float = 0.0
+    scheduler_stats: SchedulerStats | None = None
     # Requests the engine finished on its own (e.g. aborted) that the frontend must forget.
     finished_requests: set[str] = msgspec.field(default_factory=set)

@@ -15,28 +15,12 @@ import time
 from dataclasses import dataclass
 
 from core.config import EngineConfig
-from core.engine.protocol import EngineCoreOutput, EngineCoreOutputs
+from core.engine.protocol import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 from core.kv_cache.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from core.request import Request, RequestStatus
 from core.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
 from core.scheduler.request_queue import RequestQueue
 from core.worker.output import ModelRunnerOutput
-
-
-@dataclass
-class SchedulerStats:
-    num_running: int
-    num_waiting: int
-    kv_cache_usage: float
-    prefix_cache_queries: int
-    prefix_cache_hits: int
-    num_preemptions: int
-
-    @property
-    def prefix_cache_hit_rate(self) -> float:
-        if not self.prefix_cache_queries:
-            return 0.0
-        return self.prefix_cache_hits / self.prefix_cache_queries
 
 
 @dataclass

@@ -1,0 +1,143 @@
+"""The engine-core process: an EngineCore behind two ZMQ sockets.
+
+The frontend PUSHes requests and aborts; this process PULLs them, steps the engine while
+it has work and PUSHes EngineCoreOutputs back. With no work it blocks on its input socket
+and never spins: on a 2-core machine a spinning loop would take a core from the model.
+It dies with its parent (PDEATHSIG), so a killed server leaves no orphan.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+import msgspec
+import zmq
+
+from core.config import EngineConfig
+from core.engine.core import EngineCore
+from core.engine.protocol import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    FinishReason,
+)
+
+logger = logging.getLogger(__name__)
+
+# Frontend -> engine core message kinds (first frame of a multipart message).
+ADD, ABORT, UTILITY = b"ADD", b"ABORT", b"UTILITY"
+# Engine core -> frontend.
+READY, OUTPUTS, FAILED = b"READY", b"OUTPUTS", b"FAILED"
+
+_PR_SET_PDEATHSIG = 1
+
+
+def run_engine_core(config_json: str, model: str, input_addr: str, output_addr: str) -> None:
+    """Process entry point: build the engine core, then serve until SIGTERM."""
+    _die_with_parent()
+    signal.signal(signal.SIGTERM, _raise_exit)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the frontend decides when to stop
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s engine-core: %(message)s")
+    ctx = zmq.Context()
+    output = ctx.socket(zmq.PUSH)
+    output.connect(output_addr)
+    encoder = msgspec.msgpack.Encoder()
+    try:
+        core = _build_core(config_json, model)
+        info = {"pid": os.getpid(), "num_blocks": core.num_gpu_blocks}
+        output.send_multipart([READY, encoder.encode(info)])
+        inputs = ctx.socket(zmq.PULL)
+        inputs.connect(input_addr)
+        _EngineCoreLoop(core, inputs, output, encoder).run()
+    except SystemExit:
+        pass
+    except Exception as exc:  # report, then die: the frontend turns unhealthy
+        logger.exception("engine core failed")
+        output.send_multipart([FAILED, encoder.encode(f"{type(exc).__name__}: {exc}")])
+    finally:
+        ctx.destroy(linger=1000)
+
+
+def _build_core(config_json: str, model: str) -> EngineCore:
+    from core.model_loader import resolve_model
+    from core.platforms.selection import select_platform
+    from core.plugins.hooks import get_hook_manager
+    from core.plugins.registry import get_registry
+
+    registry = get_registry()
+    registry.run_general_plugins()  # every process loads plugins, by construction
+    config = EngineConfig.model_validate_json(config_json).freeze()
+    platform = select_platform(registry, config.device.device).platform
+    return EngineCore(config, platform, resolve_model(model), get_hook_manager(registry))
+
+
+class _EngineCoreLoop:
+    def __init__(self, core: EngineCore, inputs: zmq.Socket, output: zmq.Socket, encoder):
+        self.core = core
+        self.inputs = inputs
+        self.output = output
+        self.encoder = encoder
+        self.request_decoder = msgspec.msgpack.Decoder(EngineCoreRequest)
+        self.ids_decoder = msgspec.msgpack.Decoder(list[str])
+
+    def run(self) -> None:
+        """Until SIGTERM (SystemExit): take every waiting message, then step once."""
+        try:
+            while True:
+                if not self.core.has_unfinished_requests():
+                    self._handle(self.inputs.recv_multipart())  # idle: block, never spin
+                while self.inputs.poll(0):
+                    self._handle(self.inputs.recv_multipart())
+                if self.core.has_unfinished_requests():
+                    self._send(self.core.step())
+        finally:
+            self.core.shutdown()
+
+    def _send(self, outputs: EngineCoreOutputs) -> None:
+        outputs.scheduler_stats = self.core.scheduler.make_stats()
+        self.output.send_multipart([OUTPUTS, self.encoder.encode(outputs)])
+
+    def _handle(self, frames: list[bytes]) -> None:
+        kind, payload = frames[0], frames[1] if len(frames) > 1 else b""
+        if kind == ADD:
+            self._add(self.request_decoder.decode(payload))
+        elif kind == ABORT:
+            self.core.abort_requests(self.ids_decoder.decode(payload))
+        elif kind == UTILITY:
+            self._utility(msgspec.msgpack.decode(payload))
+
+    def _add(self, request: EngineCoreRequest) -> None:
+        try:
+            self.core.add_request(request)
+        except ValueError as exc:  # the frontend validates; this is a last line of defence
+            logger.warning("request %s refused: %s", request.request_id, exc)
+            failed = EngineCoreOutput(
+                request_id=request.request_id, new_token_ids=[], finish_reason=FinishReason.ERROR
+            )
+            self._send(EngineCoreOutputs(outputs=[failed]))
+
+    def _utility(self, call: Any) -> None:
+        if call == "reset_prefix_cache":
+            self.core.reset_prefix_cache()
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:  # not Linux: the frontend's shutdown still terminates us
+        pass
+
+
+def _raise_exit(signum: int, frame: Any) -> None:
+    raise SystemExit(0)
+
+
+if __name__ == "__main__":
+    # python -m core.engine.core_proc MODEL INPUT_ADDR OUTPUT_ADDR < config.json
+    run_engine_core(sys.stdin.read(), *sys.argv[1:4])
