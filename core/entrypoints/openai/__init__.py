@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP server: request/response models, errors, parameter mapping."""

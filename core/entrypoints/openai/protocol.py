@@ -1,0 +1,604 @@
+"""Request and response bodies of the OpenAI-compatible API, and the response builders.
+
+Requests follow OpenAI's field names plus vLLM's extra sampling fields. Unknown fields
+are ignored (clients send fields this server does not know, as they do to OpenAI), but a
+known field of the wrong type is rejected: request models are strict, so ``"16"`` is not
+a ``max_tokens`` and ``true`` is not an ``n``. Range checks that SamplingParams already
+makes (temperature, top_p, penalties, ...) are left to it (see ``params``); only OpenAI's
+own limits (``logprobs`` and ``top_logprobs`` in [0, 20]) and rules between fields are
+checked here. A sampling field left as None means "not set": the model's
+generation_config default, else SamplingParams' default, applies.
+
+Response models are built by the server from RequestOutputs with the ``*_choice``,
+``*_logprobs`` and ``usage_info`` helpers at the end of the module.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from core.outputs import CompletionOutput, PositionLogprobs, RequestOutput
+
+# OpenAI's cap on logprobs (completions) and top_logprobs (chat).
+MAX_TOP_LOGPROBS = 20
+
+# JSON has no -inf: OpenAI reports "very unlikely" with this value instead.
+_MIN_LOGPROB = -9999.0
+
+TokenId = Annotated[int, Field(ge=0)]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class _Response(BaseModel):
+    pass
+
+
+def _new_id(prefix: str) -> Any:
+    return Field(default_factory=lambda: f"{prefix}-{uuid.uuid4().hex}")
+
+
+def _now() -> Any:
+    return Field(default_factory=lambda: int(time.time()))
+
+
+# --- request parts -------------------------------------------------------------------------
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM: usage on every chunk
+
+
+class JsonSchemaFormat(_Request):
+    name: str
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_iff_json_schema(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema must be set exactly when type is 'json_schema'")
+        return self
+
+
+class StructuredOutputsRequest(_Request):
+    """vLLM's ``structured_outputs`` field; exactly one constraint (checked by
+    StructuredOutputsParams)."""
+
+    json_: str | dict[str, Any] | None = Field(default=None, alias="json")
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+
+
+class TextContentPart(_Request):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessageParam(_Request):
+    """One message of a chat request. Only text content: other content part types
+    (images, audio) are rejected with an error naming the part."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextContentPart] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, content: Any) -> Any:
+        for part in content if isinstance(content, list) else ():
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text":
+                raise ValueError(f"content part type {kind!r} is not supported (only 'text')")
+        return content
+
+    @model_validator(mode="after")
+    def _content_unless_assistant(self) -> ChatMessageParam:
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"content is required for a {self.role} message")
+        return self
+
+    def to_template(self) -> dict[str, Any]:
+        """The message as the chat template sees it: text content (parts joined by a
+        newline), ``developer`` spoken as ``system`` (chat templates know no other)."""
+        if isinstance(self.content, list):
+            text = "\n".join(part.text for part in self.content)
+        else:
+            text = self.content or ""
+        message: dict[str, Any] = {
+            "role": "system" if self.role == "developer" else self.role,
+            "content": text,
+        }
+        if self.name is not None:
+            message["name"] = self.name
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+# --- requests ------------------------------------------------------------------------------
+
+
+class _SamplingRequest(_Request):
+    """The sampling fields completions and chat share (OpenAI's and vLLM's extras)."""
+
+    model: str | None = None
+    n: int | None = None
+    stream: bool | None = False  # OpenAI accepts null for its optional flags: false
+    stream_options: StreamOptions | None = None
+    echo: bool | None = False
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = None
+    user: str | None = None
+    response_format: ResponseFormat | None = None
+    # vLLM extras
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: bool | None = None
+    min_tokens: int | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    stop_token_ids: list[TokenId] | None = None
+    allowed_token_ids: list[TokenId] | None = None
+    bad_words: list[str] | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_stream(
+        cls, options: StreamOptions | None, info: ValidationInfo
+    ) -> StreamOptions | None:
+        if options is not None and not info.data.get("stream"):
+            raise ValueError("stream_options is only allowed when stream is true")
+        return options
+
+
+class CompletionRequest(_SamplingRequest):
+    """POST /v1/completions. ``prompt`` is one text, a batch of texts, one token-id list
+    or a batch of token-id lists; each prompt of a batch gets its own ``n`` choices."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16  # explicit null: up to the context length
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    suffix: str | None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_shape(cls, prompt: Any) -> Any:
+        # One clear message instead of pydantic's error per member of the union.
+        if not _is_prompt(prompt):
+            raise ValueError(
+                "prompt must be a string, a list of strings, a list of token ids or a list "
+                "of token-id lists, and a list must not be empty"
+            )
+        return prompt
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, suffix: str | None) -> str | None:
+        if suffix is not None:
+            raise ValueError("suffix is not supported")
+        return suffix
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts of the batch, each a text or a token-id list."""
+        if isinstance(self.prompt, str) or isinstance(self.prompt[0], int):
+            return [self.prompt]  # type: ignore[list-item]  # validated: one prompt
+        return list(self.prompt)  # type: ignore[arg-type]  # validated: a batch
+
+
+def _is_prompt(prompt: Any) -> bool:
+    def is_ids(value: Any) -> bool:
+        return isinstance(value, list) and all(type(i) is int for i in value)
+
+    if isinstance(prompt, str):
+        return True
+    if not isinstance(prompt, list) or not prompt:
+        return False
+    return (
+        is_ids(prompt)
+        or all(isinstance(p, str) for p in prompt)
+        or all(is_ids(p) and len(p) > 0 for p in prompt)
+    )
+
+
+class _ChatTemplateRequest(_Request):
+    """Fields that turn ``messages`` into a prompt with the chat template."""
+
+    messages: list[ChatMessageParam] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("continue_final_message")
+    @classmethod
+    def _continue_rules(cls, continue_final: bool, info: ValidationInfo) -> bool:
+        if not continue_final:
+            return continue_final
+        if info.data.get("add_generation_prompt"):
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
+        messages = info.data.get("messages")
+        if messages and messages[-1].role != "assistant":
+            raise ValueError("continue_final_message needs the last message to be the assistant's")
+        return continue_final
+
+    def conversation(self) -> list[dict[str, Any]]:
+        """The messages as plain dicts for the chat template."""
+        return [message.to_template() for message in self.messages or ()]
+
+
+class ChatCompletionRequest(_ChatTemplateRequest, _SamplingRequest):
+    """POST /v1/chat/completions. ``max_completion_tokens`` wins over the deprecated
+    ``max_tokens``; unset, generation may run up to the context length."""
+
+    messages: list[ChatMessageParam] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs_need_logprobs(cls, top: int | None, info: ValidationInfo) -> int | None:
+        if top and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs to be true")
+        return top
+
+
+class TokenizeRequest(_ChatTemplateRequest):
+    """POST /tokenize: exactly one of ``prompt`` and ``messages``. Special tokens are
+    added to a prompt by default, not to messages (the chat template writes them)."""
+
+    model: str | None = None
+    prompt: str | None = None
+    add_special_tokens: bool | None = None
+
+    @model_validator(mode="after")
+    def _prompt_or_messages(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("exactly one of prompt and messages must be set")
+        if self.add_special_tokens is None:
+            self.add_special_tokens = self.prompt is not None
+        return self
+
+
+class DetokenizeRequest(_Request):
+    model: str | None = None
+    tokens: list[TokenId]
+
+
+# --- responses -----------------------------------------------------------------------------
+
+
+class UsageInfo(_Response):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class CompletionLogProbs(_Response):
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+
+
+class CompletionResponseChoice(_Response):
+    """A choice of a completion, whole or (streamed) the text added since the last chunk."""
+
+    index: int
+    text: str
+    logprobs: CompletionLogProbs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class CompletionResponse(_Response):
+    id: str = _new_id("cmpl")
+    object: Literal["text_completion"] = "text_completion"
+    created: int = _now()
+    model: str
+    choices: list[CompletionResponseChoice]
+    usage: UsageInfo
+
+
+class CompletionStreamResponse(_Response):
+    id: str = _new_id("cmpl")
+    object: Literal["text_completion"] = "text_completion"
+    created: int = _now()
+    model: str
+    choices: list[CompletionResponseChoice]
+    usage: UsageInfo | None = None
+
+
+class ChatCompletionLogProb(_Response):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatCompletionLogProbsContent(ChatCompletionLogProb):
+    top_logprobs: list[ChatCompletionLogProb] = Field(default_factory=list)
+
+
+class ChatCompletionLogProbs(_Response):
+    content: list[ChatCompletionLogProbsContent] | None = None
+
+
+class ChatMessage(_Response):
+    role: str = "assistant"
+    content: str | None = None
+
+
+class DeltaMessage(_Response):
+    role: str | None = None
+    content: str | None = None
+
+
+class ChatCompletionResponseChoice(_Response):
+    index: int
+    message: ChatMessage
+    logprobs: ChatCompletionLogProbs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionStreamChoice(_Response):
+    index: int
+    delta: DeltaMessage
+    logprobs: ChatCompletionLogProbs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionResponse(_Response):
+    id: str = _new_id("chatcmpl")
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = _now()
+    model: str
+    choices: list[ChatCompletionResponseChoice]
+    usage: UsageInfo
+
+
+class ChatCompletionStreamResponse(_Response):
+    id: str = _new_id("chatcmpl")
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = _now()
+    model: str
+    choices: list[ChatCompletionStreamChoice]
+    usage: UsageInfo | None = None
+
+
+class ModelCard(_Response):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = _now()
+    owned_by: str = "core"
+    max_model_len: int
+
+
+class ModelList(_Response):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class TokenizeResponse(_Response):
+    tokens: list[int]
+    count: int
+    max_model_len: int
+
+
+class DetokenizeResponse(_Response):
+    prompt: str
+
+
+class ErrorInfo(_Response):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(_Response):
+    error: ErrorInfo
+
+
+# --- builders ------------------------------------------------------------------------------
+
+DecodeToken = Callable[[int], str]
+
+
+def usage_info(outputs: RequestOutput | Sequence[RequestOutput]) -> UsageInfo:
+    """Usage of one request or a batch: each prompt once, plus the tokens of all n samples."""
+    batch = [outputs] if isinstance(outputs, RequestOutput) else outputs
+    prompt = sum(len(o.prompt_token_ids) for o in batch)
+    completion = sum(len(c.token_ids) for o in batch for c in o.outputs)
+    return UsageInfo(
+        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+    )
+
+
+def completion_logprobs(
+    token_ids: Sequence[int],
+    positions: Sequence[PositionLogprobs | None],
+    decode_token: DecodeToken,
+    initial_text_offset: int = 0,
+) -> CompletionLogProbs:
+    """Legacy completions logprobs of ``token_ids``: each token's logprob (None where its
+    position has none, as the first prompt token) and every entry of its position — the
+    chosen token and the top-k, so up to k+1 as OpenAI documents — keyed by token text.
+    ``text_offset`` counts characters from ``initial_text_offset``."""
+    result = CompletionLogProbs()
+    offset = initial_text_offset
+    for token_id, position in zip(token_ids, positions, strict=True):
+        token = _token_text(token_id, position, decode_token)
+        result.tokens.append(token)
+        result.text_offset.append(offset)
+        offset += len(token)
+        if position is None:
+            result.token_logprobs.append(None)
+            result.top_logprobs.append(None)
+            continue
+        result.token_logprobs.append(_clamped(position[token_id].logprob))
+        result.top_logprobs.append(
+            {
+                _token_text(tid, position, decode_token): _clamped(lp.logprob)
+                for tid, lp in position.items()
+            }
+        )
+    return result
+
+
+def chat_logprobs(
+    token_ids: Sequence[int],
+    positions: Sequence[PositionLogprobs],
+    num_top: int,
+    decode_token: DecodeToken,
+) -> ChatCompletionLogProbs:
+    """Chat logprobs of ``token_ids``: the chosen token and the ``num_top`` most likely
+    (ranks 1..num_top, in rank order) at each position."""
+    content = []
+    for token_id, position in zip(token_ids, positions, strict=True):
+        top = sorted(
+            (item for item in position.items() if 1 <= (item[1].rank or 0) <= num_top),
+            key=lambda item: item[1].rank or 0,
+        )
+        content.append(
+            ChatCompletionLogProbsContent(
+                **_chat_logprob(token_id, position, decode_token),
+                top_logprobs=[
+                    ChatCompletionLogProb(**_chat_logprob(tid, position, decode_token))
+                    for tid, _ in top
+                ],
+            )
+        )
+    return ChatCompletionLogProbs(content=content)
+
+
+def completion_choice(
+    request_output: RequestOutput,
+    output: CompletionOutput,
+    decode_token: DecodeToken,
+    *,
+    index: int | None = None,
+    echo_text: str | None = None,
+    text_offset: int = 0,
+) -> CompletionResponseChoice:
+    """A completion choice from one sample (whole, or a streamed delta). ``echo_text``
+    (the prompt's text) is prepended when echoing; then logprobs, if the request asked
+    for them, cover the prompt tokens first. ``text_offset``: characters already sent
+    in earlier chunks. ``index`` defaults to the sample's index."""
+    text = output.text
+    token_ids, positions = list(output.token_ids), list(output.logprobs or [])
+    if echo_text is not None:
+        text = echo_text + text
+        prompt_positions = request_output.prompt_logprobs or [None] * len(
+            request_output.prompt_token_ids
+        )
+        token_ids = list(request_output.prompt_token_ids) + token_ids
+        positions = list(prompt_positions) + positions
+    logprobs = None
+    if output.logprobs is not None:
+        logprobs = completion_logprobs(token_ids, positions, decode_token, text_offset)
+    return CompletionResponseChoice(
+        index=output.index if index is None else index,
+        text=text,
+        logprobs=logprobs,
+        finish_reason=output.finish_reason,
+        stop_reason=output.stop_reason,
+    )
+
+
+def chat_choice(
+    output: CompletionOutput, decode_token: DecodeToken, num_top_logprobs: int = 0
+) -> ChatCompletionResponseChoice:
+    """A whole chat choice from one sample: the assistant's message."""
+    return ChatCompletionResponseChoice(
+        index=output.index,
+        message=ChatMessage(content=output.text),
+        logprobs=_output_chat_logprobs(output, decode_token, num_top_logprobs),
+        finish_reason=output.finish_reason,
+        stop_reason=output.stop_reason,
+    )
+
+
+def chat_stream_choice(
+    output: CompletionOutput,
+    decode_token: DecodeToken,
+    num_top_logprobs: int = 0,
+    role: str | None = None,
+) -> ChatCompletionStreamChoice:
+    """A streamed chat choice from one sample's delta; ``role`` goes in the first chunk."""
+    return ChatCompletionStreamChoice(
+        index=output.index,
+        delta=DeltaMessage(role=role, content=output.text),
+        logprobs=_output_chat_logprobs(output, decode_token, num_top_logprobs),
+        finish_reason=output.finish_reason,
+        stop_reason=output.stop_reason,
+    )
+
+
+def _output_chat_logprobs(
+    output: CompletionOutput, decode_token: DecodeToken, num_top: int
+) -> ChatCompletionLogProbs | None:
+    if output.logprobs is None:
+        return None
+    return chat_logprobs(output.token_ids, output.logprobs, num_top, decode_token)
+
+
+def _chat_logprob(
+    token_id: int, position: PositionLogprobs, decode_token: DecodeToken
+) -> dict[str, Any]:
+    token = _token_text(token_id, position, decode_token)
+    return {
+        "token": token,
+        "logprob": _clamped(position[token_id].logprob),
+        "bytes": list(token.encode("utf-8")),
+    }
+
+
+def _token_text(token_id: int, position: PositionLogprobs | None, decode_token: DecodeToken) -> str:
+    entry = position.get(token_id) if position is not None else None
+    if entry is not None and entry.decoded_token is not None:
+        return entry.decoded_token
+    return decode_token(token_id)
+
+
+def _clamped(logprob: float) -> float:
+    return max(logprob, _MIN_LOGPROB)

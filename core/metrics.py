@@ -1,0 +1,131 @@
+"""Prometheus metrics of one served model, rendered for ``GET /metrics``.
+
+Each ``EngineMetrics`` owns its CollectorRegistry, so two engines in one process (or one
+test after another) never collide on prometheus_client's global registry. Every family
+carries a ``model_name`` label. SchedulerStats' prefix-cache and preemption numbers are
+cumulative; they become counters by adding what grew since the previous snapshot.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from core.scheduler.scheduler import SchedulerStats
+
+__all__ = ["EngineMetrics"]
+
+# Finish reasons reported from the start (at 0) so dashboards see every series.
+_FINISH_REASONS = ("stop", "length", "abort")
+
+# Latency buckets in seconds, roughly log-spaced over what a CPU or GPU server sees.
+_TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_ITL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2.5, 5, 10)
+_E2E_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
+
+
+class EngineMetrics:
+    """The ``core:*`` metric families of one model; ``render()`` is the exposition."""
+
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        self._model_name = model_name
+        self._last_stats: SchedulerStats | None = None
+
+        # Each helper returns the model's child, created now so the series shows 0 at once.
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, ["model_name"], registry=self.registry).labels(model_name)
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, ["model_name"], registry=self.registry).labels(model_name)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            family = Histogram(name, doc, ["model_name"], buckets=buckets, registry=self.registry)
+            return family.labels(model_name)
+
+        self._success = Counter(
+            "core:request_success",
+            "Finished requests, by finish reason.",
+            ["model_name", "finished_reason"],
+            registry=self.registry,
+        )
+        for reason in _FINISH_REASONS:
+            self._success.labels(model_name, reason)
+        self._prompt_tokens = counter("core:prompt_tokens", "Prompt tokens of finished requests.")
+        self._generation_tokens = counter(
+            "core:generation_tokens", "Generated tokens of finished requests."
+        )
+        self._cache_queries = counter(
+            "core:prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
+        )
+        self._cache_hits = counter(
+            "core:prefix_cache_hits", "Prompt tokens found in the prefix cache."
+        )
+        self._preemptions = counter("core:num_preemptions", "Requests preempted (recomputed).")
+        self._running = gauge("core:num_requests_running", "Requests in the running batch.")
+        self._waiting = gauge("core:num_requests_waiting", "Requests waiting to be scheduled.")
+        self._kv_usage = gauge(
+            "core:kv_cache_usage_perc", "KV-cache blocks in use, as a fraction (1 = full)."
+        )
+        self._ttft = histogram(
+            "core:time_to_first_token_seconds", "Arrival to first token.", _TTFT_BUCKETS
+        )
+        self._itl = histogram(
+            "core:inter_token_latency_seconds", "Time between two tokens.", _ITL_BUCKETS
+        )
+        self._e2e = histogram(
+            "core:e2e_request_latency_seconds", "Arrival to finish.", _E2E_BUCKETS
+        )
+
+    def record_scheduler_stats(self, stats: SchedulerStats) -> None:
+        """Set the gauges to this snapshot and add the growth of its cumulative counts."""
+        self._running.set(stats.num_running)
+        self._waiting.set(stats.num_waiting)
+        self._kv_usage.set(stats.kv_cache_usage)
+        last = self._last_stats
+        self._cache_queries.inc(
+            _growth(stats.prefix_cache_queries, last.prefix_cache_queries if last else None)
+        )
+        self._cache_hits.inc(
+            _growth(stats.prefix_cache_hits, last.prefix_cache_hits if last else None)
+        )
+        self._preemptions.inc(
+            _growth(stats.num_preemptions, last.num_preemptions if last else None)
+        )
+        self._last_stats = stats
+
+    def record_request_finished(
+        self,
+        finish_reason: str,
+        num_prompt_tokens: int,
+        num_generation_tokens: int,
+        ttft_s: float | None,
+        e2e_s: float,
+    ) -> None:
+        """Count one finished request; ``ttft_s`` is None when no token was generated."""
+        self._success.labels(self._model_name, finish_reason).inc()
+        self._prompt_tokens.inc(num_prompt_tokens)
+        self._generation_tokens.inc(num_generation_tokens)
+        if ttft_s is not None:
+            self._ttft.observe(ttft_s)
+        self._e2e.observe(e2e_s)
+
+    def record_inter_token(self, seconds: float) -> None:
+        self._itl.observe(seconds)
+
+    def render(self) -> tuple[bytes, str]:
+        """The text exposition of every family and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def _growth(now: int, before: int | None) -> int:
+    """How much a cumulative count grew; a smaller count means it restarted from 0."""
+    if before is None or now < before:
+        return now
+    return now - before

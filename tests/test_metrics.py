@@ -1,0 +1,123 @@
+"""EngineMetrics: the exposition, parsed back with prometheus_client's own parser, holds
+the recorded values under the ``core:*`` names with a ``model_name`` label."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from core.metrics import EngineMetrics
+from core.scheduler.scheduler import SchedulerStats
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+def samples(metrics: EngineMetrics) -> dict[tuple[str, frozenset], float]:
+    """Every sample as {(name, labels): value}."""
+    text, _ = metrics.render()
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text.decode())
+        for s in family.samples
+    }
+
+
+def value(metrics: EngineMetrics, name: str, **labels: str) -> float:
+    return samples(metrics)[(name, frozenset({"model_name": MODEL, **labels}.items()))]
+
+
+def stats(running=0, waiting=0, usage=0.0, queries=0, hits=0, preemptions=0) -> SchedulerStats:
+    return SchedulerStats(
+        num_running=running,
+        num_waiting=waiting,
+        kv_cache_usage=usage,
+        prefix_cache_queries=queries,
+        prefix_cache_hits=hits,
+        num_preemptions=preemptions,
+    )
+
+
+@pytest.fixture
+def metrics() -> EngineMetrics:
+    return EngineMetrics(MODEL)
+
+
+def test_every_family_is_exposed_at_zero_before_anything_is_recorded(metrics):
+    text, content_type = metrics.render()
+    assert content_type.startswith("text/plain")
+    families = {
+        f.name: f.type
+        for f in text_string_to_metric_families(text.decode())
+        if not f.name.endswith("_created")  # prometheus_client's creation-time series
+    }
+    assert families == {
+        "core:request_success": "counter",
+        "core:prompt_tokens": "counter",
+        "core:generation_tokens": "counter",
+        "core:prefix_cache_queries": "counter",
+        "core:prefix_cache_hits": "counter",
+        "core:num_preemptions": "counter",
+        "core:num_requests_running": "gauge",
+        "core:num_requests_waiting": "gauge",
+        "core:kv_cache_usage_perc": "gauge",
+        "core:time_to_first_token_seconds": "histogram",
+        "core:inter_token_latency_seconds": "histogram",
+        "core:e2e_request_latency_seconds": "histogram",
+    }
+    for reason in ("stop", "length", "abort"):
+        assert value(metrics, "core:request_success_total", finished_reason=reason) == 0
+    assert value(metrics, "core:time_to_first_token_seconds_count") == 0
+
+
+def test_scheduler_stats_set_gauges_and_grow_counters(metrics):
+    metrics.record_scheduler_stats(stats(3, 2, 0.25, queries=100, hits=40, preemptions=1))
+    metrics.record_scheduler_stats(stats(1, 0, 0.5, queries=130, hits=52, preemptions=1))
+    assert value(metrics, "core:num_requests_running") == 1
+    assert value(metrics, "core:num_requests_waiting") == 0
+    assert value(metrics, "core:kv_cache_usage_perc") == 0.5
+    assert value(metrics, "core:prefix_cache_queries_total") == 130
+    assert value(metrics, "core:prefix_cache_hits_total") == 52
+    assert value(metrics, "core:num_preemptions_total") == 1
+
+
+def test_cumulative_count_that_restarts_adds_its_new_value(metrics):
+    metrics.record_scheduler_stats(stats(queries=100, hits=40))
+    metrics.record_scheduler_stats(stats(queries=10, hits=4))  # a new engine core
+    assert value(metrics, "core:prefix_cache_queries_total") == 110
+    assert value(metrics, "core:prefix_cache_hits_total") == 44
+
+
+def test_finished_requests_count_by_reason_with_tokens_and_latencies(metrics):
+    metrics.record_request_finished("stop", 10, 5, ttft_s=0.02, e2e_s=0.3)
+    metrics.record_request_finished("length", 7, 16, ttft_s=0.2, e2e_s=3.0)
+    metrics.record_request_finished("abort", 4, 0, ttft_s=None, e2e_s=0.05)
+    for reason in ("stop", "length", "abort"):
+        assert value(metrics, "core:request_success_total", finished_reason=reason) == 1
+    assert value(metrics, "core:prompt_tokens_total") == 21
+    assert value(metrics, "core:generation_tokens_total") == 21
+    # The aborted request produced no token: it has no time to first token.
+    assert value(metrics, "core:time_to_first_token_seconds_count") == 2
+    assert value(metrics, "core:time_to_first_token_seconds_sum") == pytest.approx(0.22)
+    assert value(metrics, "core:time_to_first_token_seconds_bucket", le="0.025") == 1
+    assert value(metrics, "core:time_to_first_token_seconds_bucket", le="0.25") == 2
+    assert value(metrics, "core:e2e_request_latency_seconds_count") == 3
+    assert value(metrics, "core:e2e_request_latency_seconds_sum") == pytest.approx(3.35)
+    assert value(metrics, "core:e2e_request_latency_seconds_bucket", le="0.1") == 1
+    assert value(metrics, "core:e2e_request_latency_seconds_bucket", le="+Inf") == 3
+
+
+def test_inter_token_latencies_fill_the_histogram(metrics):
+    for seconds in (0.004, 0.03, 0.03, 2.0):
+        metrics.record_inter_token(seconds)
+    assert value(metrics, "core:inter_token_latency_seconds_count") == 4
+    assert value(metrics, "core:inter_token_latency_seconds_sum") == pytest.approx(2.064)
+    assert value(metrics, "core:inter_token_latency_seconds_bucket", le="0.005") == 1
+    assert value(metrics, "core:inter_token_latency_seconds_bucket", le="0.05") == 3
+    assert value(metrics, "core:inter_token_latency_seconds_bucket", le="2.5") == 4
+
+
+def test_two_instances_keep_separate_registries():
+    first, second = EngineMetrics(MODEL), EngineMetrics(MODEL)
+    first.record_request_finished("stop", 1, 1, 0.1, 0.1)
+    assert value(first, "core:request_success_total", finished_reason="stop") == 1
+    assert value(second, "core:request_success_total", finished_reason="stop") == 0
