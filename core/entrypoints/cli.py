@@ -9,7 +9,7 @@ import click
 
 import core
 from core import envs
-from core.engine_args import engine_options
+from core.engine_args import EngineArgs, engine_options
 
 
 @click.group()
@@ -46,11 +46,30 @@ def _not_available(name: str, issue: str) -> click.Command:
     return command
 
 
-for _name, _issue in (
-    ("serve", "the OpenAI-compatible server comes with the server work"),
-    ("bench", "benchmarks come with the benchmark work"),
-):
-    cli.add_command(_not_available(_name, _issue))
+cli.add_command(_not_available("bench", "benchmarks come with the benchmark work"))
+
+
+@cli.command()
+@click.argument("model_tag", metavar="[MODEL]", required=False)
+@click.option("--host", default=None, help="interface to bind (default: all)")
+@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1")
+@engine_options
+def serve(model_tag: str | None, host: str | None, port: int, api_key: str | None, **options):
+    """Serve MODEL (default: SmolLM2-135M-Instruct) over an OpenAI-compatible API."""
+    import asyncio
+
+    from core.entrypoints.openai.api_server import serve as run_server
+
+    logging.getLogger("core").setLevel(logging.INFO)
+    if model_tag:
+        options["model"] = model_tag
+    try:
+        asyncio.run(run_server(EngineArgs.from_cli(options), host, port, api_key))
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except KeyboardInterrupt:
+        pass
 
 
 @cli.command()

@@ -89,6 +89,13 @@ class Platform(ABC):
         if dtype not in self.supported_dtypes:
             supported = ", ".join(str(d).removeprefix("torch.") for d in self.supported_dtypes)
             raise ValueError(f"dtype {dtype} is not supported on {self.name}: use {supported}")
+        parallel = config.parallel
+        if parallel.tensor_parallel_size * parallel.pipeline_parallel_size > 1:
+            raise ValueError(
+                f"--tensor-parallel-size {parallel.tensor_parallel_size} / "
+                f"--pipeline-parallel-size {parallel.pipeline_parallel_size}: only one worker "
+                "per engine is supported so far; use 1"
+            )
         method = config.model.quantization
         if method is not None and method not in self.supported_quantization:
             raise ValueError(f"quantization {method!r} is not supported on {self.name}")

@@ -1,0 +1,164 @@
+"""`core serve`: the OpenAI-compatible HTTP server (FastAPI + uvicorn) over AsyncLLM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from http import HTTPStatus
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+import core
+from core.engine.async_llm import AsyncLLM
+from core.engine.core_client import EngineDeadError
+from core.engine_args import EngineArgs
+from core.entrypoints.openai import protocol as p
+from core.entrypoints.openai.errors import OpenAIError, error_response, install_error_handlers
+from core.entrypoints.openai.serving import Serving
+from core.metrics import EngineMetrics
+from core.plugins.groups import ENDPOINTS
+from core.plugins.registry import get_registry
+
+logger = logging.getLogger(__name__)
+
+
+def build_app(engine: AsyncLLM, api_key: str | None = None) -> FastAPI:
+    served = engine.processor.served_model_name
+    metrics = EngineMetrics(served)
+    engine.stats_listeners.append(metrics.record_scheduler_stats)
+    serving = Serving(engine, metrics, served)
+    app = FastAPI(title="core", version=core.__version__)
+    install_error_handlers(app)
+    app.add_exception_handler(EngineDeadError, _on_engine_dead)
+    if api_key:
+        _require_api_key(app, api_key)
+    created = int(time.time())
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not engine.is_healthy:
+            raise EngineDeadError(engine.client.dead_reason)
+        return Response(status_code=HTTPStatus.OK)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": core.__version__}
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        card = p.ModelCard(
+            id=served,
+            created=created,
+            owned_by="core",
+            max_model_len=engine.processor.max_model_len,
+        )
+        return JSONResponse(p.ModelList(data=[card]).model_dump())
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        body, content_type = metrics.render()
+        return Response(body, media_type=content_type)
+
+    @app.post("/v1/completions")
+    async def completions(req: p.CompletionRequest, raw: Request):
+        return await serving.completions(req, raw)
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: p.ChatCompletionRequest, raw: Request):
+        return await serving.chat(req, raw)
+
+    @app.post("/tokenize")
+    async def tokenize(req: p.TokenizeRequest) -> JSONResponse:
+        serving.check_model(req.model)
+        if req.messages is not None:
+            tokens = serving.render_chat(req)
+        else:
+            tokens = engine.tokenizer.encode(req.prompt or "", req.add_special_tokens)
+        response = p.TokenizeResponse(
+            tokens=tokens, count=len(tokens), max_model_len=engine.processor.max_model_len
+        )
+        return JSONResponse(response.model_dump())
+
+    @app.post("/detokenize")
+    async def detokenize(req: p.DetokenizeRequest) -> JSONResponse:
+        serving.check_model(req.model)
+        bad = [t for t in req.tokens if not 0 <= t < engine.processor.vocab_size]
+        if bad:
+            raise OpenAIError(
+                HTTPStatus.BAD_REQUEST,
+                f"token id {bad[0]} is outside the vocabulary",
+                param="tokens",
+            )
+        return JSONResponse(
+            p.DetokenizeResponse(prompt=engine.tokenizer.decode(req.tokens)).model_dump()
+        )
+
+    _mount_endpoint_plugins(app)
+    return app
+
+
+def _require_api_key(app: FastAPI, api_key: str) -> None:
+    expected = f"Bearer {api_key}"
+
+    @app.middleware("http")
+    async def check_key(request: Request, call_next):
+        if request.url.path.startswith("/v1"):
+            given = request.headers.get("Authorization", "")
+            if not secrets.compare_digest(given.encode(), expected.encode()):
+                return error_response(
+                    OpenAIError(
+                        HTTPStatus.UNAUTHORIZED,
+                        "Incorrect or missing API key.",
+                        type="authentication_error",
+                        code="invalid_api_key",
+                    )
+                )
+        return await call_next(request)
+
+
+def _mount_endpoint_plugins(app: FastAPI) -> None:
+    """Mount the routers of allowlisted endpoint plugins (denied unless in CORE_PLUGINS)."""
+    registry = get_registry()
+    for entry in registry.admitted(ENDPOINTS):
+        factory = registry.load(entry)
+        if factory is None:
+            continue
+        try:
+            app.include_router(factory())
+        except Exception as exc:  # a broken plugin must not stop the server
+            registry.mark_failed(entry, f"router factory raised {type(exc).__name__}: {exc}")
+            continue
+        logger.info("mounted endpoint plugin %s from %s", entry.name, entry.distribution)
+
+
+async def _on_engine_dead(_: Request, exc: EngineDeadError) -> JSONResponse:
+    return error_response(
+        OpenAIError(
+            HTTPStatus.SERVICE_UNAVAILABLE, f"engine unavailable: {exc}", code="engine_dead"
+        )
+    )
+
+
+async def serve(engine_args: EngineArgs, host: str | None, port: int, api_key: str | None) -> None:
+    """Start the engine, then serve HTTP until SIGINT/SIGTERM; always stop the engine."""
+    engine = await AsyncLLM.start(engine_args)
+    try:
+        app = build_app(engine, api_key)
+        config = uvicorn.Config(app, host=host or "0.0.0.0", port=port, log_level="info")
+        server = uvicorn.Server(config)
+        ready = asyncio.create_task(_announce(server, host or "0.0.0.0", port))
+        await server.serve()
+        ready.cancel()
+    finally:
+        engine.shutdown()
+
+
+async def _announce(server: uvicorn.Server, host: str, port: int) -> None:
+    while not server.started:
+        await asyncio.sleep(0.05)
+    shown = "127.0.0.1" if host == "0.0.0.0" else host
+    print(f"core serve: ready at http://{shown}:{port}/v1", flush=True)

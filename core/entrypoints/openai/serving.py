@@ -1,0 +1,343 @@
+"""The generation endpoints: /v1/completions and /v1/chat/completions.
+
+Each prompt of a request becomes one engine request (n samples each); outputs are
+consumed as deltas, so a client disconnect is noticed between tokens and aborts the
+work, and per-token latencies reach the metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from core.engine.async_llm import AsyncLLM
+from core.engine.core_client import EngineDeadError
+from core.engine.processor import PreparedRequest
+from core.entrypoints.openai import protocol as p
+from core.entrypoints.openai.errors import OpenAIError
+from core.entrypoints.openai.params import chat_sampling_params, completion_sampling_params
+from core.metrics import EngineMetrics
+from core.outputs import CompletionOutput, RequestOutput
+
+
+@dataclass
+class _Tracked:
+    """One prompt's engine request, accumulated from its deltas."""
+
+    prompt_index: int
+    prepared: PreparedRequest
+    arrival: float = field(default_factory=time.monotonic)
+    first_token: float | None = None
+    last_token: float | None = None
+    num_tokens: int = 0
+    # sample index -> accumulated (text, token_ids, logprobs) and the final fields
+    samples: dict[int, CompletionOutput] = field(default_factory=dict)
+    prompt_logprobs: list | None = None
+    num_cached_tokens: int = 0
+
+
+class Serving:
+    def __init__(self, engine: AsyncLLM, metrics: EngineMetrics, served_model_name: str):
+        self.engine = engine
+        self.metrics = metrics
+        self.served_model_name = served_model_name
+
+    # -- shared ---------------------------------------------------------------------------
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.served_model_name:
+            raise OpenAIError(
+                HTTPStatus.NOT_FOUND,
+                f"The model `{model}` does not exist.",
+                type="NotFoundError",
+                param="model",
+                code="model_not_found",
+            )
+
+    def _prepare(self, prompt: str | list[int], params: Any, param: str) -> PreparedRequest:
+        try:
+            return self.engine.processor.prepare(prompt, params)
+        except ValueError as exc:
+            raise OpenAIError(HTTPStatus.BAD_REQUEST, str(exc), param=param) from exc
+
+    def decode_token(self, token_id: int) -> str:
+        return self.engine.tokenizer.decode([token_id])
+
+    async def _deltas(
+        self, requests: list[_Tracked], raw: Request
+    ) -> AsyncIterator[tuple[_Tracked, RequestOutput]]:
+        """Deltas of every request, interleaved; aborts all if the client goes away."""
+        queue: asyncio.Queue = asyncio.Queue()
+        base = self.engine.new_request_id()
+
+        async def pump(tracked: _Tracked) -> None:
+            request_id = f"{base}-{tracked.prompt_index}"
+            try:
+                async for output in self.engine.generate(request_id, tracked.prepared):
+                    await queue.put((tracked, output))
+            except BaseException as exc:  # delivered to the consumer, which re-raises
+                await queue.put((tracked, exc))
+
+        tasks = [asyncio.create_task(pump(t)) for t in requests]
+        last_check = time.monotonic()
+        try:
+            remaining = len(requests)
+            while remaining:
+                try:
+                    tracked, item = await asyncio.wait_for(queue.get(), timeout=1.0)
+                except TimeoutError:
+                    tracked, item = None, None
+                if time.monotonic() - last_check >= 1.0:
+                    last_check = time.monotonic()
+                    if await raw.is_disconnected():
+                        return  # the finally below aborts every request
+                if item is None:
+                    continue
+                if isinstance(item, BaseException):
+                    raise item
+                self._record(tracked, item)
+                if item.finished:
+                    remaining -= 1
+                yield tracked, item
+        finally:
+            for task in tasks:  # cancelling a pump aborts its engine request
+                task.cancel()
+
+    def _record(self, tracked: _Tracked, output: RequestOutput) -> None:
+        now = time.monotonic()
+        new_tokens = sum(len(o.token_ids) for o in output.outputs)
+        if new_tokens:
+            if tracked.first_token is None:
+                tracked.first_token = now
+            elif tracked.last_token is not None:
+                self.metrics.record_inter_token((now - tracked.last_token) / new_tokens)
+            tracked.last_token = now
+            tracked.num_tokens += new_tokens
+        for delta in output.outputs:
+            _accumulate(tracked.samples, delta)
+        if output.prompt_logprobs:
+            tracked.prompt_logprobs = (tracked.prompt_logprobs or []) + output.prompt_logprobs
+        tracked.num_cached_tokens = max(tracked.num_cached_tokens, output.num_cached_tokens)
+        if output.finished:
+            first = tracked.first_token
+            self.metrics.record_request_finished(
+                finish_reason=tracked.samples[min(tracked.samples)].finish_reason or "abort",
+                num_prompt_tokens=len(tracked.prepared.prompt_token_ids),
+                num_generation_tokens=tracked.num_tokens,
+                ttft_s=None if first is None else first - tracked.arrival,
+                e2e_s=now - tracked.arrival,
+            )
+
+    def _final_output(self, tracked: _Tracked) -> RequestOutput:
+        return RequestOutput(
+            request_id="",
+            prompt=tracked.prepared.prompt,
+            prompt_token_ids=tracked.prepared.prompt_token_ids,
+            prompt_logprobs=tracked.prompt_logprobs,
+            outputs=[tracked.samples[i] for i in sorted(tracked.samples)],
+            finished=True,
+            num_cached_tokens=tracked.num_cached_tokens,
+        )
+
+    def _usage(self, requests: list[_Tracked]) -> p.UsageInfo:
+        prompt = sum(len(t.prepared.prompt_token_ids) for t in requests)
+        completion = sum(t.num_tokens for t in requests)
+        return p.UsageInfo(
+            prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+        )
+
+    def _stream(self, chunks: AsyncIterator[str]) -> StreamingResponse:
+        return StreamingResponse(chunks, media_type="text/event-stream")
+
+    @staticmethod
+    def _sse(model: p._Response | dict[str, Any]) -> str:
+        body = model if isinstance(model, dict) else model.model_dump(exclude_none=True)
+        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+    # -- /v1/completions ------------------------------------------------------------------
+
+    async def completions(self, req: p.CompletionRequest, raw: Request) -> Any:
+        self.check_model(req.model)
+        requests = []
+        for i, prompt in enumerate(req.prompts()):
+            prompt_len = (
+                len(prompt)
+                if isinstance(prompt, list)
+                else len(self.engine.tokenizer.encode(prompt))
+            )
+            params = completion_sampling_params(
+                req, self.engine.processor.max_model_len, prompt_len,
+                self.engine.processor.generation_defaults,
+            )  # fmt: skip
+            requests.append(_Tracked(i, self._prepare(prompt, params, "prompt")))
+        n = requests[0].prepared.params.n
+        if req.stream:
+            return self._stream(self._completion_chunks(req, requests, raw, n))
+        async for _ in self._deltas(requests, raw):
+            pass
+        choices = [
+            p.completion_choice(
+                self._final_output(t),
+                sample,
+                self.decode_token,
+                index=t.prompt_index * n + sample.index,
+                echo_text=self._echo_text(t) if req.echo else None,
+            )
+            for t in requests
+            for sample in self._final_output(t).outputs
+        ]
+        response = p.CompletionResponse(
+            model=self.served_model_name, choices=choices, usage=self._usage(requests)
+        )
+        return JSONResponse(response.model_dump(exclude_none=True))
+
+    def _echo_text(self, tracked: _Tracked) -> str:
+        prepared = tracked.prepared
+        return prepared.prompt or self.engine.tokenizer.decode(prepared.prompt_token_ids)
+
+    async def _completion_chunks(
+        self, req: p.CompletionRequest, requests: list[_Tracked], raw: Request, n: int
+    ) -> AsyncIterator[str]:
+        stream_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        offsets: dict[tuple[int, int], int] = {}
+        echoed: set[tuple[int, int]] = set()
+        try:
+            async for tracked, output in self._deltas(requests, raw):
+                choices = []
+                for sample in output.outputs:
+                    key = (tracked.prompt_index, sample.index)
+                    echo = None
+                    if req.echo and key not in echoed:
+                        echoed.add(key)
+                        echo = self._echo_text(tracked)
+                    choice = p.completion_choice(
+                        output, sample, self.decode_token,
+                        index=tracked.prompt_index * n + sample.index,
+                        echo_text=echo, text_offset=offsets.get(key, 0),
+                    )  # fmt: skip
+                    offsets[key] = offsets.get(key, 0) + len(choice.text)
+                    choices.append(choice)
+                chunk = p.CompletionStreamResponse(
+                    id=stream_id, created=created, model=self.served_model_name, choices=choices
+                )
+                yield self._sse(chunk)
+            if req.stream_options is not None and req.stream_options.include_usage:
+                usage = p.CompletionStreamResponse(
+                    id=stream_id,
+                    created=created,
+                    model=self.served_model_name,
+                    choices=[],
+                    usage=self._usage(requests),
+                )
+                yield self._sse(usage)
+        except (OpenAIError, EngineDeadError) as exc:
+            yield self._sse(_stream_error(exc))
+        yield "data: [DONE]\n\n"
+
+    # -- /v1/chat/completions -------------------------------------------------------------
+
+    def render_chat(self, req: p._ChatTemplateRequest) -> list[int]:
+        tokenizer = self.engine.tokenizer
+        conversation = req.conversation()
+        try:
+            text = tokenizer.apply_chat_template(
+                conversation,
+                add_generation_prompt=req.add_generation_prompt,
+                chat_template=req.chat_template or self.engine.config.model.chat_template,
+                **(req.chat_template_kwargs or {}),
+            )
+        except ValueError as exc:
+            raise OpenAIError(HTTPStatus.BAD_REQUEST, str(exc), param="messages") from exc
+        if req.continue_final_message:
+            last = str(conversation[-1].get("content") or "")
+            text = text[: text.rfind(last) + len(last)]
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    async def chat(self, req: p.ChatCompletionRequest, raw: Request) -> Any:
+        self.check_model(req.model)
+        prompt_ids = self.render_chat(req)
+        params = chat_sampling_params(
+            req, self.engine.processor.max_model_len, len(prompt_ids),
+            self.engine.processor.generation_defaults,
+        )  # fmt: skip
+        requests = [_Tracked(0, self._prepare(prompt_ids, params, "messages"))]
+        num_top = req.top_logprobs or 0
+        if req.stream:
+            return self._stream(self._chat_chunks(req, requests, raw, num_top))
+        async for _ in self._deltas(requests, raw):
+            pass
+        final = self._final_output(requests[0])
+        choices = [p.chat_choice(o, self.decode_token, num_top) for o in final.outputs]
+        response = p.ChatCompletionResponse(
+            model=self.served_model_name, choices=choices, usage=self._usage(requests)
+        )
+        return JSONResponse(response.model_dump(exclude_none=True))
+
+    async def _chat_chunks(
+        self, req: p.ChatCompletionRequest, requests: list[_Tracked], raw: Request, num_top: int
+    ) -> AsyncIterator[str]:
+        stream_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        started: set[int] = set()
+        try:
+            async for _, output in self._deltas(requests, raw):
+                choices = []
+                for sample in output.outputs:
+                    role = None if sample.index in started else "assistant"
+                    started.add(sample.index)
+                    choices.append(
+                        p.chat_stream_choice(sample, self.decode_token, num_top, role=role)
+                    )
+                chunk = p.ChatCompletionStreamResponse(
+                    id=stream_id, created=created, model=self.served_model_name, choices=choices
+                )
+                yield self._sse(chunk)
+            if req.stream_options is not None and req.stream_options.include_usage:
+                usage = p.ChatCompletionStreamResponse(
+                    id=stream_id,
+                    created=created,
+                    model=self.served_model_name,
+                    choices=[],
+                    usage=self._usage(requests),
+                )
+                yield self._sse(usage)
+        except (OpenAIError, EngineDeadError) as exc:
+            yield self._sse(_stream_error(exc))
+        yield "data: [DONE]\n\n"
+
+
+def _accumulate(samples: dict[int, CompletionOutput], delta: CompletionOutput) -> None:
+    sample = samples.get(delta.index)
+    if sample is None:
+        samples[delta.index] = CompletionOutput(
+            index=delta.index,
+            text=delta.text,
+            token_ids=list(delta.token_ids),
+            cumulative_logprob=delta.cumulative_logprob,
+            logprobs=list(delta.logprobs) if delta.logprobs is not None else None,
+            finish_reason=delta.finish_reason,
+            stop_reason=delta.stop_reason,
+        )
+        return
+    sample.text += delta.text
+    sample.token_ids.extend(delta.token_ids)
+    if delta.logprobs is not None and sample.logprobs is not None:
+        sample.logprobs.extend(delta.logprobs)
+    sample.cumulative_logprob = delta.cumulative_logprob
+    sample.finish_reason, sample.stop_reason = delta.finish_reason, delta.stop_reason
+
+
+def _stream_error(exc: Exception) -> dict[str, Any]:
+    if isinstance(exc, OpenAIError):
+        status, message = exc.status, str(exc)
+    else:
+        status, message = HTTPStatus.SERVICE_UNAVAILABLE, f"engine unavailable: {exc}"
+    return {"error": {"message": message, "type": "server_error", "param": None, "code": status}}
