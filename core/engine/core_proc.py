@@ -25,6 +25,7 @@ from core.engine.protocol import (
     EngineCoreOutputs,
     EngineCoreRequest,
     FinishReason,
+    SchedulerStats,
 )
 
 logger = logging.getLogger(__name__)
@@ -84,6 +85,7 @@ class _EngineCoreLoop:
         self.encoder = encoder
         self.request_decoder = msgspec.msgpack.Decoder(EngineCoreRequest)
         self.ids_decoder = msgspec.msgpack.Decoder(list[str])
+        self._last_stats: SchedulerStats | None = None
 
     def run(self) -> None:
         """Until SIGTERM (SystemExit): take every waiting message, then step once."""
@@ -95,11 +97,13 @@ class _EngineCoreLoop:
                     self._handle(self.inputs.recv_multipart())
                 if self.core.has_unfinished_requests():
                     self._send(self.core.step())
+                elif self.core.scheduler.make_stats() != self._last_stats:
+                    self._send(EngineCoreOutputs())  # e.g. an abort emptied the engine
         finally:
             self.core.shutdown()
 
     def _send(self, outputs: EngineCoreOutputs) -> None:
-        outputs.scheduler_stats = self.core.scheduler.make_stats()
+        outputs.scheduler_stats = self._last_stats = self.core.scheduler.make_stats()
         self.output.send_multipart([OUTPUTS, self.encoder.encode(outputs)])
 
     def _handle(self, frames: list[bytes]) -> None:

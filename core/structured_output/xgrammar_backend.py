@@ -4,7 +4,8 @@ xgrammar matches a grammar against the bytes each token id decodes to. It learns
 a TokenizerInfo: every token spelled as the vocabulary stores it, plus the rule that turns
 that spelling into bytes (the vocab type: GPT-2 byte-to-unicode for byte-level BPE, "▁" and
 "<0xNN>" pieces for SentencePiece-style byte fallback). We build it from the
-`tokenizers.Tokenizer` directly, so transformers is never needed to load a tokenizer.
+`tokenizers.Tokenizer` directly rather than through transformers (though xgrammar 0.2
+imports transformers itself).
 
 Compiling a grammar precomputes token masks against the whole vocabulary (milliseconds to
 a second for large schemas); the compiler caches compiled grammars by their content, so a

@@ -43,6 +43,7 @@ class _Tracked:
     samples: dict[int, CompletionOutput] = field(default_factory=dict)
     prompt_logprobs: list | None = None
     num_cached_tokens: int = 0
+    finished: bool = False
 
 
 class Serving:
@@ -111,6 +112,9 @@ class Serving:
         finally:
             for task in tasks:  # cancelling a pump aborts its engine request
                 task.cancel()
+            for tracked in requests:
+                if not tracked.finished:
+                    self._record_finished(tracked, "abort")
 
     def _record(self, tracked: _Tracked, output: RequestOutput) -> None:
         now = time.monotonic()
@@ -128,14 +132,19 @@ class Serving:
             tracked.prompt_logprobs = (tracked.prompt_logprobs or []) + output.prompt_logprobs
         tracked.num_cached_tokens = max(tracked.num_cached_tokens, output.num_cached_tokens)
         if output.finished:
-            first = tracked.first_token
-            self.metrics.record_request_finished(
-                finish_reason=tracked.samples[min(tracked.samples)].finish_reason or "abort",
-                num_prompt_tokens=len(tracked.prepared.prompt_token_ids),
-                num_generation_tokens=tracked.num_tokens,
-                ttft_s=None if first is None else first - tracked.arrival,
-                e2e_s=now - tracked.arrival,
-            )
+            reason = tracked.samples[min(tracked.samples)].finish_reason or "abort"
+            self._record_finished(tracked, reason)
+
+    def _record_finished(self, tracked: _Tracked, reason: str) -> None:
+        tracked.finished = True
+        first = tracked.first_token
+        self.metrics.record_request_finished(
+            finish_reason=reason,
+            num_prompt_tokens=len(tracked.prepared.prompt_token_ids),
+            num_generation_tokens=tracked.num_tokens,
+            ttft_s=None if first is None else first - tracked.arrival,
+            e2e_s=time.monotonic() - tracked.arrival,
+        )
 
     def _final_output(self, tracked: _Tracked) -> RequestOutput:
         return RequestOutput(
