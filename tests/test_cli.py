@@ -117,7 +117,7 @@ def test_hook_plugins_add_commands(site):
     assert "hook core_add_commands answered by ['acme-hooks:acme']" in result.stderr
 
 
-@pytest.mark.parametrize("command", ["serve", "bench"])
+@pytest.mark.parametrize("command", ["bench"])
 def test_commands_not_built_yet_exit_non_zero(command):
     result = invoke(command, "--port", "8000")
     assert result.exit_code != 0

@@ -8,7 +8,8 @@ turns the scheduler's decision into model work and the results into EngineCoreOu
 from __future__ import annotations
 
 import logging
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from core.config import EngineConfig
 from core.engine.protocol import EngineCoreOutputs, EngineCoreRequest
@@ -22,12 +23,27 @@ from core.kv_cache.budget import (
 from core.kv_cache.grouping import kv_cache_config_for_blocks
 from core.kv_cache.kv_cache_manager import KVCacheManager
 from core.kv_cache.registry import load_spec_registry
-from core.model_loader import Checkpoint
+from core.model_loader import Checkpoint, resolve_model
+from core.models.arch_config import ArchConfig
 from core.platforms.interface import Platform
 from core.request import Request, RequestStatus
 from core.scheduler.scheduler import Scheduler
+from core.structured_output.manager import StructuredOutputManager
+
+if TYPE_CHECKING:
+    from core.structured_output.xgrammar_backend import XgrammarBackend
 
 logger = logging.getLogger(__name__)
+
+
+def _grammar_backend(config: EngineConfig, checkpoint: Checkpoint) -> XgrammarBackend:
+    """Built on the first structured-output request (xgrammar takes seconds to import)."""
+    from core.engine.processor import load_tokenizer
+    from core.structured_output.xgrammar_backend import XgrammarBackend
+
+    tokenizer = load_tokenizer(checkpoint, config.model.tokenizer)
+    vocab_size = ArchConfig.from_hf(checkpoint.hf_config).vocab_size
+    return XgrammarBackend(tokenizer, vocab_size)
 
 
 class EngineCore:
@@ -43,9 +59,11 @@ class EngineCore:
         self.config = config
         self.hooks = hooks
         self.max_model_len = config.model.max_model_len
+        checkpoint = checkpoint or resolve_model(config.model.model)
         self.executor = UniProcExecutor(config, platform, checkpoint)
         self.kv = self._init_kv_cache(platform)
-        self.scheduler = Scheduler(config, self.kv, self.max_model_len)
+        self.grammars = StructuredOutputManager(partial(_grammar_backend, config, checkpoint))
+        self.scheduler = Scheduler(config, self.kv, self.max_model_len, self.grammars)
         self._call_hook("core_engine_started")
 
     def _init_kv_cache(self, platform: Platform) -> KVCacheManager:
@@ -92,6 +110,9 @@ class EngineCore:
         if not self.scheduler.has_unfinished_requests():
             return EngineCoreOutputs()
         scheduler_output = self.scheduler.schedule()
+        if scheduler_output.total_num_scheduled_tokens == 0:
+            # Only grammars still compiling: wait for one instead of spinning.
+            self.grammars.wait(0.05)
         runner_output = self.executor.execute_model(scheduler_output)
         return self.scheduler.update_from_output(scheduler_output, runner_output)
 
@@ -99,6 +120,7 @@ class EngineCore:
         return self.kv.reset_prefix_cache()
 
     def shutdown(self) -> None:
+        self.grammars.shutdown()
         self.executor.shutdown()
         self._call_hook("core_engine_stopped")
 

@@ -109,6 +109,8 @@ class InputProcessor:
         bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary")
+        if params.structured_outputs is not None:
+            _check_grammar(params)
         params = msgspec.structs.replace(params)  # the caller's object stays untouched
         params.verify(self.config.model.max_logprobs, self.vocab_size)
         params.resolve_bad_words(lambda word: self.tokenizer.encode(word, False))
@@ -130,6 +132,14 @@ class InputProcessor:
             priority=priority,
             cache_salt=cache_salt,
         )
+
+
+def _check_grammar(params: SamplingParams) -> None:
+    """Parse the constraint here, so a bad schema is the caller's ValueError, not a
+    request that fails later in the engine core."""
+    from core.structured_output.xgrammar_backend import build_grammar
+
+    build_grammar(params.structured_outputs)
 
 
 def load_tokenizer(checkpoint: Checkpoint, override: str | None = None) -> Tokenizer:

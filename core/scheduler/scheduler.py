@@ -20,7 +20,8 @@ from core.kv_cache.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from core.request import Request, RequestStatus
 from core.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
 from core.scheduler.request_queue import RequestQueue
-from core.worker.output import ModelRunnerOutput
+from core.structured_output.manager import StructuredOutputManager
+from core.worker.output import LogprobsLists, ModelRunnerOutput
 
 
 @dataclass
@@ -38,7 +39,11 @@ class _Step:
 
 class Scheduler:
     def __init__(
-        self, config: EngineConfig, kv_cache_manager: KVCacheManager, max_model_len: int
+        self,
+        config: EngineConfig,
+        kv_cache_manager: KVCacheManager,
+        max_model_len: int,
+        structured_outputs: StructuredOutputManager | None = None,
     ) -> None:
         sched = config.scheduler
         self.max_num_seqs = sched.max_num_seqs
@@ -53,12 +58,22 @@ class Scheduler:
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()  # told to the workers at the next step
         self.num_preemptions = 0
+        self.grammars = structured_outputs
+        # Requests finished outside a step (a grammar that failed to compile), reported
+        # with the next step's outputs.
+        self._pending_outputs: list[EngineCoreOutput] = []
 
     # -- requests -------------------------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
+        constraint = request.sampling_params.structured_outputs
+        if constraint is not None:
+            if self.grammars is None:
+                raise ValueError("structured outputs are not available in this engine")
+            self.grammars.submit(request.request_id, constraint)
+            request.status = RequestStatus.WAITING_FOR_GRAMMAR
         self.requests[request.request_id] = request
         self.waiting.add(request)
 
@@ -76,6 +91,8 @@ class Scheduler:
             self._free(request)
 
     def _free(self, request: Request) -> None:
+        if self.grammars is not None:
+            self.grammars.remove(request.request_id)
         self.kv.free(request)
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
@@ -91,9 +108,22 @@ class Scheduler:
         if not step.preempted:
             self._schedule_waiting(step)
         output = self._make_output(step)
+        if self.grammars is not None:
+            output.grammar_bitmask = self.grammars.build_bitmask(self._sampling_grammars(step))
         for req_id, count in step.num_scheduled.items():
             self.requests[req_id].num_computed_tokens += count
         return output
+
+    def _sampling_grammars(self, step: _Step) -> list[str]:
+        """Requests with a grammar that sample this step (they reach their last token)."""
+        assert self.grammars is not None
+        return [
+            req_id
+            for req_id, count in step.num_scheduled.items()
+            if req_id in self.grammars
+            and self.requests[req_id].num_computed_tokens + count
+            == self.requests[req_id].num_tokens
+        ]
 
     def _num_new_tokens(self, request: Request, num_computed: int, budget: int) -> int:
         count = request.num_tokens - num_computed
@@ -151,24 +181,49 @@ class Scheduler:
         step.preempted = True
 
     def _schedule_waiting(self, step: _Step) -> None:
+        skipped: list[Request] = []  # still compiling their grammar: they keep their place
         while self.waiting and step.token_budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting.peek()
-            computed_blocks, num_computed = self.kv.get_computed_blocks(request)
-            count = self._num_new_tokens(request, num_computed, step.token_budget)
-            if not self.chunked_prefill and num_computed + count < request.num_tokens:
-                break  # the whole prompt must fit in one step
-            blocks = self.kv.allocate_slots(request, count, num_computed, computed_blocks)
-            if blocks is None:
+            if request.status == RequestStatus.WAITING_FOR_GRAMMAR:
+                assert self.grammars is not None  # only requests with grammars wait for one
+                if not self.grammars.is_ready(request.request_id):
+                    skipped.append(self.waiting.pop())
+                    continue
+                error = self.grammars.error(request.request_id)
+                if error is not None:
+                    self._finish_with_error(self.waiting.pop(), error)
+                    continue
+                request.status = RequestStatus.WAITING
+            if not self._admit(request, step):
                 break
-            self.waiting.pop()
-            self.running.append(request)
-            resumed = request.status == RequestStatus.PREEMPTED
-            (step.resumed_reqs if resumed else step.new_reqs).append(request)
-            request.status = RequestStatus.RUNNING
-            request.num_computed_tokens = num_computed
-            if request.num_cached_tokens < 0:
-                request.num_cached_tokens = num_computed
-            self._take(step, request, count, blocks)
+        for request in reversed(skipped):
+            self.waiting.add_front(request)
+
+    def _finish_with_error(self, request: Request, reason: str) -> None:
+        request.status = RequestStatus.FINISHED_ERROR
+        request.stop_reason = reason
+        self._pending_outputs.append(self._output(request, [], None, None))
+        self._free(request)
+
+    def _admit(self, request: Request, step: _Step) -> bool:
+        """Schedule the head of the waiting queue; False when it does not fit."""
+        computed_blocks, num_computed = self.kv.get_computed_blocks(request)
+        count = self._num_new_tokens(request, num_computed, step.token_budget)
+        if not self.chunked_prefill and num_computed + count < request.num_tokens:
+            return False  # the whole prompt must fit in one step
+        blocks = self.kv.allocate_slots(request, count, num_computed, computed_blocks)
+        if blocks is None:
+            return False
+        self.waiting.pop()
+        self.running.append(request)
+        resumed = request.status == RequestStatus.PREEMPTED
+        (step.resumed_reqs if resumed else step.new_reqs).append(request)
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = num_computed
+        if request.num_cached_tokens < 0:
+            request.num_cached_tokens = num_computed
+        self._take(step, request, count, blocks)
+        return True
 
     def _take(self, step: _Step, request: Request, count: int, blocks: KVCacheBlocks) -> None:
         step.num_scheduled[request.request_id] = count
@@ -211,7 +266,7 @@ class Scheduler:
     def update_from_output(
         self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
     ) -> EngineCoreOutputs:
-        outputs = []
+        outputs, self._pending_outputs = self._pending_outputs, []
         for req_id, sampled in zip(
             runner_output.req_ids, runner_output.sampled_token_ids, strict=True
         ):
@@ -221,28 +276,51 @@ class Scheduler:
             new_token_ids = self._append_until_stop(request, sampled)
             prompt_logprobs = runner_output.prompt_logprobs.get(req_id)
             if new_token_ids or prompt_logprobs is not None or request.is_finished:
-                outputs.append(
-                    EngineCoreOutput(
-                        request_id=req_id,
-                        new_token_ids=new_token_ids,
-                        new_logprobs=runner_output.logprobs.get(req_id),
-                        new_prompt_logprobs=prompt_logprobs,
-                        finish_reason=request.get_finished_reason(),
-                        stop_reason=request.stop_reason,
-                        num_cached_tokens=max(request.num_cached_tokens, 0),
-                    )
-                )
+                logprobs = runner_output.logprobs.get(req_id)
+                outputs.append(self._output(request, new_token_ids, logprobs, prompt_logprobs))
             if request.is_finished:
                 self.running.remove(request)
                 self._free(request)
         return EngineCoreOutputs(outputs=outputs, timestamp=time.monotonic())
 
+    def _output(
+        self,
+        request: Request,
+        new_token_ids: list[int],
+        logprobs: LogprobsLists | None,
+        prompt_logprobs: LogprobsLists | None,
+    ) -> EngineCoreOutput:
+        return EngineCoreOutput(
+            request_id=request.request_id,
+            new_token_ids=new_token_ids,
+            new_logprobs=logprobs,
+            new_prompt_logprobs=prompt_logprobs,
+            finish_reason=request.get_finished_reason(),
+            stop_reason=request.stop_reason,
+            num_cached_tokens=max(request.num_cached_tokens, 0),
+        )
+
     def _append_until_stop(self, request: Request, sampled: list[int]) -> list[int]:
         for i, token_id in enumerate(sampled):
             request.append_output_token_ids(token_id)
-            if self._check_stop(request, token_id):
+            if self._check_grammar(request, token_id) or self._check_stop(request, token_id):
                 return sampled[: i + 1]
         return sampled
+
+    def _check_grammar(self, request: Request, token_id: int) -> bool:
+        """Advance the request's grammar; finish the request when the grammar is done
+        (STOPPED) or the token broke it (ERROR, which the bitmask should make impossible)."""
+        req_id = request.request_id
+        if self.grammars is None or req_id not in self.grammars:
+            return False
+        if not self.grammars.accept_tokens(req_id, [token_id]):
+            request.status = RequestStatus.FINISHED_ERROR
+            request.stop_reason = f"token {token_id} is not allowed by the grammar"
+            return True
+        if self.grammars.is_terminated(req_id):
+            request.status = RequestStatus.FINISHED_STOPPED
+            return True
+        return False
 
     def _check_stop(self, request: Request, token_id: int) -> bool:
         """Set the finished status when the new token ends the request.

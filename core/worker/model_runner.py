@@ -23,7 +23,8 @@ from core.kv_cache.layout import KVCacheConfig
 from core.sample.interface import Sampler
 from core.sample.logprobs import LogprobsTensors, compute_prompt_logprobs
 from core.sample.metadata import SamplingMetadata
-from core.scheduler.output import SchedulerOutput
+from core.scheduler.output import GrammarBitmask, SchedulerOutput
+from core.structured_output.bitmask import apply_grammar_bitmask
 from core.worker.input_batch import CachedRequestState, InputBatch
 from core.worker.output import LogprobsLists, ModelRunnerOutput
 
@@ -168,8 +169,6 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
-        if so.grammar_bitmask is not None:
-            raise NotImplementedError("structured-output bitmasks are not applied yet")
         self._update_states(so)
         batch = self._require_batch()
         if so.total_num_scheduled_tokens == 0 or batch.num_reqs == 0:
@@ -185,13 +184,15 @@ class ModelRunner:
         logits = self.model.compute_logits(
             hidden[self._tensor(np.concatenate([last_index, prompt_index]))]
         )  # [num_sample + num_prompt_positions, V]
-        output = self._sample(logits[: len(sample_rows)], sample_rows)
+        output = self._sample(logits[: len(sample_rows)], sample_rows, so.grammar_bitmask)
         output.prompt_logprobs = self._prompt_logprobs(
             logits[len(sample_rows) :], prompt_rows, prompt_targets
         )
         return output
 
-    def _sample(self, logits: torch.Tensor, sample_rows: np.ndarray) -> ModelRunnerOutput:
+    def _sample(
+        self, logits: torch.Tensor, sample_rows: np.ndarray, bitmask: GrammarBitmask | None
+    ) -> ModelRunnerOutput:
         batch = self._require_batch()
         states = [batch.rows[row] for row in range(batch.num_reqs)]
         req_ids = [s.req_id for s in states if s is not None]
@@ -200,6 +201,8 @@ class ModelRunner:
         if len(sample_rows) == 0:
             return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled)
         chosen = [states[row] for row in sample_rows]
+        if bitmask is not None:  # structured output: forbidden tokens get -inf
+            apply_grammar_bitmask(logits, [s.req_id for s in chosen], bitmask)
         metadata = SamplingMetadata.from_params(
             [s.sampling_params for s in chosen],
             output_token_ids=[s.output_token_ids for s in chosen],

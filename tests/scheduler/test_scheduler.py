@@ -182,3 +182,69 @@ def test_no_leak_after_everything_finishes(eos_at, reason):
     pool = scheduler.kv.coordinator.block_pools[0]
     assert pool.get_num_free_blocks() == 11
     assert all(block.ref_cnt == 0 for block in pool.blocks[1:])
+
+
+class SlowGrammars:
+    """A grammar manager whose compiles finish only when the test says so."""
+
+    def __init__(self) -> None:
+        self.ready: set[str] = set()
+        self.submitted: set[str] = set()
+        self.failed: dict[str, str] = {}
+
+    def submit(self, request_id, params) -> None:
+        self.submitted.add(request_id)
+
+    def is_ready(self, request_id) -> bool:
+        return request_id in self.ready or request_id in self.failed
+
+    def error(self, request_id):
+        return self.failed.get(request_id)
+
+    def build_bitmask(self, request_ids):
+        return None
+
+    def accept_tokens(self, request_id, ids) -> bool:
+        return True
+
+    def is_terminated(self, request_id) -> bool:
+        return False
+
+    def remove(self, request_id) -> None:
+        self.submitted.discard(request_id)
+
+    def __contains__(self, request_id) -> bool:
+        return request_id in self.submitted
+
+
+def test_a_request_waiting_for_its_grammar_does_not_block_the_others():
+    from core.sampling_params import StructuredOutputsParams
+
+    scheduler = make_scheduler()
+    grammars = scheduler.grammars = SlowGrammars()
+    constrained = Request("json", [1, 2, 3], SamplingParams(
+        temperature=0.0, max_tokens=4,
+        structured_outputs=StructuredOutputsParams(json_object=True)),
+        eos_token_id=0, arrival_time=next(_arrivals), max_model_len=MAX_LEN)  # fmt: skip
+    scheduler.add_request(constrained)
+    make_request(scheduler, "plain", num_prompt=3)
+    assert constrained.status == RequestStatus.WAITING_FOR_GRAMMAR
+    assert list(step(scheduler).num_scheduled_tokens) == ["plain"]
+    assert constrained.status == RequestStatus.WAITING_FOR_GRAMMAR
+    grammars.ready.add("json")
+    assert "json" in step(scheduler).num_scheduled_tokens
+
+
+def test_a_grammar_that_fails_to_compile_finishes_its_request_with_an_error():
+    from core.sampling_params import StructuredOutputsParams
+
+    scheduler = make_scheduler()
+    grammars = scheduler.grammars = SlowGrammars()
+    params = SamplingParams(structured_outputs=StructuredOutputsParams(regex="("))
+    request = Request("bad", [1, 2], params, 0, next(_arrivals), max_model_len=MAX_LEN)
+    scheduler.add_request(request)
+    grammars.failed["bad"] = "invalid regex"
+    so = scheduler.schedule()
+    outputs = scheduler.update_from_output(so, fake_run(scheduler, so)).outputs
+    assert [(o.request_id, o.finish_reason) for o in outputs] == [("bad", FinishReason.ERROR)]
+    assert not scheduler.has_unfinished_requests()

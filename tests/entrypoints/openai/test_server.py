@@ -279,3 +279,33 @@ def test_tokenize_detokenize_version_health(server):
     assert text["prompt"] == "Hello world" and tokens["max_model_len"] == 1024
     assert httpx.get(f"{server.url}/version").json()["version"]
     assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("extra", "check"),
+    [
+        (
+            {"guided_regex": "[0-9]{3}-[a-z]{2}"},
+            lambda t: __import__("re").fullmatch("[0-9]{3}-[a-z]{2}", t),
+        ),
+        ({"guided_choice": ["yes", "no", "maybe"]}, lambda t: t in ("yes", "no", "maybe")),
+        ({"response_format": {"type": "json_object"}}, lambda t: isinstance(json.loads(t), dict)),
+    ],
+)
+def test_guided_decoding_constrains_the_output(client, extra, check):
+    ask = [{"role": "user", "content": "Answer briefly: what is the capital of France?"}]
+    out = client.chat.completions.create(
+        model=MODEL, messages=ask, max_tokens=128, temperature=0, extra_body=extra
+    )
+    assert out.choices[0].finish_reason == "stop"  # the grammar ended, not the budget
+    assert check(out.choices[0].message.content)
+
+
+def test_invalid_schema_is_a_400(server):
+    body = {"model": MODEL, "prompt": "hi", "guided_regex": "(unclosed"}
+    response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=30)
+    assert response.status_code == 400
+    assert (
+        "guided_regex" in (response.json()["error"]["param"] or "")
+        or "regex" in (response.json()["error"]["message"])
+    )
