@@ -119,3 +119,8 @@ def test_cli_flags_use_vllm_names():
     assert not config.scheduler.is_user_set("max_num_seqs")
     bad = CliRunner().invoke(command, ["--tensor-parallel-size", "x"])
     assert bad.exit_code == 2 and "tensor-parallel-size" in bad.output
+
+
+def test_parallel_sizes_above_one_are_refused_naming_the_flag():
+    with pytest.raises(ValueError, match="--tensor-parallel-size 2"):
+        EngineArgs(tensor_parallel_size=2).create_engine_config(CpuPlatform())
