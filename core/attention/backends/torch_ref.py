@@ -1,9 +1,10 @@
 """The reference attention backend in pure PyTorch: paged KV cache, any device.
 
-Correctness first: each request attends over its own context gathered from its block
-table, with an explicit causal (and sliding-window) mask. New queries attend to the
-cached context plus the new tokens up to themselves, so one code path serves prefill,
-chunked prefill, prefix-cache hits and decode.
+New queries attend to their request's cached context plus the new tokens up to
+themselves, so one backend serves prefill, chunked prefill, prefix-cache hits and
+decode. Decode rows (one new token each) are attended together in one batched
+computation per layer — per-request kernel calls cost far more than the math on a CPU —
+while prefill chunks, few per step, go one request at a time through SDPA.
 """
 
 from __future__ import annotations
@@ -23,20 +24,65 @@ from core.attention.interface import (
 
 
 @dataclass
+class PrefillChunk:
+    """One request's new tokens [start, end) in the batch; its context has `seq_len`."""
+
+    start: int
+    end: int
+    seq_len: int
+    block_ids: torch.Tensor  # [num_blocks] covering seq_len
+
+
+@dataclass
+class DecodeBatch:
+    """The requests with exactly one new token, attended together."""
+
+    token_index: torch.Tensor  # [B] rows of query/output
+    block_table: torch.Tensor  # [B, max_blocks] covering the longest context
+    seq_lens: torch.Tensor  # [B, 1] context length after this step
+    positions: torch.Tensor  # [1, max_blocks * block_size] key positions
+
+
+@dataclass
 class TorchRefMetadata:
-    query_start_loc: list[int]  # [num_reqs + 1]
-    seq_lens: list[int]  # [num_reqs]
-    block_table: torch.Tensor  # [num_reqs, max_blocks] int32
     slot_mapping: torch.Tensor  # [num_tokens] int64
+    prefills: list[PrefillChunk]
+    decode: DecodeBatch | None
 
 
 class TorchRefMetadataBuilder(AttentionMetadataBuilder):
     def build(self, common: CommonAttentionMetadata) -> TorchRefMetadata:
+        block_size = self.kv_cache_spec.block_size
+        starts = common.query_start_loc.tolist()
+        seq_lens = common.seq_lens.tolist()
+        decode_rows = [i for i in range(common.num_reqs) if starts[i + 1] - starts[i] == 1]
+        prefills = [
+            PrefillChunk(
+                starts[i],
+                starts[i + 1],
+                seq_lens[i],
+                common.block_table[i, : -(-seq_lens[i] // block_size)],
+            )
+            for i in range(common.num_reqs)
+            if starts[i + 1] - starts[i] > 1
+        ]
         return TorchRefMetadata(
-            query_start_loc=common.query_start_loc.tolist(),
-            seq_lens=common.seq_lens.tolist(),
-            block_table=common.block_table,
             slot_mapping=common.slot_mapping,
+            prefills=prefills,
+            decode=self._decode_batch(common, decode_rows, block_size) if decode_rows else None,
+        )
+
+    def _decode_batch(
+        self, common: CommonAttentionMetadata, rows: list[int], block_size: int
+    ) -> DecodeBatch:
+        index = torch.tensor(rows, device=common.seq_lens.device)
+        seq_lens = common.seq_lens[index].long()
+        num_blocks = -(-int(seq_lens.max()) // block_size)
+        return DecodeBatch(
+            token_index=common.query_start_loc[index].long(),
+            block_table=common.block_table[index, :num_blocks].long(),
+            seq_lens=seq_lens[:, None],
+            positions=torch.arange(num_blocks * block_size, device=index.device)[None, :],
         )
 
 
@@ -55,18 +101,31 @@ class TorchRefImpl(AttentionImpl):
         kv_cache[blocks, 0, offsets] = key
         kv_cache[blocks, 1, offsets] = value
         output = torch.empty_like(query)
-        starts = attn_metadata.query_start_loc
-        for i, seq_len in enumerate(attn_metadata.seq_lens):
-            q = query[starts[i] : starts[i + 1]]  # [q_len, Hq, D]
-            k, v = _gather_context(kv_cache, attn_metadata.block_table[i], seq_len)
-            output[starts[i] : starts[i + 1]] = self._attend(q, k, v)
+        for chunk in attn_metadata.prefills:
+            output[chunk.start : chunk.end] = self._prefill(query, key, value, kv_cache, chunk)
+        if attn_metadata.decode is not None:
+            decode = attn_metadata.decode
+            output[decode.token_index] = self._decode(query[decode.token_index], kv_cache, decode)
         return output
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q: [q_len, Hq, D] are the last q_len positions of k, v: [seq_len, Hkv, D]."""
-        q_len, seq_len = q.shape[0], k.shape[0]
-        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)[:, None]
-        k_pos = torch.arange(seq_len, device=q.device)[None, :]
+    def _prefill(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        chunk: PrefillChunk,
+    ) -> torch.Tensor:  # [q_len, Hq, D]
+        q = query[chunk.start : chunk.end]  # [q_len, Hq, D]
+        q_len = q.shape[0]
+        if q_len == chunk.seq_len:  # no cached context: the new K/V are the whole context
+            k, v = key[chunk.start : chunk.end], value[chunk.start : chunk.end]
+        else:
+            pages = kv_cache[chunk.block_ids.long()]  # [n, 2, block_size, Hkv, D]
+            k = pages[:, 0].flatten(0, 1)[: chunk.seq_len]  # [seq_len, Hkv, D]
+            v = pages[:, 1].flatten(0, 1)[: chunk.seq_len]
+        q_pos = torch.arange(chunk.seq_len - q_len, chunk.seq_len, device=q.device)[:, None]
+        k_pos = torch.arange(chunk.seq_len, device=q.device)[None, :]
         mask = k_pos <= q_pos  # [q_len, seq_len]
         if self.sliding_window is not None:
             mask &= q_pos - k_pos < self.sliding_window
@@ -78,19 +137,26 @@ class TorchRefImpl(AttentionImpl):
             scale=self.scale,
             enable_gqa=self.num_heads != self.num_kv_heads,
         )
-        return out.transpose(0, 1)  # [q_len, Hq, D]
+        return out.transpose(0, 1)
 
-
-def _gather_context(
-    kv_cache: torch.Tensor, block_ids: torch.Tensor, seq_len: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first seq_len cached K and V of one request: ([seq_len, Hkv, D], same)."""
-    block_size = kv_cache.shape[2]
-    num_blocks = -(-seq_len // block_size)
-    pages = kv_cache[block_ids[:num_blocks].long()]  # [n, 2, block_size, Hkv, D]
-    k = pages[:, 0].flatten(0, 1)[:seq_len]
-    v = pages[:, 1].flatten(0, 1)[:seq_len]
-    return k, v
+    def _decode(
+        self, q: torch.Tensor, kv_cache: torch.Tensor, decode: DecodeBatch
+    ) -> torch.Tensor:  # q: [B, Hq, D] -> [B, Hq, D]
+        batch, num_heads, head_size = q.shape
+        pages = kv_cache[decode.block_table]  # [B, n, 2, block_size, Hkv, D]
+        k = pages[:, :, 0].flatten(1, 2)  # [B, L, Hkv, D]
+        v = pages[:, :, 1].flatten(1, 2)
+        group = num_heads // self.num_kv_heads
+        q = q.view(batch, self.num_kv_heads, group, head_size)  # [B, Hkv, G, D]
+        scores = torch.einsum("bhgd,blhd->bhgl", q, k) * self.scale  # [B, Hkv, G, L]
+        # Keys past each context (padding, other requests' blocks) do not exist.
+        visible = decode.positions < decode.seq_lens  # [B, L]
+        if self.sliding_window is not None:
+            visible &= decode.positions >= decode.seq_lens - self.sliding_window
+        scores.masked_fill_(~visible[:, None, None, :], float("-inf"))
+        probs = scores.softmax(dim=-1)
+        out = torch.einsum("bhgl,blhd->bhgd", probs, v)  # [B, Hkv, G, D]
+        return out.reshape(batch, num_heads, head_size)
 
 
 class TorchRefBackend(AttentionBackend):
