@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from gguf_vocab_fixtures import write_sentencepiece_gguf
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as BackendTokenizer
 from xgrammar import VocabType
@@ -23,7 +24,6 @@ from core.structured_output.xgrammar_backend import (
     build_tokenizer_info,
 )
 from core.tokenizer import Tokenizer
-from tests.gguf_vocab_fixtures import write_sentencepiece_gguf
 
 SEEDS = range(4)
 
