@@ -95,11 +95,7 @@ class TorchRefImpl(AttentionImpl):
         kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, Hkv, D]
         attn_metadata: TorchRefMetadata,
     ) -> torch.Tensor:  # [T, Hq, D]
-        block_size = kv_cache.shape[2]
-        slots = attn_metadata.slot_mapping  # [T]
-        blocks, offsets = slots // block_size, slots % block_size
-        kv_cache[blocks, 0, offsets] = key
-        kv_cache[blocks, 1, offsets] = value
+        _write_kv(kv_cache, key, value, attn_metadata.slot_mapping)
         output = torch.empty_like(query)
         for chunk in attn_metadata.prefills:
             output[chunk.start : chunk.end] = self._prefill(query, key, value, kv_cache, chunk)
@@ -142,21 +138,39 @@ class TorchRefImpl(AttentionImpl):
     def _decode(
         self, q: torch.Tensor, kv_cache: torch.Tensor, decode: DecodeBatch
     ) -> torch.Tensor:  # q: [B, Hq, D] -> [B, Hq, D]
-        batch, num_heads, head_size = q.shape
         pages = kv_cache[decode.block_table]  # [B, n, 2, block_size, Hkv, D]
-        k = pages[:, :, 0].flatten(1, 2)  # [B, L, Hkv, D]
-        v = pages[:, :, 1].flatten(1, 2)
-        group = num_heads // self.num_kv_heads
-        q = q.view(batch, self.num_kv_heads, group, head_size)  # [B, Hkv, G, D]
-        scores = torch.einsum("bhgd,blhd->bhgl", q, k) * self.scale  # [B, Hkv, G, L]
+        k = pages[:, :, 0].flatten(1, 2).transpose(1, 2)  # [B, Hkv, L, D]
+        v = pages[:, :, 1].flatten(1, 2).transpose(1, 2)
         # Keys past each context (padding, other requests' blocks) do not exist.
         visible = decode.positions < decode.seq_lens  # [B, L]
         if self.sliding_window is not None:
             visible &= decode.positions >= decode.seq_lens - self.sliding_window
-        scores.masked_fill_(~visible[:, None, None, :], float("-inf"))
-        probs = scores.softmax(dim=-1)
-        out = torch.einsum("bhgl,blhd->bhgd", probs, v)  # [B, Hkv, G, D]
-        return out.reshape(batch, num_heads, head_size)
+        out = F.scaled_dot_product_attention(
+            q[:, :, None, :],  # [B, Hq, 1, D]
+            k,
+            v,
+            attn_mask=visible[:, None, None, :],
+            scale=self.scale,
+            enable_gqa=self.num_heads != self.num_kv_heads,
+        )
+        return out[:, :, 0]
+
+
+def _write_kv(
+    kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor
+) -> None:
+    """Store the step's K/V at their slots (slot = block * block_size + offset)."""
+    num_blocks, _, block_size, num_kv_heads, head_size = kv_cache.shape
+    blocks, offsets = slots // block_size, slots % block_size
+    if kv_cache.is_contiguous():
+        # index_copy_ on a flat view is far faster than advanced-index assignment.
+        rows = kv_cache.view(num_blocks * 2 * block_size, num_kv_heads, head_size)
+        key_rows = blocks * (2 * block_size) + offsets
+        rows.index_copy_(0, key_rows, key)
+        rows.index_copy_(0, key_rows + block_size, value)
+    else:  # a block-outermost layout interleaves layers: pages are not adjacent
+        kv_cache[blocks, 0, offsets] = key
+        kv_cache[blocks, 1, offsets] = value
 
 
 class TorchRefBackend(AttentionBackend):
