@@ -117,13 +117,6 @@ def test_hook_plugins_add_commands(site):
     assert "hook core_add_commands answered by ['acme-hooks:acme']" in result.stderr
 
 
-@pytest.mark.parametrize("command", ["bench"])
-def test_commands_not_built_yet_exit_non_zero(command):
-    result = invoke(command, "--port", "8000")
-    assert result.exit_code != 0
-    assert "not available yet" in result.output
-
-
 def test_plugins_lists_every_installed_plugin_distribution():
     from importlib.metadata import PackageNotFoundError, version
 

@@ -10,6 +10,7 @@ import click
 import core
 from core import envs
 from core.engine_args import EngineArgs, engine_options
+from core.entrypoints.bench.cli import bench
 
 
 @click.group()
@@ -34,19 +35,7 @@ def info() -> None:
     click.echo(info_report())
 
 
-def _not_available(name: str, issue: str) -> click.Command:
-    @click.command(
-        name=name,
-        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
-        help=f"(not available yet: {issue})",
-    )
-    def command() -> None:
-        raise click.ClickException(f"`core {name}` is not available yet ({issue})")
-
-    return command
-
-
-cli.add_command(_not_available("bench", "benchmarks come with the benchmark work"))
+cli.add_command(bench)
 
 
 @cli.command()

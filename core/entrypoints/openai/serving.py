@@ -11,7 +11,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
@@ -190,7 +190,9 @@ class Serving:
             requests.append(_Tracked(i, self._prepare(prompt, params, "prompt")))
         n = requests[0].prepared.params.n
         if req.stream:
-            return self._stream(self._completion_chunks(req, requests, raw, n))
+            choices = self._completion_choices(req, n)
+            stream = self._event_stream(req, requests, raw, p.CompletionStreamResponse, choices)
+            return self._stream(stream)
         async for _ in self._deltas(requests, raw):
             pass
         choices = [
@@ -213,41 +215,52 @@ class Serving:
         prepared = tracked.prepared
         return prepared.prompt or self.engine.tokenizer.decode(prepared.prompt_token_ids)
 
-    async def _completion_chunks(
-        self, req: p.CompletionRequest, requests: list[_Tracked], raw: Request, n: int
-    ) -> AsyncIterator[str]:
-        stream_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    def _completion_choices(
+        self, req: p.CompletionRequest, n: int
+    ) -> Callable[[_Tracked, RequestOutput], list[p.CompletionResponseChoice]]:
+        """Turns each delta into stream choices; the prompt is echoed once per sample and
+        logprob text offsets continue where the previous chunk stopped."""
         offsets: dict[tuple[int, int], int] = {}
-        echoed: set[tuple[int, int]] = set()
+
+        def choices(tracked: _Tracked, output: RequestOutput) -> list:
+            made = []
+            for sample in output.outputs:
+                key = (tracked.prompt_index, sample.index)
+                first = key not in offsets
+                choice = p.completion_choice(
+                    output,
+                    sample,
+                    self.decode_token,
+                    index=tracked.prompt_index * n + sample.index,
+                    echo_text=self._echo_text(tracked) if req.echo and first else None,
+                    text_offset=offsets.get(key, 0),
+                )
+                offsets[key] = offsets.get(key, 0) + len(choice.text)
+                made.append(choice)
+            return made
+
+        return choices
+
+    async def _event_stream(
+        self,
+        req: p.CompletionRequest | p.ChatCompletionRequest,
+        requests: list[_Tracked],
+        raw: Request,
+        response_cls: type[p.CompletionStreamResponse] | type[p.ChatCompletionStreamResponse],
+        choices_of: Callable[[_Tracked, RequestOutput], list],
+    ) -> AsyncIterator[str]:
+        """SSE chunks of one response id, the usage chunk if asked, then [DONE]."""
+        prefix = "cmpl" if response_cls is p.CompletionStreamResponse else "chatcmpl"
+        header = {
+            "id": f"{prefix}-{uuid.uuid4().hex}",
+            "created": int(time.time()),
+            "model": self.served_model_name,
+        }
         try:
             async for tracked, output in self._deltas(requests, raw):
-                choices = []
-                for sample in output.outputs:
-                    key = (tracked.prompt_index, sample.index)
-                    echo = None
-                    if req.echo and key not in echoed:
-                        echoed.add(key)
-                        echo = self._echo_text(tracked)
-                    choice = p.completion_choice(
-                        output, sample, self.decode_token,
-                        index=tracked.prompt_index * n + sample.index,
-                        echo_text=echo, text_offset=offsets.get(key, 0),
-                    )  # fmt: skip
-                    offsets[key] = offsets.get(key, 0) + len(choice.text)
-                    choices.append(choice)
-                chunk = p.CompletionStreamResponse(
-                    id=stream_id, created=created, model=self.served_model_name, choices=choices
-                )
-                yield self._sse(chunk)
+                yield self._sse(response_cls(**header, choices=choices_of(tracked, output)))
             if req.stream_options is not None and req.stream_options.include_usage:
-                usage = p.CompletionStreamResponse(
-                    id=stream_id,
-                    created=created,
-                    model=self.served_model_name,
-                    choices=[],
-                    usage=self._usage(requests),
-                )
-                yield self._sse(usage)
+                yield self._sse(response_cls(**header, choices=[], usage=self._usage(requests)))
         except (OpenAIError, EngineDeadError) as exc:
             yield self._sse(_stream_error(exc))
         yield "data: [DONE]\n\n"
@@ -281,7 +294,9 @@ class Serving:
         requests = [_Tracked(0, self._prepare(prompt_ids, params, "messages"))]
         num_top = req.top_logprobs or 0
         if req.stream:
-            return self._stream(self._chat_chunks(req, requests, raw, num_top))
+            choices = self._chat_choices(num_top)
+            stream = self._event_stream(req, requests, raw, p.ChatCompletionStreamResponse, choices)
+            return self._stream(stream)
         async for _ in self._deltas(requests, raw):
             pass
         final = self._final_output(requests[0])
@@ -291,36 +306,21 @@ class Serving:
         )
         return JSONResponse(response.model_dump(exclude_none=True))
 
-    async def _chat_chunks(
-        self, req: p.ChatCompletionRequest, requests: list[_Tracked], raw: Request, num_top: int
-    ) -> AsyncIterator[str]:
-        stream_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    def _chat_choices(
+        self, num_top: int
+    ) -> Callable[[_Tracked, RequestOutput], list[p.ChatCompletionStreamChoice]]:
+        """Turns each delta into stream choices; a sample's first chunk names the role."""
         started: set[int] = set()
-        try:
-            async for _, output in self._deltas(requests, raw):
-                choices = []
-                for sample in output.outputs:
-                    role = None if sample.index in started else "assistant"
-                    started.add(sample.index)
-                    choices.append(
-                        p.chat_stream_choice(sample, self.decode_token, num_top, role=role)
-                    )
-                chunk = p.ChatCompletionStreamResponse(
-                    id=stream_id, created=created, model=self.served_model_name, choices=choices
-                )
-                yield self._sse(chunk)
-            if req.stream_options is not None and req.stream_options.include_usage:
-                usage = p.ChatCompletionStreamResponse(
-                    id=stream_id,
-                    created=created,
-                    model=self.served_model_name,
-                    choices=[],
-                    usage=self._usage(requests),
-                )
-                yield self._sse(usage)
-        except (OpenAIError, EngineDeadError) as exc:
-            yield self._sse(_stream_error(exc))
-        yield "data: [DONE]\n\n"
+
+        def choices(_: _Tracked, output: RequestOutput) -> list:
+            made = []
+            for sample in output.outputs:
+                role = None if sample.index in started else "assistant"
+                started.add(sample.index)
+                made.append(p.chat_stream_choice(sample, self.decode_token, num_top, role=role))
+            return made
+
+        return choices
 
 
 def _accumulate(samples: dict[int, CompletionOutput], delta: CompletionOutput) -> None:
