@@ -23,6 +23,7 @@ from core.engine.async_llm import AsyncLLM
 from core.engine.core_client import EngineDeadError
 from core.engine.processor import PreparedRequest
 from core.entrypoints.openai import protocol as p
+from core.entrypoints.openai import responses as r
 from core.entrypoints.openai.errors import OpenAIError
 from core.entrypoints.openai.params import chat_sampling_params, completion_sampling_params
 from core.metrics import EngineMetrics
@@ -196,7 +197,7 @@ class Serving:
         async for _ in self._deltas(requests, raw):
             pass
         choices = [
-            p.completion_choice(
+            r.completion_choice(
                 self._final_output(t),
                 sample,
                 self.decode_token,
@@ -227,7 +228,7 @@ class Serving:
             for sample in output.outputs:
                 key = (tracked.prompt_index, sample.index)
                 first = key not in offsets
-                choice = p.completion_choice(
+                choice = r.completion_choice(
                     output,
                     sample,
                     self.decode_token,
@@ -300,7 +301,7 @@ class Serving:
         async for _ in self._deltas(requests, raw):
             pass
         final = self._final_output(requests[0])
-        choices = [p.chat_choice(o, self.decode_token, num_top) for o in final.outputs]
+        choices = [r.chat_choice(o, self.decode_token, num_top) for o in final.outputs]
         response = p.ChatCompletionResponse(
             model=self.served_model_name, choices=choices, usage=self._usage(requests)
         )
@@ -317,7 +318,7 @@ class Serving:
             for sample in output.outputs:
                 role = None if sample.index in started else "assistant"
                 started.add(sample.index)
-                made.append(p.chat_stream_choice(sample, self.decode_token, num_top, role=role))
+                made.append(r.chat_stream_choice(sample, self.decode_token, num_top, role=role))
             return made
 
         return choices

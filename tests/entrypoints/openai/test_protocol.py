@@ -20,6 +20,8 @@ from core.entrypoints.openai.protocol import (
     ModelCard,
     ModelList,
     TokenizeRequest,
+)
+from core.entrypoints.openai.responses import (
     chat_choice,
     chat_logprobs,
     chat_stream_choice,
