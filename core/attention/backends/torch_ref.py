@@ -117,9 +117,9 @@ class TorchRefImpl(AttentionImpl):
         if q_len == chunk.seq_len:  # no cached context: the new K/V are the whole context
             k, v = key[chunk.start : chunk.end], value[chunk.start : chunk.end]
         else:
-            pages = kv_cache[chunk.block_ids.long()]  # [n, 2, block_size, Hkv, D]
-            k = pages[:, 0].flatten(0, 1)[: chunk.seq_len]  # [seq_len, Hkv, D]
-            v = pages[:, 1].flatten(0, 1)[: chunk.seq_len]
+            blocks = chunk.block_ids.long()
+            k = kv_cache[:, 0][blocks].flatten(0, 1)[: chunk.seq_len]  # [seq_len, Hkv, D]
+            v = kv_cache[:, 1][blocks].flatten(0, 1)[: chunk.seq_len]
         q_pos = torch.arange(chunk.seq_len - q_len, chunk.seq_len, device=q.device)[:, None]
         k_pos = torch.arange(chunk.seq_len, device=q.device)[None, :]
         mask = k_pos <= q_pos  # [q_len, seq_len]
@@ -138,9 +138,10 @@ class TorchRefImpl(AttentionImpl):
     def _decode(
         self, q: torch.Tensor, kv_cache: torch.Tensor, decode: DecodeBatch
     ) -> torch.Tensor:  # q: [B, Hq, D] -> [B, Hq, D]
-        pages = kv_cache[decode.block_table]  # [B, n, 2, block_size, Hkv, D]
-        k = pages[:, :, 0].flatten(1, 2).transpose(1, 2)  # [B, Hkv, L, D]
-        v = pages[:, :, 1].flatten(1, 2).transpose(1, 2)
+        # Gathering K and V pages separately keeps each gather contiguous, so the flatten
+        # below is a view, not a second copy.
+        k = kv_cache[:, 0][decode.block_table].flatten(1, 2).transpose(1, 2)  # [B, Hkv, L, D]
+        v = kv_cache[:, 1][decode.block_table].flatten(1, 2).transpose(1, 2)
         # Keys past each context (padding, other requests' blocks) do not exist.
         visible = decode.positions < decode.seq_lens  # [B, L]
         if self.sliding_window is not None:
