@@ -21,7 +21,14 @@ VERSION = "0.3.36"
 TARGETS = ("llama-server", "llama-bench")
 CMAKE_FLAGS = [
     "-DCMAKE_BUILD_TYPE=Release",
-    "-DGGML_NATIVE=ON",
+    # Not GGML_NATIVE: machines of this kind differ (AVX2-only Zen3, AVX-512 Xeons whose
+    # advertised extensions the binary then uses and dies on with SIGILL). An AVX2
+    # baseline runs on all of them and is what the peers' figures in PEERS.md used.
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_AVX=ON",
+    "-DGGML_AVX2=ON",
+    "-DGGML_FMA=ON",
+    "-DGGML_F16C=ON",
     "-DBUILD_SHARED_LIBS=OFF",
     "-DLLAMA_BUILD_SERVER=ON",
     "-DLLAMA_BUILD_TESTS=OFF",
@@ -33,7 +40,7 @@ CMAKE_FLAGS = [
 
 def cache_dir() -> Path:
     root = os.environ.get("CORE_BENCH_CACHE") or Path.home() / ".cache" / "core-bench"
-    return Path(root) / f"llama.cpp-{VERSION}"
+    return Path(root) / f"llama.cpp-{VERSION}-avx2"
 
 
 def bin_dir() -> Path:

@@ -1,0 +1,275 @@
+"""Side-by-side benchmarks: the same workloads on core and its peers in one run, with ratios.
+
+    python -m benchmarks [--workloads W1,W2,W3,W4] [--peers core,transformers,llama.cpp]
+                         [--quick] [--threads N] [--output-json PATH] [--results-md PATH]
+
+README.md in this folder says what each workload is and how each engine runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks import ceilings, llama_cpp_build, report, workloads
+from benchmarks.workloads import Metrics, Prompts, Sizes
+
+WORKLOADS = ("W1", "W2", "W3", "W4")
+ENGINES = ("core", "transformers", "llama.cpp")
+# Which workloads each engine takes part in (W4 measures core's own prefix cache).
+ENGINE_WORKLOADS = {
+    "core": WORKLOADS,
+    "transformers": ("W1", "W2"),
+    "llama.cpp": ("W1", "W2", "W3"),
+}
+DEFAULT_RESULTS_MD = Path(__file__).parent / "RESULTS.md"
+# A 1-minute load average above this before the run means the cores were shared.
+BUSY_LOAD = 0.5
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), type=_names(WORKLOADS))
+    parser.add_argument("--peers", default=",".join(ENGINES), type=_names(ENGINES),
+                        help="engines to run, core included")  # fmt: skip
+    parser.add_argument("--quick", action="store_true", help="shrink every workload")
+    parser.add_argument("--threads", type=int, default=2, help="threads for every engine")
+    parser.add_argument("--output-json", type=Path, default=None)
+    parser.add_argument(
+        "--results-md",
+        type=Path,
+        default=None,
+        help=f"default: {DEFAULT_RESULTS_MD} for a full run, none for --quick",
+    )
+    return parser.parse_args(argv)  # fmt: skip
+
+
+def _names(allowed: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(name.strip() for name in text.split(",") if name.strip())
+        unknown = [name for name in names if name not in allowed]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(f"choose from {', '.join(allowed)}, got {text!r}")
+        return names
+
+    return parse
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def compiling() -> bool:
+    """Whether a CMake build (e.g. llama.cpp's) is running: it would skew every figure."""
+    found = subprocess.run(["pgrep", "-f", "cmake --build"], capture_output=True)
+    return found.returncode == 0
+
+
+def contention_warnings(quick: bool) -> list[str]:
+    """A compiler running refuses a full run and marks a quick one."""
+    if not compiling():
+        return []
+    if not quick:
+        raise SystemExit("a CMake build is running: wait for it before a full benchmark run")
+    return ["a CMake build was compiling during this run; the figures are not valid"]
+
+
+def load_warnings() -> list[str]:
+    """Other work on the cores (the 1-minute load average) skews figures: say so. Only
+    meaningful before the run: during it, the benchmark's own threads count."""
+    load = os.getloadavg()[0]
+    if load <= BUSY_LOAD:
+        return []
+    return [f"load average {load:.1f} before the run: other processes were using the cores"]
+
+
+def ensure_llama_server() -> None:
+    if llama_cpp_build.is_built():
+        return
+    if compiling():
+        raise SystemExit("llama.cpp is being built by another process: wait for it to finish")
+    log("building llama.cpp (about 45 minutes on 2 cores, once)")
+    llama_cpp_build.build()
+
+
+# ---- one engine at a time, so only one model is in memory -----------------------------------
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What every engine shares: the GGUF, and prompts as token ids from core's tokenizer
+    (W4's prompts are drawn inside core's W4, from the same tokenizer)."""
+
+    gguf: Path
+    tokenizer: Any
+    w1: Prompts
+    w2: Prompts
+
+    @classmethod
+    def draw(cls, gguf: Path, sizes: Sizes) -> Inputs:
+        from core.tokenizer import Tokenizer
+
+        tokenizer = Tokenizer.from_gguf(gguf)
+        w1, w2 = workloads.w1_prompts(tokenizer, sizes), workloads.w2_prompts(tokenizer, sizes)
+        return cls(gguf, tokenizer, w1, w2)
+
+
+def run_core(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
+    selected = _selected("core", args.workloads)
+    found = _core_offline(selected, sizes, inputs)
+    if "W3" in selected:
+        found["W3"] = _timed("core W3", workloads.core_w3, inputs.gguf, inputs.w1, sizes,
+                             args.threads)  # fmt: skip
+    if "W4" in selected:
+        found["W4"] = _timed("core W4", workloads.core_w4, inputs.gguf, inputs.tokenizer, sizes)
+    return found
+
+
+def _core_offline(selected: Sequence[str], sizes: Sizes, inputs: Inputs) -> dict:
+    """W1 and W2 on one engine, dropped on return (before W4 loads its own)."""
+    found: dict = {}
+    if not {"W1", "W2"} & set(selected):
+        return found
+    llm = workloads.load_core(inputs.gguf)
+    try:
+        if "W1" in selected:
+            found["W1"] = _timed("core W1", workloads.core_w1, llm, inputs.w1, sizes)
+        if "W2" in selected:
+            found["W2"] = _timed("core W2", workloads.core_w2, llm, sizes)
+    finally:
+        llm.engine.shutdown()
+    return found
+
+
+def run_transformers(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
+    from benchmarks import peer_transformers as hf
+
+    selected, found = _selected("transformers", args.workloads), {}
+    model = _timed("transformers load", hf.load, inputs.gguf)
+    if "W1" in selected:
+        found["W1"] = _timed("transformers W1", hf.best_throughput, model, inputs.w1,
+                             sizes.w1_output_len, sizes.transformers_batch_sizes)  # fmt: skip
+    if "W2" in selected:
+        found["W2"] = _timed("transformers W2", hf.single_stream, model, inputs.w2,
+                             sizes.w2_output_len)  # fmt: skip
+    return found
+
+
+def run_llama_cpp(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
+    from benchmarks import peer_llama_cpp as llama
+
+    selected, found = _selected("llama.cpp", args.workloads), {}
+    slots = sizes.server_slots
+    with llama.running_server(inputs.gguf, args.threads, slots) as server:
+        if "W1" in selected:
+            found["W1"] = _timed("llama.cpp W1", workloads.served, server.url, inputs.w1,
+                                 sizes.w1_output_len, slots, server.label)  # fmt: skip
+        if "W2" in selected:
+            found["W2"] = _timed("llama.cpp W2", llama.single_stream, server, inputs.w2,
+                                 sizes.w2_output_len)  # fmt: skip
+        if "W3" in selected:
+            found["W3"] = _timed("llama.cpp W3", workloads.served, server.url, inputs.w1,
+                                 sizes.w1_output_len, sizes.w3_max_concurrency,
+                                 server.label)  # fmt: skip
+    return found
+
+
+RUNNERS = {"core": run_core, "transformers": run_transformers, "llama.cpp": run_llama_cpp}
+
+
+def _selected(engine: str, requested: Sequence[str]) -> list[str]:
+    return [w for w in ENGINE_WORKLOADS[engine] if w in requested]
+
+
+def _timed(label: str, fn: Callable[..., Any], *fn_args: Any) -> Any:
+    log(f"{label} ...")
+    start = time.perf_counter()
+    value = fn(*fn_args)
+    log(f"{label} done in {time.perf_counter() - start:.0f} s")
+    return value
+
+
+# ---- the run -------------------------------------------------------------------------------
+
+
+def versions(engines: Sequence[str]) -> dict[str, str]:
+    import core
+
+    found = {"core": core.__version__, "torch": torch.__version__}
+    if "transformers" in engines:
+        from benchmarks import peer_transformers
+
+        found["transformers"] = peer_transformers.version()
+    if "llama.cpp" in engines:
+        from benchmarks import peer_llama_cpp
+
+        found["llama.cpp"] = f"{peer_llama_cpp.version()} (llama-cpp-python "
+        found["llama.cpp"] += f"{llama_cpp_build.VERSION} sdist)"
+    return found
+
+
+def run(args: argparse.Namespace) -> tuple[report.Results, ceilings.Ceilings, list[str]]:
+    from core.model_loader.resolve import default_model_path
+
+    sizes = workloads.QUICK if args.quick else workloads.FULL
+    warnings = contention_warnings(args.quick)
+    if "llama.cpp" in args.peers and _selected("llama.cpp", args.workloads):
+        ensure_llama_server()
+    gguf = default_model_path()
+    warnings += load_warnings()
+    limits = _timed("ceilings", ceilings.measure, gguf)
+    inputs = Inputs.draw(gguf, sizes)
+    results: report.Results = {w: {} for w in args.workloads}
+    for engine in (e for e in args.peers if _selected(e, args.workloads)):
+        for workload, metrics in RUNNERS[engine](args, sizes, inputs).items():
+            results[workload][engine] = metrics
+    if not args.quick and compiling():
+        warnings.append("a CMake build started during this run; the figures are not valid")
+    return results, limits, warnings
+
+
+def write_outputs(
+    args: argparse.Namespace, argv: Sequence[str], text: str, data: dict[str, Metrics]
+) -> None:
+    if args.output_json:
+        args.output_json.write_text(json.dumps(data, indent=2, default=str) + "\n")
+        log(f"wrote {args.output_json}")
+    results_md = args.results_md or (None if args.quick else DEFAULT_RESULTS_MD)
+    if results_md:
+        given = " ".join(argv)
+        commands = [f"nox -s bench -- {given}".rstrip(" -"), f"python -m benchmarks {given}"]
+        results_md.write_text(report.results_page(text, data["environment"], commands))
+        log(f"wrote {results_md}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)  # children get it through workloads.thread_env
+    results, limits, warnings = run(args)
+    text = report.report_markdown(results, limits, warnings)
+    print(text)
+    data = {
+        "environment": report.environment(versions(args.peers), args.threads),
+        "ceilings": limits.to_dict(),
+        "results": results,
+        "warnings": warnings,
+    }
+    write_outputs(args, argv, text, data)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,324 @@
+"""Turning one run's figures into markdown: the machine's ceilings, a table per workload
+(each figure also as a fraction of its ceiling), the issue's targets as ratios, and the
+RESULTS.md page (date, versions, machine, commands).
+
+`results` is {workload: {engine: metrics}}, as `python -m benchmarks` collects it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import platform
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+from benchmarks.ceilings import Ceilings
+
+Results = dict[str, dict[str, dict[str, Any]]]
+
+# The share of a ceiling the issue's targets ask core to reach.
+CEILING_SHARE = 0.6
+
+
+def fmt(value: float | None) -> str:
+    """A figure with sensible precision; "—" when missing or undefined."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "—"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.1f}" if abs(value) >= 10 else f"{value:.3g}"
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def fraction(value: float | None, ceiling: float) -> str:
+    return "—" if value is None else f"{value / ceiling:.1%}"
+
+
+def ceilings_section(c: Ceilings) -> str:
+    m = c.model
+    rows = [
+        ("memory read bandwidth", f"{fmt(c.read_bandwidth_gb_s)} GB/s"),
+        ("float32 GEMM (2048 x 2048)", f"{fmt(c.gemm_gflop_s)} GFLOP/s"),
+        ("parameters", f"{m.num_params / 1e6:.1f} M"),
+        ("weights: float32 / as in the GGUF", f"{m.fp32_weight_bytes / 1e6:.0f} MB / "
+                                              f"{m.file_weight_bytes / 1e6:.0f} MB"),
+        ("decode bound, fp32 weights (bandwidth / bytes)", f"{fmt(c.decode_tokens_per_s)} tok/s"),
+        ("decode bound, the GGUF's weights", f"{fmt(c.file_decode_tokens_per_s)} tok/s"),
+        ("batched bound (FLOP/s / (2 x params))", f"{fmt(c.batched_tokens_per_s)} tok/s"),
+    ]  # fmt: skip
+    return f"## Ceilings ({c.num_threads} threads)\n\n" + markdown_table(["", ""], rows)
+
+
+# ---- one table per workload -------------------------------------------------------------
+
+
+def w1_section(by_engine: dict[str, dict[str, Any]], c: Ceilings) -> str:
+    rows = [
+        [engine, m["how"], fmt(m["requests_per_s"]), fmt(m["output_tokens_per_s"]),
+         fmt(m["total_tokens_per_s"]), fraction(m["total_tokens_per_s"], c.batched_tokens_per_s)]
+        for engine, m in by_engine.items()
+    ]  # fmt: skip
+    headers = ["engine", "how", "req/s", "output tok/s", "total tok/s", "total / batched bound"]
+    return "## W1: offline throughput\n\n" + markdown_table(headers, rows)
+
+
+def w2_section(by_engine: dict[str, dict[str, Any]], c: Ceilings) -> str:
+    rows = [
+        [engine, m["how"], fmt(m["ttft_ms"]), fmt(m["tpot_ms"]), fmt(m["decode_tokens_per_s"]),
+         fraction(m["decode_tokens_per_s"], c.decode_tokens_per_s),
+         fraction(m["decode_tokens_per_s"], c.file_decode_tokens_per_s)]
+        for engine, m in by_engine.items()
+    ]  # fmt: skip
+    headers = ["engine", "how", "TTFT ms", "TPOT ms", "decode tok/s", "decode / fp32 bound",
+               "decode / GGUF-weights bound"]  # fmt: skip
+    return "## W2: single stream (medians)\n\n" + markdown_table(headers, rows)
+
+
+def w3_section(by_engine: dict[str, dict[str, Any]], c: Ceilings) -> str:
+    rows = [
+        [engine, m["how"], fmt(m["requests_per_s"]), fmt(m["output_tokens_per_s"]),
+         fmt(m["ttft_median_ms"]), fmt(m["ttft_p99_ms"]), fmt(m["itl_median_ms"]),
+         fmt(m["itl_p99_ms"]), fraction(m["total_tokens_per_s"], c.batched_tokens_per_s)]
+        for engine, m in by_engine.items()
+    ]  # fmt: skip
+    headers = ["engine", "how", "req/s", "output tok/s", "TTFT median ms", "TTFT p99 ms",
+               "ITL median ms", "ITL p99 ms", "total / batched bound"]  # fmt: skip
+    return "## W3: serving\n\n" + markdown_table(headers, rows)
+
+
+W4_ROWS = (
+    ("shared prefix: TTFT ms (warm prefix, one request at a time)", "shared_ttft_ms"),
+    ("shared prefix: requests/s", "shared_requests_per_s"),
+    ("shared prefix: output tok/s", "shared_output_tokens_per_s"),
+    ("no shared prefix (0% hits): requests/s", "unshared_requests_per_s"),
+    ("no shared prefix (0% hits): output tok/s", "unshared_output_tokens_per_s"),
+)
+
+
+def spread(values: Sequence[float]) -> float:
+    """Run-to-run spread: (max - min) / median."""
+    return (max(values) - min(values)) / median(values)
+
+
+def summary(runs: Sequence[dict[str, Any]], key: str) -> str:
+    values = [run[key] for run in runs]
+    return f"{fmt(median(values))} (spread {spread(values):.1%}, n={len(values)})"
+
+
+def w4_section(core: dict[str, Any]) -> str:
+    on, off = core["caching_on"], core["caching_off"]
+    rows = [[label, summary(on, key), summary(off, key)] for label, key in W4_ROWS]
+    ideal = core["ideal_hit_fraction"]
+    note = (f"core only. Ideal prefix-cache hit rate of the prompt sets: shared "
+            f"{ideal['shared']:.1%}, unshared {ideal['unshared']:.1%}. Medians over repeats; "
+            "spread = (max - min) / median.")  # fmt: skip
+    table = markdown_table(["", "prefix caching on", "prefix caching off"], rows)
+    return f"## W4: prefix sharing\n\n{note}\n\n{table}"
+
+
+SECTIONS: dict[str, Callable[..., str]] = {"W1": w1_section, "W2": w2_section, "W3": w3_section}
+
+
+def workload_sections(results: Results, c: Ceilings) -> list[str]:
+    sections = [SECTIONS[w](results[w], c) for w in SECTIONS if results.get(w)]
+    if results.get("W4", {}).get("core"):
+        sections.append(w4_section(results["W4"]["core"]))
+    return sections
+
+
+# ---- the issue's targets as ratios --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    detail: str  # the figures the ratio divides
+    ratio: float
+    goal: str
+    met: bool | None  # None: a comparison with no threshold
+
+
+def _metric(results: Results, workload: str, engine: str, key: str) -> float | None:
+    return results.get(workload, {}).get(engine, {}).get(key)
+
+
+def throughput_targets(results: Results, c: Ceilings) -> list[Target]:
+    targets = []
+    total = _metric(results, "W1", "core", "total_tokens_per_s")
+    if total is not None:
+        bound = CEILING_SHARE * c.batched_tokens_per_s
+        targets.append(Target("W1 total tok/s vs 60% of the FLOP bound",
+                              f"{fmt(total)} / {fmt(bound)}", total / bound, ">= 1",
+                              total >= bound))  # fmt: skip
+    output = _metric(results, "W1", "core", "output_tokens_per_s")
+    hf = _metric(results, "W1", "transformers", "output_tokens_per_s")
+    if output is not None and hf is not None:
+        targets.append(Target("W1 output tok/s vs 2x transformers' best batch",
+                              f"{fmt(output)} / (2 x {fmt(hf)})", output / (2 * hf), ">= 1",
+                              output >= 2 * hf))  # fmt: skip
+    llama = _metric(results, "W1", "llama.cpp", "output_tokens_per_s")
+    if output is not None and llama is not None:
+        targets.append(
+            Target(
+                "W1 output tok/s vs llama.cpp (32 slots, via its server)",
+                f"{fmt(output)} / {fmt(llama)}",
+                output / llama,
+                "ratio",
+                None,
+            )
+        )
+    return targets
+
+
+def latency_targets(results: Results, c: Ceilings) -> list[Target]:
+    targets = []
+    decode = _metric(results, "W2", "core", "decode_tokens_per_s")
+    if decode is not None:
+        bound = CEILING_SHARE * c.decode_tokens_per_s
+        targets.append(Target("W2 decode tok/s vs 60% of the bandwidth bound (fp32)",
+                              f"{fmt(decode)} / {fmt(bound)}", decode / bound, ">= 1",
+                              decode >= bound))  # fmt: skip
+    itl_median = _metric(results, "W3", "core", "itl_median_ms")
+    itl_p99 = _metric(results, "W3", "core", "itl_p99_ms")
+    if itl_median is not None and itl_p99 is not None:
+        targets.append(
+            Target(
+                "W3 ITL p99 / median",
+                f"{fmt(itl_p99)} / {fmt(itl_median)} ms",
+                itl_p99 / itl_median,
+                "<= 2",
+                itl_p99 <= 2 * itl_median,
+            )
+        )
+    output = _metric(results, "W3", "core", "output_tokens_per_s")
+    llama = _metric(results, "W3", "llama.cpp", "output_tokens_per_s")
+    if output is not None and llama is not None:
+        targets.append(
+            Target(
+                "W3 output tok/s vs llama.cpp",
+                f"{fmt(output)} / {fmt(llama)}",
+                output / llama,
+                "ratio",
+                None,
+            )
+        )
+    return targets
+
+
+def prefix_targets(results: Results) -> list[Target]:
+    core = results.get("W4", {}).get("core")
+    if not core:
+        return []
+    on, off = core["caching_on"], core["caching_off"]
+    ttft_on = median(run["shared_ttft_ms"] for run in on)
+    ttft_off = median(run["shared_ttft_ms"] for run in off)
+    rate_on = median(run["unshared_requests_per_s"] for run in on)
+    rate_off = median(run["unshared_requests_per_s"] for run in off)
+    return [
+        Target("W4 TTFT speed-up from prefix caching (off / on)",
+               f"{fmt(ttft_off)} / {fmt(ttft_on)} ms", ttft_off / ttft_on, ">= 5",
+               ttft_off >= 5 * ttft_on),
+        Target("W4 0%-hit requests/s, caching on / off",
+               f"{fmt(rate_on)} / {fmt(rate_off)} (spreads {spread_text(on, off)})",
+               rate_on / rate_off, ">= 0.95", rate_on >= 0.95 * rate_off),
+    ]  # fmt: skip
+
+
+def spread_text(on: Sequence[dict[str, Any]], off: Sequence[dict[str, Any]]) -> str:
+    key = "unshared_requests_per_s"
+    return (f"{spread([r[key] for r in on]):.1%} on, "
+            f"{spread([r[key] for r in off]):.1%} off")  # fmt: skip
+
+
+def targets(results: Results, c: Ceilings) -> list[Target]:
+    return [
+        *throughput_targets(results, c),
+        *latency_targets(results, c),
+        *prefix_targets(results),
+    ]
+
+
+def targets_section(found: Sequence[Target]) -> str:
+    verdict = {True: "yes", False: "**no**", None: "—"}
+    rows = [[t.name, t.detail, f"{t.ratio:.2f}", t.goal, verdict[t.met]] for t in found]
+    table = markdown_table(["target", "figures", "ratio", "goal", "met"], rows)
+    return "## Targets (core)\n\n" + table
+
+
+# ---- the whole report and RESULTS.md ----------------------------------------------------------
+
+
+def failure_warnings(results: Results) -> list[str]:
+    """One line per engine and workload whose server failed requests."""
+    return [
+        f"{engine} {workload}: {m['num_failed']} of {m['num_requests']} requests failed "
+        f"({', '.join(m['errors'])})"
+        for workload, by_engine in results.items()
+        for engine, m in by_engine.items()
+        if m.get("num_failed")
+    ]
+
+
+def report_markdown(results: Results, c: Ceilings, warnings: Sequence[str] = ()) -> str:
+    """Warnings (a compiler running during the run, failed requests) first, then every table."""
+    parts = [f"**Warning: {w}**" for w in [*warnings, *failure_warnings(results)]]
+    parts += [targets_section(targets(results, c)), *workload_sections(results, c)]
+    parts.append(ceilings_section(c))
+    return "\n\n".join(parts) + "\n"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def environment(versions: dict[str, str], num_threads: int) -> dict[str, Any]:
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "versions": {"python": platform.python_version(), **versions},
+        "machine": {"nproc": os.cpu_count(), "cpu": cpu_model(), "threads": num_threads},
+    }
+
+
+def results_page(report: str, env: dict[str, Any], commands: Sequence[str]) -> str:
+    """RESULTS.md: when, with what, on what machine, how to rerun, then the report."""
+    versions = ", ".join(f"{name} {v}" for name, v in env["versions"].items())
+    machine = env["machine"]
+    command_lines = "\n".join(f"    {command}" for command in commands)
+    return (
+        "# Benchmark results\n\n"
+        f"Last run: {env['date']}.\n\n"
+        f"Versions: {versions}.\n\n"
+        f"Machine: {machine['cpu']}, nproc {machine['nproc']}; every engine on "
+        f"{machine['threads']} threads.\n\n"
+        f"Commands:\n\n{command_lines}\n\n"
+        f"{report}"
+    )
+
+
+__all__ = [
+    "Results",
+    "Target",
+    "environment",
+    "fmt",
+    "markdown_table",
+    "report_markdown",
+    "results_page",
+    "spread",
+    "targets",
+]
