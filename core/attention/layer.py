@@ -9,12 +9,16 @@ backend runs.
 
 from __future__ import annotations
 
+from functools import partial
+from typing import Any
+
 import torch
 from torch import nn
 
 from core.attention.interface import AttentionBackend, AttentionImpl, AttentionType
 from core.forward_context import get_forward_context
 from core.kv_cache.spec import AttentionSpec, FullAttentionSpec, SlidingWindowSpec
+from core.plugins.components import build_component
 
 
 class Attention(nn.Module):
@@ -41,8 +45,12 @@ class Attention(nn.Module):
         self.impl: AttentionImpl | None = None
         self.kv_cache: torch.Tensor | None = None  # bound by the worker after allocation
 
-    def bind_backend(self, backend: type[AttentionBackend]) -> None:
-        self.impl = backend.get_impl_cls()(
+    def bind_backend(
+        self, backend: type[AttentionBackend], config: dict[str, Any] | None = None
+    ) -> None:
+        """Create this layer's kernel; `config` (--attention-backend-config) adds keywords."""
+        impl = partial(
+            backend.get_impl_cls(),
             self.num_heads,
             self.head_size,
             self.scale,
@@ -50,6 +58,7 @@ class Attention(nn.Module):
             self.sliding_window,
             self.attn_type,
         )
+        self.impl = build_component(impl, config or {}, "--attention-backend-config")
 
     def kv_cache_spec(self, block_size: int, dtype: torch.dtype) -> AttentionSpec:
         """What this layer keeps per block (the worker reports it to the engine)."""

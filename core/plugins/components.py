@@ -13,5 +13,6 @@ def build_component(cls: type[T], kwargs: dict[str, Any], flag: str) -> T:
     try:
         inspect.signature(cls).bind(**kwargs)
     except TypeError as exc:
-        raise ValueError(f"{flag} does not fit {cls.__name__}: {exc}") from exc
+        name = getattr(cls, "__name__", None) or getattr(cls, "func", cls).__name__
+        raise ValueError(f"{flag} does not fit {name}: {exc}") from exc
     return cls(**kwargs)

@@ -88,7 +88,7 @@ class Worker:
         )
         self.attention_backend = choice.backend
         for layer in layers:
-            layer.bind_backend(choice.backend)
+            layer.bind_backend(choice.backend, self.config.components.attention_backend_config)
 
     def attention_layers(self) -> list[Attention]:
         model = self._require(self.model)

@@ -102,3 +102,15 @@ def test_mixed_batch_chunked_prefill_and_cached_prefix_match_transformers(pair):
         ref = reference_logits(reference, driver.reqs[req_id].tokens)[position]
         scale = ref.abs().max()
         assert (got[row] - ref).abs().max() <= 1e-4 * scale, (req_id, position)
+
+
+def test_unknown_attention_backend_config_is_refused_by_the_kernel(tmp_path):
+    from core.config import ComponentConfig
+
+    torch.manual_seed(0)
+    reference = transformers.AutoModelForCausalLM.from_config(CONFIGS["llama"]())
+    reference.save_pretrained(tmp_path)
+    config = EngineConfig(components=ComponentConfig(attention_backend_config={"bogus": 1}))
+    worker = Worker(config, CpuPlatform())
+    with pytest.raises(ValueError, match="--attention-backend-config does not fit TorchRefImpl"):
+        worker.load_model(load_safetensors_checkpoint(tmp_path))
