@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -33,8 +32,8 @@ ENGINE_WORKLOADS = {
     "llama.cpp": ("W1", "W2", "W3"),
 }
 DEFAULT_RESULTS_MD = Path(__file__).parent / "RESULTS.md"
-# A 1-minute load average above this before the run means the cores were shared.
-BUSY_LOAD = 0.5
+# CPU busy share above which, sampled just before the run, the cores count as shared.
+BUSY_SHARE = 0.2
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -86,13 +85,23 @@ def contention_warnings(quick: bool) -> list[str]:
     return ["a CMake build was compiling during this run; the figures are not valid"]
 
 
-def load_warnings() -> list[str]:
-    """Other work on the cores (the 1-minute load average) skews figures: say so. Only
-    meaningful before the run: during it, the benchmark's own threads count."""
-    load = os.getloadavg()[0]
-    if load <= BUSY_LOAD:
+def cpu_times() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs since boot, from /proc/stat's first line."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def busy_warnings(seconds: float = 3.0) -> list[str]:
+    """Other work on the cores skews every figure: sample how busy they are just before
+    the run (during it, the benchmark's own threads would count)."""
+    busy_start, total_start = cpu_times()
+    time.sleep(seconds)
+    busy_end, total_end = cpu_times()
+    share = (busy_end - busy_start) / max(1, total_end - total_start)
+    if share <= BUSY_SHARE:
         return []
-    return [f"load average {load:.1f} before the run: other processes were using the cores"]
+    return [f"the CPUs were {share:.0%} busy before the run: other processes were using them"]
 
 
 def ensure_llama_server() -> None:
@@ -228,7 +237,7 @@ def run(args: argparse.Namespace) -> tuple[report.Results, ceilings.Ceilings, li
     if "llama.cpp" in args.peers and _selected("llama.cpp", args.workloads):
         ensure_llama_server()
     gguf = default_model_path()
-    warnings += load_warnings()
+    warnings += busy_warnings()
     limits = _timed("ceilings", ceilings.measure, gguf)
     inputs = Inputs.draw(gguf, sizes)
     results: report.Results = {w: {} for w in args.workloads}
