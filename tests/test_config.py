@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 from plugin_sources import API
 
-from core.config import parse_size
+from core.config import UsageContext, parse_size
 from core.engine_args import EngineArgs, engine_options
 from core.platforms.cpu import CpuPlatform
 from core.plugins import PluginRegistry
@@ -47,6 +47,23 @@ def test_only_given_options_are_marked_as_set():
     assert config.scheduler.is_user_set("max_num_seqs")
     assert not config.scheduler.is_user_set("max_num_batched_tokens")
     assert not config.compilation.is_user_set("compile_model")
+
+
+def test_serving_on_cpu_defaults_to_a_smaller_token_budget_than_offline():
+    def budget(usage: UsageContext, **kwargs) -> int:
+        config = EngineArgs(**kwargs).create_engine_config(
+            CpuPlatform(), model_max_len=8192, usage=usage
+        )
+        return config.scheduler.max_num_batched_tokens
+
+    platform = CpuPlatform()
+    offline, serving = budget(UsageContext.OFFLINE), budget(UsageContext.SERVING)
+    assert offline == platform.default_max_num_batched_tokens(UsageContext.OFFLINE)
+    assert serving == platform.default_max_num_batched_tokens(UsageContext.SERVING)
+    assert serving < offline
+    assert budget(UsageContext.SERVING, max_num_batched_tokens=4096) == 4096  # user wins
+    # Without chunked prefill a whole prompt must fit one step, whatever the usage.
+    assert budget(UsageContext.SERVING, enable_chunked_prefill=False) == 8192
 
 
 def test_adjust_config_hook_fills_defaults_but_not_user_flags(site):

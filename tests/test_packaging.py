@@ -1,4 +1,4 @@
-"""All seven distributions build wheels that carry their entry points and API declaration."""
+"""All eight distributions build wheels that carry their entry points and API declaration."""
 
 from __future__ import annotations
 
@@ -21,6 +21,11 @@ DISTRIBUTIONS = {
     "core-quant-awq": ("plugins/quant_awq", "core_quant_awq", []),
     "core-lora": ("plugins/lora", "core_lora", []),
     "core-spec-decode": ("plugins/spec_decode", "core_spec_decode", []),
+    "core-cpu-kernels": (
+        "plugins/cpu_kernels",
+        "core_cpu_kernels",
+        ["cpu_paged = core_cpu_kernels.backend:CpuPagedBackend"],
+    ),
 }
 
 
@@ -29,7 +34,9 @@ def wheels(tmp_path_factory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("wheels")
     # Build from copies: setuptools writes *.egg-info into the source tree, and a stale one
     # at the repository root would shadow the installed metadata (and its entry points).
-    ignore = shutil.ignore_patterns(".git", ".nox", "tests", "plugins", "benchmarks", "*.egg-info")
+    ignore = shutil.ignore_patterns(
+        ".git", ".nox", "tests", "plugins", "benchmarks", "*.egg-info", "build", "*.so"
+    )
     sources = []
     for name, (source, _, _) in DISTRIBUTIONS.items():
         copy = tmp_path_factory.mktemp("src") / name
@@ -53,6 +60,8 @@ def test_wheel_carries_package_metadata_and_entry_points(wheels, name):
         entries = wheel.read(entry_file).decode() if entry_file else ""
         init = wheel.read(f"{package}/__init__.py").decode()
     assert f"Name: {name}" in metadata
+    if name == "core-cpu-kernels":  # compiled while the wheel was built, not shipped as source
+        assert any(f.startswith("core_cpu_kernels/_C") and f.endswith(".so") for f in files)
     for line in entry_lines:
         assert line in entries
     if name != "core":

@@ -14,6 +14,7 @@ import itertools
 import logging
 from collections.abc import AsyncIterator, Callable
 
+from core.config import UsageContext
 from core.engine.core_client import EngineCoreClient, EngineDeadError
 from core.engine.output_processor import OutputProcessor, RequestOutputKind
 from core.engine.processor import EngineSetup, InputProcessor, PreparedRequest
@@ -40,7 +41,7 @@ class AsyncLLM:
     @classmethod
     async def start(cls, engine_args: EngineArgs) -> AsyncLLM:
         """Resolve the configuration, spawn the engine core, return once it is ready."""
-        engine = cls(EngineSetup.from_engine_args(engine_args))
+        engine = cls(EngineSetup.from_engine_args(engine_args, UsageContext.SERVING))
         try:
             info = await engine.client.start()
         except BaseException:

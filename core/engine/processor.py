@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from core.config import EngineConfig
+from core.config import EngineConfig, UsageContext
 from core.engine.protocol import EngineCoreRequest
 from core.engine_args import EngineArgs
 from core.model_loader import Checkpoint, resolve_model
@@ -57,7 +57,9 @@ class EngineSetup:
     hooks: Any
 
     @classmethod
-    def from_engine_args(cls, engine_args: EngineArgs) -> EngineSetup:
+    def from_engine_args(
+        cls, engine_args: EngineArgs, usage: UsageContext = UsageContext.OFFLINE
+    ) -> EngineSetup:
         registry = get_registry()
         registry.run_general_plugins()
         choice = select_platform(registry, engine_args.device)
@@ -65,7 +67,7 @@ class EngineSetup:
         checkpoint = resolve_model(engine_args.model)
         arch = ArchConfig.from_hf(checkpoint.hf_config)
         config = engine_args.create_engine_config(
-            choice.platform, hooks, model_max_len=arch.max_position_embeddings
+            choice.platform, hooks, model_max_len=arch.max_position_embeddings, usage=usage
         )
         return cls(config, choice.platform, checkpoint, hooks)
 

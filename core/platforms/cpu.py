@@ -7,7 +7,10 @@ from typing import Any
 
 import torch
 
+from core.config import UsageContext
 from core.platforms.interface import MemoryInfo, Platform
+
+SERVING_TOKEN_BUDGET = 256
 
 
 def probe() -> str:
@@ -27,7 +30,14 @@ class CpuPlatform(Platform):
     device_name = "CPU"
     dist_backend = "gloo"
     supported_dtypes = (torch.float32, torch.bfloat16, torch.float16)
-    preferred_attention_backends = ("torch_ref",)
+    # cpu_paged comes with the optional core-cpu-kernels plugin; without it, torch_ref.
+    preferred_attention_backends = ("cpu_paged", "torch_ref")
+
+    def default_max_num_batched_tokens(self, usage: UsageContext) -> int:
+        # A CPU step costs about as much per prefill token as per decode row, so a big
+        # prefill chunk stalls every stream beside it: when serving, keep each step's
+        # prefill share near the decode batch (measured: benchmarks/RESULTS.md, W3).
+        return SERVING_TOKEN_BUDGET if usage is UsageContext.SERVING else 2048
 
     def memory_info(self) -> MemoryInfo:
         return MemoryInfo(_meminfo("MemTotal"), _meminfo("MemAvailable"))

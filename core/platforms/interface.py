@@ -15,6 +15,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from core.config import UsageContext
+
 
 class Unavailable(Exception):
     """Raised by a platform probe: this platform cannot run here, and why."""
@@ -64,6 +66,14 @@ class Platform(ABC):
     @property
     def default_dtype(self) -> torch.dtype:
         return self.supported_dtypes[0]
+
+    def default_max_num_batched_tokens(self, usage: UsageContext) -> int:
+        """The per-step token budget when the user sets none (with chunked prefill).
+
+        Larger budgets make prefill matmuls more efficient; smaller ones bound how long a
+        step carrying prefill chunks stalls the requests decoding beside it.
+        """
+        return 2048
 
     def torch_device(self, local_rank: int = 0) -> torch.device:
         """The torch device a worker of `local_rank` computes on."""

@@ -8,12 +8,14 @@ sampled position's logits must match transformers' within 1e-4 of the logit scal
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 import transformers
 from step_driver import RecordingSampler, StepDriver
 
-from core.config import EngineConfig
+from core.config import ComponentConfig, EngineConfig
 from core.kv_cache.grouping import kv_cache_config_for_blocks
 from core.model_loader import load_safetensors_checkpoint
 from core.platforms.cpu import CpuPlatform
@@ -46,16 +48,37 @@ CONFIGS = {
 }
 
 
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+BACKENDS = [
+    "torch_ref",
+    pytest.param(
+        "cpu_paged",
+        marks=pytest.mark.skipif(
+            not _installed("core_cpu_kernels"), reason="core-cpu-kernels is not installed"
+        ),
+    ),
+]
+
+
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
-def pair(request, tmp_path_factory):
-    """(our Worker, the transformers model) for one architecture, same weights."""
+def arch(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def pair(request, arch, tmp_path_factory):
+    """(our Worker on one attention backend, the transformers model), same weights."""
     torch.manual_seed(0)
     reference = transformers.AutoModelForCausalLM.from_config(
-        CONFIGS[request.param](), attn_implementation="eager", dtype=torch.float32
+        CONFIGS[arch](), attn_implementation="eager", dtype=torch.float32
     ).eval()
-    path = tmp_path_factory.mktemp(request.param)
+    path = tmp_path_factory.mktemp(arch)
     reference.save_pretrained(path)
-    worker = Worker(EngineConfig(), CpuPlatform())
+    config = EngineConfig(components=ComponentConfig(attention_backend=request.param))
+    worker = Worker(config, CpuPlatform())
     worker.load_model(load_safetensors_checkpoint(path))
     worker.initialize_kv_cache(kv_cache_config_for_blocks(worker.get_kv_cache_spec(), 64))
     worker.runner.sampler = RecordingSampler(worker.runner.sampler)
@@ -105,12 +128,14 @@ def test_mixed_batch_chunked_prefill_and_cached_prefix_match_transformers(pair):
 
 
 def test_unknown_attention_backend_config_is_refused_by_the_kernel(tmp_path):
-    from core.config import ComponentConfig
-
     torch.manual_seed(0)
     reference = transformers.AutoModelForCausalLM.from_config(CONFIGS["llama"]())
     reference.save_pretrained(tmp_path)
-    config = EngineConfig(components=ComponentConfig(attention_backend_config={"bogus": 1}))
+    config = EngineConfig(
+        components=ComponentConfig(
+            attention_backend="torch_ref", attention_backend_config={"bogus": 1}
+        )
+    )
     worker = Worker(config, CpuPlatform())
     with pytest.raises(ValueError, match="--attention-backend-config does not fit TorchRefImpl"):
         worker.load_model(load_safetensors_checkpoint(tmp_path))

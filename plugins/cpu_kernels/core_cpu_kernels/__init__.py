@@ -1,0 +1,3 @@
+"""C++ CPU kernels for core. Kept import-light: core reads CORE_PLUGIN_API here."""
+
+CORE_PLUGIN_API = ">=1.0,<2"

@@ -1,0 +1,46 @@
+"""`cpu_paged`: the reference backend with decode attention done by a C++ kernel.
+
+Decode rows dominate serving steps; the kernel reads each sequence's keys and values once,
+straight from the paged cache, instead of gathering them into a dense copy for SDPA.
+Prefill chunks are GEMM-shaped work that SDPA already does well, so they stay on the
+reference path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from core.attention.backends.torch_ref import DecodeBatch, TorchRefBackend, TorchRefImpl
+from core.attention.interface import AttentionCapabilities, AttentionImpl
+from core_cpu_kernels import _C  # import after torch: the module links against libtorch
+
+
+class CpuPagedImpl(TorchRefImpl):
+    def _decode(
+        self, q: torch.Tensor, kv_cache: torch.Tensor, decode: DecodeBatch
+    ) -> torch.Tensor:  # q: [B, Hq, D] -> [B, Hq, D]
+        q = q.contiguous()
+        out = torch.empty_like(q)
+        _C.paged_decode_attention(
+            out,
+            q,
+            kv_cache,
+            decode.block_table,
+            decode.seq_lens[:, 0].contiguous(),
+            self.scale,
+            self.sliding_window or 0,
+        )
+        return out
+
+
+class CpuPagedBackend(TorchRefBackend):
+    name = "cpu_paged"
+    capabilities = AttentionCapabilities(
+        dtypes=frozenset({torch.float32, torch.float16, torch.bfloat16}),
+        # The kernel is compiled for these head sizes (so its loops fully unroll).
+        head_sizes=frozenset({16, 32, 64, 80, 96, 128, 256}),
+    )
+
+    @staticmethod
+    def get_impl_cls() -> type[AttentionImpl]:
+        return CpuPagedImpl

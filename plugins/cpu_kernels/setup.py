@@ -1,0 +1,31 @@
+"""Builds the C++ kernels with torch's extension tooling against the installed torch.
+
+Install with `pip install --no-build-isolation`, after torch: an isolated build would
+resolve its own (unpinned) torch, and the module must match the torch it runs with.
+"""
+
+from setuptools import setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+setup(
+    ext_modules=[
+        CppExtension(
+            "core_cpu_kernels._C",
+            ["core_cpu_kernels/csrc/paged_attention.cpp"],
+            # -fopenmp: at::parallel_for is inlined here and runs on OpenMP; the runtime
+            # resolves to the libgomp torch has already loaded.
+            # Reassociation lets dot products end in a vector tree instead of 16 serial
+            # adds; the kernels never rely on signed zeros, traps or errno.
+            extra_compile_args=[
+                "-O3",
+                "-fopenmp",
+                "-fno-math-errno",
+                "-fno-trapping-math",
+                "-fno-signed-zeros",
+                "-fassociative-math",
+            ],
+            extra_link_args=["-fopenmp"],
+        )
+    ],
+    cmdclass={"build_ext": BuildExtension},
+)
