@@ -127,17 +127,19 @@ class TorchRefImpl(AttentionImpl):
             mask = k_pos <= q_pos  # [q_len, seq_len]
             if self.sliding_window is not None:
                 mask &= q_pos - k_pos < self.sliding_window
+        # 4-D inputs: on a CPU, SDPA's flash kernel takes only those (3-D ones fall back to
+        # the unfused math path, ~5x slower on long prompts).
         out = F.scaled_dot_product_attention(
-            q.transpose(0, 1),  # [Hq, q_len, D]
-            k.transpose(0, 1),  # [Hkv, seq_len, D]
-            v.transpose(0, 1),
+            q.transpose(0, 1)[None],  # [1, Hq, q_len, D]
+            k.transpose(0, 1)[None],  # [1, Hkv, seq_len, D]
+            v.transpose(0, 1)[None],
             attn_mask=mask,
             # A plain causal square lets SDPA skip the masked half instead of reading a mask.
             is_causal=mask is None,
             scale=self.scale,
             enable_gqa=self.num_heads != self.num_kv_heads,
         )
-        return out.transpose(0, 1)
+        return out[0].transpose(0, 1)
 
     def _decode(
         self, q: torch.Tensor, kv_cache: torch.Tensor, decode: DecodeBatch
