@@ -24,10 +24,13 @@ from benchmarks import ceilings, llama_cpp_build, report, workloads
 from benchmarks.workloads import Metrics, Prompts, Sizes
 
 WORKLOADS = ("W1", "W2", "W3", "W4")
-ENGINES = ("core", "transformers", "llama.cpp")
+ENGINES = ("core", "core-fp32", "transformers", "llama.cpp")
 # Which workloads each engine takes part in (W4 measures core's own prefix cache).
+# "core" runs at the platform's default dtype (bfloat16 on AMX CPUs); "core-fp32" repeats
+# the offline workloads in float32, the peers' precision, for a like-for-like comparison.
 ENGINE_WORKLOADS = {
     "core": WORKLOADS,
+    "core-fp32": ("W1", "W2"),
     "transformers": ("W1", "W2"),
     "llama.cpp": ("W1", "W2", "W3"),
 }
@@ -146,17 +149,24 @@ def run_core(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
     return found
 
 
-def _core_offline(selected: Sequence[str], sizes: Sizes, inputs: Inputs) -> dict:
+def run_core_fp32(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
+    return _core_offline(_selected("core-fp32", args.workloads), sizes, inputs, "float32")
+
+
+def _core_offline(
+    selected: Sequence[str], sizes: Sizes, inputs: Inputs, dtype: str = "auto"
+) -> dict:
     """W1 and W2 on one engine, dropped on return (before W4 loads its own)."""
     found: dict = {}
     if not {"W1", "W2"} & set(selected):
         return found
-    llm = workloads.load_core(inputs.gguf)
+    llm = workloads.load_core(inputs.gguf, dtype=dtype)
+    label = f"core ({dtype})"
     try:
         if "W1" in selected:
-            found["W1"] = _timed("core W1", workloads.core_w1, llm, inputs.w1, sizes)
+            found["W1"] = _timed(f"{label} W1", workloads.core_w1, llm, inputs.w1, sizes)
         if "W2" in selected:
-            found["W2"] = _timed("core W2", workloads.core_w2, llm, sizes)
+            found["W2"] = _timed(f"{label} W2", workloads.core_w2, llm, sizes)
     finally:
         llm.engine.shutdown()
     return found
@@ -195,7 +205,12 @@ def run_llama_cpp(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dic
     return found
 
 
-RUNNERS = {"core": run_core, "transformers": run_transformers, "llama.cpp": run_llama_cpp}
+RUNNERS = {
+    "core": run_core,
+    "core-fp32": run_core_fp32,
+    "transformers": run_transformers,
+    "llama.cpp": run_llama_cpp,
+}
 
 
 def _selected(engine: str, requested: Sequence[str]) -> list[str]:

@@ -141,14 +141,19 @@ def load_core(gguf_path: Path, **engine_args: Any) -> LLM:
 
 def core_w1(llm: LLM, prompts: Prompts, sizes: Sizes) -> Metrics:
     result = benchmark_throughput(llm, prompts, sizes.w1_output_len)
-    return {**result.to_dict(), "how": "LLM.generate, all requests at once"}
+    return {**result.to_dict(), "how": f"LLM.generate, all requests at once, {_dtype(llm)}"}
 
 
 def core_w2(llm: LLM, sizes: Sizes) -> Metrics:
     result = benchmark_latency(
         llm, sizes.w2_input_len, sizes.w2_output_len, num_iters=sizes.w2_num_iters, warmup=W2_WARMUP
     )
-    return {**latency_metrics(result), "how": "LLM.generate, one request at a time"}
+    return {**latency_metrics(result), "how": f"LLM.generate, one request at a time, {_dtype(llm)}"}
+
+
+def _dtype(llm: LLM) -> str:
+    """The dtype the engine computes in (the platform's default unless one was asked for)."""
+    return str(llm.engine.core.executor.worker.dtype).removeprefix("torch.")
 
 
 def latency_metrics(result: LatencyResult) -> Metrics:

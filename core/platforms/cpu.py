@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -19,10 +20,12 @@ def probe() -> str:
 
 
 class CpuPlatform(Platform):
-    """Runs everything on the host CPU in float32 by default.
+    """Runs everything on the host CPU: bfloat16 where the CPU multiplies it natively
+    (AMX), float32 elsewhere.
 
-    float32 is the default because on CPUs without AVX-512 PyTorch's bf16 and low-bit
-    matmuls are orders of magnitude slower than its float32 GEMM.
+    Measured with 2 threads: on an AMX Xeon, torch's bf16 matmul runs 3-7x faster than
+    fp32 at batch 64 (W1 1.8x end to end) and no slower for single-stream decode; on CPUs
+    without it (e.g. Zen 3) bf16 matmuls are orders of magnitude slower than fp32 GEMM.
     """
 
     name = "cpu"
@@ -32,6 +35,10 @@ class CpuPlatform(Platform):
     supported_dtypes = (torch.float32, torch.bfloat16, torch.float16)
     # cpu_paged comes with the optional core-cpu-kernels plugin; without it, torch_ref.
     preferred_attention_backends = ("cpu_paged", "torch_ref")
+
+    @property
+    def default_dtype(self) -> torch.dtype:
+        return torch.bfloat16 if "amx_bf16" in cpu_flags() else torch.float32
 
     def default_max_num_batched_tokens(self, usage: UsageContext) -> int:
         # A CPU step costs about as much per prefill token as per decode row, so a big
@@ -57,6 +64,19 @@ class CpuPlatform(Platform):
     def torch_device(self, local_rank: int = 0) -> torch.device:
         # One host, one "device": every rank of a CPU run shares it.
         return torch.device("cpu")
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
 
 
 def _meminfo(field: str) -> int:

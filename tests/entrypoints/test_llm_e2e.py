@@ -30,6 +30,11 @@ def make_prompts(count: int) -> list[str]:
     return [" ".join(rng.choices(SENTENCES, k=rng.randint(1, 6))) for _ in range(count)]
 
 
+# The determinism policy (and the transformers reference) is float32's, whatever the
+# platform's default dtype.
+DTYPE = "float32"
+
+
 @pytest.fixture(scope="module")
 def prompts() -> list[str]:
     return make_prompts(64)
@@ -37,14 +42,14 @@ def prompts() -> list[str]:
 
 @pytest.fixture(scope="module")
 def alone(prompts) -> list[list[int]]:
-    llm = LLM(max_num_seqs=1, max_model_len=512, kv_cache_memory="64MiB")
+    llm = LLM(max_num_seqs=1, max_model_len=512, kv_cache_memory="64MiB", dtype=DTYPE)
     params = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
     return [llm.generate(p, params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
 
 
 def test_batched_greedy_under_preemption_equals_each_prompt_alone(prompts, alone):
     # ~42 blocks of 16 tokens: far less than 16 running requests of up to ~130 tokens need.
-    llm = LLM(max_num_seqs=16, max_model_len=512, kv_cache_memory="30MiB")
+    llm = LLM(max_num_seqs=16, max_model_len=512, kv_cache_memory="30MiB", dtype=DTYPE)
     params = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
     outputs = llm.generate(prompts, params, use_tqdm=False)
     assert llm.engine.core.scheduler.num_preemptions > 0

@@ -129,3 +129,21 @@ def test_unknown_quantization_method_lists_the_installed_ones(site):
     site.add("acme-quant", {QUANTIZATION: {"acme": "acme_quant.config:AcmeConfig"}}, QUANT_PLUGIN)
     with pytest.raises(ValueError, match=r"'gptq' is not installed; installed: \['acme'\]"):
         get_quantization_config_class("gptq", discover())
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_dense_linear_matches_f_linear_in_bfloat16(rows, bias):
+    # A single 16-bit row takes torch.mv (faster on CPUs); it must compute the same thing.
+    from core.quantization.unquantized import dense_linear
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, 64, generator=gen).bfloat16()
+    weight = torch.randn(32, 64, generator=gen).bfloat16()
+    b = torch.randn(32, generator=gen).bfloat16() if bias else None
+    got = dense_linear(x, weight, b)
+    assert got.shape == (rows, 32) and got.dtype == torch.bfloat16
+    expected = torch.nn.functional.linear(
+        x.float(), weight.float(), None if b is None else b.float()
+    )
+    torch.testing.assert_close(got.float(), expected, atol=0.1, rtol=0.02)

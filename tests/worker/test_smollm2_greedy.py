@@ -8,7 +8,7 @@ import torch
 from determinism import assert_greedy_equivalent
 from step_driver import StepDriver
 
-from core.config import EngineConfig
+from core.config import EngineConfig, ModelConfig
 from core.kv_cache.grouping import kv_cache_config_for_blocks
 from core.model_loader.resolve import default_model_path, resolve_model
 from core.platforms.cpu import CpuPlatform
@@ -36,7 +36,7 @@ def prompts_ids() -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def ours(prompts_ids) -> list[list[int]]:
-    worker = Worker(EngineConfig(), CpuPlatform())
+    worker = Worker(EngineConfig(model=ModelConfig(dtype="float32")), CpuPlatform())
     worker.load_model(resolve_model(None))
     worker.initialize_kv_cache(kv_cache_config_for_blocks(worker.get_kv_cache_spec(), 64))
     driver = StepDriver(worker)

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from core.quantization.unquantized import dense_linear
+
 
 class VocabEmbedding(nn.Module):
     """Token ids -> embedding rows."""
@@ -45,4 +47,4 @@ class LMHead(nn.Module):
             )
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
-        return F.linear(hidden, self.weight)
+        return dense_linear(hidden, self.weight)
