@@ -11,7 +11,7 @@ import torch
 from core.config import UsageContext
 from core.platforms.interface import MemoryInfo, Platform
 
-SERVING_TOKEN_BUDGET = 96
+SERVING_TOKEN_BUDGET = 64
 
 
 def probe() -> str:
@@ -42,9 +42,9 @@ class CpuPlatform(Platform):
 
     def default_max_num_batched_tokens(self, usage: UsageContext) -> int:
         # A CPU step costs about as much per prefill token as per decode row, so a big
-        # prefill chunk stalls every stream beside it. W3 (32 streams, SmolLM2, 2 cores):
-        # budget 2048 -> ITL p99/median 5.6; 256 -> 3.7; 128 -> 2.0; 96 -> 1.75 at the
-        # same output tok/s (146). Offline runs keep big, efficient prefill steps.
+        # prefill chunk stalls every stream beside it. W3 (32 streams, SmolLM2, 2 cores,
+        # bf16 on AMX): budget 128 -> ITL p99/median 2.06, 96 -> 2.01, 64 -> 1.87 (output
+        # 200, 211, 193 tok/s; median TTFT 2.0, 2.3, 4.4 s). Offline keeps big prefill steps.
         return SERVING_TOKEN_BUDGET if usage is UsageContext.SERVING else 2048
 
     def memory_info(self) -> MemoryInfo:
