@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from benchmarks import ceilings, llama_cpp_build, report, workloads
+from benchmarks import ceilings, llama_cpp_build, report, step_anatomy, workloads
 from benchmarks.workloads import Metrics, Prompts, Sizes
 
 WORKLOADS = ("W1", "W2", "W3", "W4")
@@ -165,6 +165,7 @@ def _core_offline(
     try:
         if "W1" in selected:
             found["W1"] = _timed(f"{label} W1", workloads.core_w1, llm, inputs.w1, sizes)
+            found["W1"]["step_anatomy"] = _timed(f"{label} step anatomy", step_anatomy.measure, llm)
         if "W2" in selected:
             found["W2"] = _timed(f"{label} W2", workloads.core_w2, llm, sizes)
     finally:

@@ -126,11 +126,35 @@ def w4_section(core: dict[str, Any]) -> str:
     return f"## W4: prefix sharing\n\n{note}\n\n{table}"
 
 
+STEP_PHASES = (
+    ("scheduling (schedule)", "schedule_ms"),
+    ("input preparation (states, inputs, attention metadata)", "inputs_ms"),
+    ("forward", "forward_ms"),
+    ("logits", "logits_ms"),
+    ("sampling", "sample_ms"),
+    ("scheduler bookkeeping (update_from_output)", "update_ms"),
+    ("whole step", "step_ms"),
+)
+
+
+def step_anatomy_section(by_engine: dict[str, dict[str, Any]]) -> str:
+    engines = [e for e, m in by_engine.items() if "step_anatomy" in m]
+    rows = [
+        [label, *(fmt(by_engine[e]["step_anatomy"][key]) for e in engines)]
+        for label, key in STEP_PHASES
+    ]
+    batch = by_engine[engines[0]]["step_anatomy"]["batch"]
+    note = f"Milliseconds per decode step with {batch} requests decoding (W1's engine)."
+    return f"## Step anatomy\n\n{note}\n\n" + markdown_table(["phase", *engines], rows)
+
+
 SECTIONS: dict[str, Callable[..., str]] = {"W1": w1_section, "W2": w2_section, "W3": w3_section}
 
 
 def workload_sections(results: Results, c: Ceilings) -> list[str]:
     sections = [SECTIONS[w](results[w], c) for w in SECTIONS if results.get(w)]
+    if any("step_anatomy" in m for m in results.get("W1", {}).values()):
+        sections.insert(1, step_anatomy_section(results["W1"]))
     if results.get("W4", {}).get("core"):
         sections.append(w4_section(results["W4"]["core"]))
     return sections
@@ -179,6 +203,12 @@ def throughput_targets(results: Results, c: Ceilings, engine: str = "core") -> l
     if output is not None and llama is not None:
         targets.append(_versus(f"{engine} W1 output tok/s vs llama.cpp (32 slots, its server)",
                                output, llama))  # fmt: skip
+    anatomy = _metric(results, "W1", engine, "step_anatomy")
+    if anatomy is not None:
+        share = anatomy["scheduling_and_inputs_share"]
+        targets.append(Target(f"{engine} scheduling + input preparation share of a step "
+                              f"(batch {anatomy['batch']})", f"{share:.1%}", share / 0.1,
+                              "<= 1 (10%)", share <= 0.1))  # fmt: skip
     decode = _metric(results, "W2", engine, "decode_tokens_per_s")
     if decode is not None:
         bound = CEILING_SHARE * c.decode_tokens_per_s

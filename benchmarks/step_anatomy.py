@@ -1,0 +1,94 @@
+"""Where a decode step's time goes at batch 32: scheduling, input preparation, the model's
+forward, logits and sampling, and the scheduler's bookkeeping of the outputs.
+
+Each phase is timed by wrapping the engine's own methods on one engine instance (nothing
+is changed for other engines); steps are measured once every request is decoding.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from core.entrypoints.bench.datasets import synthetic_prompts
+from core.entrypoints.llm import LLM
+from core.sampling_params import SamplingParams
+
+BATCH, INPUT_LEN, NUM_STEPS = 32, 128, 30
+
+# phase -> (object path from the EngineCore, method names)
+PHASES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "schedule": ("scheduler", ("schedule",)),
+    "inputs": ("runner", ("_update_states", "_prepare_inputs", "_attention_metadata")),
+    "forward": ("model", ("forward",)),
+    "sample": ("runner", ("_sample",)),
+    "logits": ("model", ("compute_logits",)),
+    "update": ("scheduler", ("update_from_output",)),
+}
+
+
+def measure(llm: LLM, seed: int = 7) -> dict[str, float]:
+    """Milliseconds per decode step by phase at BATCH requests, and the share outside the
+    forward spent scheduling and preparing inputs."""
+    engine = llm.engine
+    prompts = synthetic_prompts(engine.tokenizer, BATCH, INPUT_LEN, seed=seed)
+    params = SamplingParams(max_tokens=NUM_STEPS + 8, temperature=0.0, ignore_eos=True)
+    for prompt in prompts:
+        engine.add_request(engine.new_request_id(), prompt, params)
+    while _num_prefilling(engine) > 0:
+        engine.step()
+    totals: dict[str, float] = defaultdict(float)
+    restore = _instrument(engine, totals)
+    try:
+        start = time.perf_counter()
+        for _ in range(NUM_STEPS):
+            engine.step()
+        totals["step"] = time.perf_counter() - start
+    finally:
+        restore()
+    while engine.has_unfinished_requests():
+        engine.step()
+    per_step = {f"{k}_ms": v * 1000 / NUM_STEPS for k, v in totals.items()}
+    outside = per_step["schedule_ms"] + per_step["inputs_ms"] + per_step["update_ms"]
+    return {
+        "batch": BATCH,
+        **per_step,
+        "scheduling_and_inputs_share": outside / per_step["step_ms"],
+    }
+
+
+def _num_prefilling(engine: Any) -> int:
+    scheduler = engine.core.scheduler
+    return len(scheduler.waiting) + sum(
+        r.num_computed_tokens < r.num_prompt_tokens for r in scheduler.running
+    )
+
+
+def _instrument(engine: Any, totals: dict[str, float]) -> Callable[[], None]:
+    runner = engine.core.executor.worker.runner
+    owners = {"scheduler": engine.core.scheduler, "runner": runner, "model": runner.model}
+    wrapped: list[tuple[Any, str]] = []
+    for phase, (owner_name, methods) in PHASES.items():
+        owner = owners[owner_name]
+        for name in methods:
+            setattr(owner, name, _timed(getattr(owner, name), phase, totals))
+            wrapped.append((owner, name))
+
+    def restore() -> None:
+        for owner, name in wrapped:
+            delattr(owner, name)  # the class's method shows through again
+
+    return restore
+
+
+def _timed(fn: Callable[..., Any], phase: str, totals: dict[str, float]) -> Callable[..., Any]:
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            totals[phase] += time.perf_counter() - start
+
+    return timed
