@@ -91,6 +91,24 @@ CORE_INLINE void for_each_token(const T* cache, const CacheStrides& s, const Tas
   }
 }
 
+// Calls fn(i, h, x) for every visible token i and query head h, with x the token's K
+// (kv = 0) or V (kv = 1) row of h's KV head in float: the walk both passes share. Each
+// row is converted once and used by the whole GQA group.
+template <int64_t D, typename T, typename Fn>
+CORE_INLINE void for_each_head_row(const T* cache, const CacheStrides& s, const Task& t,
+                                   const Heads& heads, int64_t block_size, int64_t kv,
+                                   Fn&& fn) {
+  for_each_token(cache, s, t, block_size, kv, [&](int64_t i, const T* row)
+                                                  __attribute__((always_inline)) {
+    for (int64_t kv_head = 0; kv_head < heads.num_kv_heads; ++kv_head) {
+      float x[D];
+      const T* src = row + kv_head * s.head;
+      for (int64_t d = 0; d < D; ++d) x[d] = to_float(src[d]);
+      for (int64_t h = kv_head * heads.group; h < (kv_head + 1) * heads.group; ++h) fn(i, h, x);
+    }
+  });
+}
+
 // scores[h * n + i] = scale * q[h] . key(start + i) for every query head h; D is a
 // template argument so the dot products unroll into a few vector FMAs.
 template <int64_t D, typename T>
@@ -98,21 +116,15 @@ CORE_MULTIVERSION void key_scores(const float* q, const T* cache, const CacheStr
                                   const Task& t, const Heads& heads, int64_t block_size,
                                   float scale, float* scores) {
   const int64_t n = t.seq_len - t.start;
-  for_each_token(cache, s, t, block_size, 0, [&](int64_t i, const T* row)
-                                                 __attribute__((always_inline)) {
-    for (int64_t kv_head = 0; kv_head < heads.num_kv_heads; ++kv_head) {
-      float key[D];
-      const T* k = row + kv_head * s.head;
-      for (int64_t d = 0; d < D; ++d) key[d] = to_float(k[d]);
-      for (int64_t h = kv_head * heads.group; h < (kv_head + 1) * heads.group; ++h) {
-        const float* qh = q + h * D;
-        float dot = 0.f;
+  for_each_head_row<D>(cache, s, t, heads, block_size, 0,
+                       [&](int64_t i, int64_t h, const float* key)
+                           __attribute__((always_inline)) {
+                             const float* qh = q + h * D;
+                             float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-        for (int64_t d = 0; d < D; ++d) dot += qh[d] * key[d];
-        scores[h * n + i] = dot * scale;
-      }
-    }
-  });
+                             for (int64_t d = 0; d < D; ++d) dot += qh[d] * key[d];
+                             scores[h * n + i] = dot * scale;
+                           });
 }
 
 // Each query head's scores become its softmax weights, in place.
@@ -139,20 +151,14 @@ CORE_MULTIVERSION void weighted_values(const float* weights, const T* cache,
                                        const Heads& heads, int64_t block_size, float* acc) {
   const int64_t n = t.seq_len - t.start;
   std::fill(acc, acc + heads.num_kv_heads * heads.group * D, 0.f);
-  for_each_token(cache, s, t, block_size, 1, [&](int64_t i, const T* row)
-                                                 __attribute__((always_inline)) {
-    for (int64_t kv_head = 0; kv_head < heads.num_kv_heads; ++kv_head) {
-      float value[D];
-      const T* v = row + kv_head * s.head;
-      for (int64_t d = 0; d < D; ++d) value[d] = to_float(v[d]);
-      for (int64_t h = kv_head * heads.group; h < (kv_head + 1) * heads.group; ++h) {
-        const float w = weights[h * n + i];
-        float* ah = acc + h * D;
+  for_each_head_row<D>(cache, s, t, heads, block_size, 1,
+                       [&](int64_t i, int64_t h, const float* value)
+                           __attribute__((always_inline)) {
+                             const float w = weights[h * n + i];
+                             float* ah = acc + h * D;
 #pragma omp simd
-        for (int64_t d = 0; d < D; ++d) ah[d] += w * value[d];
-      }
-    }
-  });
+                             for (int64_t d = 0; d < D; ++d) ah[d] += w * value[d];
+                           });
 }
 
 template <int64_t D, typename T>
