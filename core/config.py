@@ -81,6 +81,10 @@ class CacheConfig(_Config):
     watermark: float = Field(default=0.01, ge=0.0, lt=1.0)
 
 
+# Tokens per step when neither the user nor the platform gives a budget.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+
+
 class SchedulerConfig(_Config):
     max_num_seqs: int = Field(default=64, ge=1)
     max_num_batched_tokens: int | None = Field(default=None, ge=1)

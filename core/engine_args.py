@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from core.config import EngineConfig, UsageContext, parse_size
+from core.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineConfig, UsageContext, parse_size
 
 
 def _option(section: str, key: str, flag: str, help: str, **click_kwargs: Any) -> Any:
@@ -171,10 +171,6 @@ class EngineArgs:
         """EngineArgs from click's parsed options (extra keys are ignored)."""
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in options.items() if k in names})
-
-
-# Tokens per step when neither the user nor a platform gives a budget.
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 
 
 def _apply_model_limits(config: EngineConfig, model_max_len: int, budget: int) -> None:

@@ -45,7 +45,9 @@ class CpuPlatform(Platform):
         # prefill chunk stalls every stream beside it. W3 (32 streams, SmolLM2, 2 cores,
         # bf16 on AMX): budget 128 -> ITL p99/median 2.06, 96 -> 2.01, 64 -> 1.87 (output
         # 200, 211, 193 tok/s; median TTFT 2.0, 2.3, 4.4 s). Offline keeps big prefill steps.
-        return SERVING_TOKEN_BUDGET if usage is UsageContext.SERVING else 2048
+        if usage is UsageContext.SERVING:
+            return SERVING_TOKEN_BUDGET
+        return super().default_max_num_batched_tokens(usage)
 
     def memory_info(self) -> MemoryInfo:
         return MemoryInfo(_meminfo("MemTotal"), _meminfo("MemAvailable"))
@@ -67,16 +69,24 @@ class CpuPlatform(Platform):
 
 
 @functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+def cpuinfo() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo (empty where there is none)."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
+                if not line.strip():  # the first processor's block ends here
+                    break
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
     except OSError:
         pass
-    return frozenset()
+    return fields
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (e.g. "amx_bf16"); empty where they cannot be read."""
+    return frozenset(cpuinfo().get("flags", "").split())
 
 
 def _meminfo(field: str) -> int:

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from core.config import UsageContext
+from core.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, UsageContext
 
 
 class Unavailable(Exception):
@@ -73,7 +73,7 @@ class Platform(ABC):
         Larger budgets make prefill matmuls more efficient; smaller ones bound how long a
         step carrying prefill chunks stalls the requests decoding beside it.
         """
-        return 2048
+        return DEFAULT_MAX_NUM_BATCHED_TOKENS
 
     def torch_device(self, local_rank: int = 0) -> torch.device:
         """The torch device a worker of `local_rank` computes on."""
