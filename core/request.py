@@ -1,20 +1,36 @@
-"""Request and RequestStatus: one request's lifecycle inside the engine core.
+"""Request, RequestStatus and FinishReason: one request's lifecycle inside the engine core.
 
 The scheduler has no prefill or decode phase: a request only has `num_computed_tokens`
 (tokens whose KV is in the cache) and `num_tokens` (prompt + output so far), and each
 step moves the first towards the second. Block hashes of full blocks are kept here,
-extended as tokens arrive, so the prefix cache never rehashes a block.
+extended as tokens arrive (by the hasher the KV cache hands out), so the prefix cache
+never rehashes a block.
 """
 
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
-from core.engine.protocol import EngineCoreRequest, FinishReason
-from core.kv_cache.block_hash import BlockHash, BlockHasher
 from core.sampling_params import SamplingParams
 
-__all__ = ["Request", "RequestStatus"]
+if TYPE_CHECKING:
+    from core.engine.protocol import EngineCoreRequest
+    from core.kv_cache.block_hash import BlockHash, BlockHasher
+
+__all__ = ["FinishReason", "Request", "RequestStatus", "fit_max_tokens"]
+
+
+class FinishReason(enum.IntEnum):
+    """Why a request stopped, as reported to the frontend; `str()` gives the OpenAI-style name."""
+
+    STOP = 0  # eos, a stop token id or a stop string
+    LENGTH = 1  # max_tokens or max_model_len
+    ABORT = 2  # aborted by the client or the engine
+    ERROR = 3  # the engine could not serve it (e.g. a grammar failed to compile)
+
+    def __str__(self) -> str:
+        return self.name.lower()
 
 
 class RequestStatus(enum.IntEnum):
@@ -157,14 +173,37 @@ def _resolve_max_tokens(
     request_id: str, params: SamplingParams, num_prompt_tokens: int, max_model_len: int | None
 ) -> int:
     """How many tokens the request may generate: its own cap and the model's, whichever is lower."""
-    if max_model_len is None:
-        if params.max_tokens is None:
-            raise ValueError(f"request {request_id}: max_tokens is None and max_model_len unknown")
-        return params.max_tokens
+    if max_model_len is not None:
+        return fit_max_tokens(params.max_tokens, num_prompt_tokens, max_model_len)
+    if params.max_tokens is None:
+        raise ValueError(f"request {request_id}: max_tokens is None and max_model_len unknown")
+    return params.max_tokens
+
+
+def fit_max_tokens(
+    max_tokens: int | None, num_prompt_tokens: int, max_model_len: int, *, exact: bool = False
+) -> int:
+    """How many tokens a request may generate under `max_model_len`: the one fit rule.
+
+    The prompt and at least one generated token must fit, else ValueError naming prompt.
+    `max_tokens` None means all the room the prompt leaves; a larger value is capped to it,
+    unless `exact` (the caller asked for exactly that many, as an explicit max_tokens of an
+    OpenAI request does): then it is a ValueError naming max_tokens. The frontend's
+    InputProcessor and the OpenAI server resolve with it before a request is queued; the
+    engine core's Request applies it again as a last line of defence. It lives here, below
+    both, because the engine core imports nothing of the frontend.
+    """
     room = max_model_len - num_prompt_tokens
     if room < 1:
         raise ValueError(
-            f"request {request_id}: prompt of {num_prompt_tokens} tokens leaves no room to "
-            f"generate under max_model_len {max_model_len}"
+            f"prompt is {num_prompt_tokens} tokens long, which leaves no room to generate under "
+            f"max_model_len {max_model_len}: the prompt and at least one generated token must fit"
         )
-    return room if params.max_tokens is None else min(params.max_tokens, room)
+    if max_tokens is None:
+        return room
+    if exact and max_tokens > room:
+        raise ValueError(
+            f"max_tokens is {max_tokens}, but the prompt is {num_prompt_tokens} tokens and "
+            f"max_model_len is {max_model_len}: at most {room} tokens can be generated"
+        )
+    return min(max_tokens, room)

@@ -13,7 +13,7 @@ import torch
 from core.sample.interface import Sampler, SamplerOutput
 from core.sample.metadata import SamplingMetadata
 from core.sampling_params import SamplingParams
-from core.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
+from core.worker.contract import CachedRequestData, NewRequestData, SchedulerOutput
 
 
 class RecordingSampler(Sampler):

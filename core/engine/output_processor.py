@@ -32,7 +32,7 @@ from core.engine.stop_checker import StopChecker
 from core.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestMetrics, RequestOutput
 from core.sampling_params import SamplingParams
 from core.tokenizer import Tokenizer
-from core.worker.output import LogprobsLists
+from core.worker.contract import LogprobsLists
 
 __all__ = [
     "OutputProcessor",

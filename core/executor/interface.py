@@ -8,8 +8,7 @@ from typing import Any
 from core.config import EngineConfig
 from core.kv_cache.layout import KVCacheConfig
 from core.kv_cache.spec import KVCacheSpec
-from core.scheduler.output import SchedulerOutput
-from core.worker.output import ModelRunnerOutput
+from core.worker.contract import ModelRunnerOutput, SchedulerOutput
 
 
 class Executor(ABC):

@@ -45,10 +45,6 @@ class PrefixCacheStats:
     queries: int = 0
     hits: int = 0
 
-    @property
-    def hit_rate(self) -> float:
-        return self.hits / self.queries if self.queries else 0.0
-
 
 class KVCacheManager:
     """Allocates KV-cache blocks to requests and shares cached prefixes between them.

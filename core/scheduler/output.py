@@ -1,60 +1,55 @@
-"""SchedulerOutput: what the scheduler tells the workers to compute in one step.
+"""What the scheduler reports to the frontend after each step.
 
-Part of the scheduler/worker contract (owned by the worker side, DESIGN.md section 4):
-msgspec structs so they can cross a process boundary unchanged. Block ids always travel
-per KV-cache group: `tuple[list[int], ...]`, one list per group, even with one group.
+The scheduler is part of the engine core, so these msgspec structs are defined here, below
+`core.engine`, which re-exports them in its frontend <-> engine-core contract
+(`core.engine.protocol`); frontend code imports them from there. An output carries new
+token ids per request, never text: detokenization stays in the frontend process.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
-from core.sampling_params import SamplingParams
+from core.request import FinishReason
+from core.worker.contract import LogprobsLists
+
+__all__ = ["EngineCoreOutput", "EngineCoreOutputs", "SchedulerStats"]
 
 
-class NewRequestData(msgspec.Struct, kw_only=True):
-    """A request the workers have not seen: everything needed to start computing it."""
+class EngineCoreOutput(msgspec.Struct, kw_only=True, array_like=True, omit_defaults=True):
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: LogprobsLists | None = None
+    new_prompt_logprobs: LogprobsLists | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None  # the stop token id (stop strings: frontend)
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
-    req_id: str
-    prompt_token_ids: list[int]
-    sampling_params: SamplingParams
-    block_ids: tuple[list[int], ...]  # per KV-cache group, covering computed + scheduled
-    num_computed_tokens: int  # tokens already in the KV cache (a prefix-cache hit)
-
-
-class CachedRequestData(msgspec.Struct, kw_only=True):
-    """Requests the workers already know, as parallel lists (one entry per request).
-
-    A request resumed from preemption lost its blocks: its `new_block_ids` replace the
-    old ones instead of extending them, and its computation restarts from
-    `num_computed_tokens`.
-    """
-
-    req_ids: list[str] = msgspec.field(default_factory=list)
-    resumed_from_preemption: list[bool] = msgspec.field(default_factory=list)
-    new_block_ids: list[tuple[list[int], ...] | None] = msgspec.field(default_factory=list)
-    num_computed_tokens: list[int] = msgspec.field(default_factory=list)
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
 
 
-class GrammarBitmask(msgspec.Struct, kw_only=True):
-    """Allowed-token bitmasks of structured-output requests this step.
+class SchedulerStats(msgspec.Struct, kw_only=True):
+    """The scheduler's state after a step, for logs and metrics."""
 
-    `data` holds len(req_ids) rows of `words_per_row` little-endian int32 words; bit j of
-    a row allows token j.
-    """
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_preemptions: int
 
-    req_ids: list[str]
-    words_per_row: int
-    data: bytes
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        if not self.prefix_cache_queries:
+            return 0.0
+        return self.prefix_cache_hits / self.prefix_cache_queries
 
 
-class SchedulerOutput(msgspec.Struct, kw_only=True):
-    scheduled_new_reqs: list[NewRequestData] = msgspec.field(default_factory=list)
-    scheduled_cached_reqs: CachedRequestData = msgspec.field(default_factory=CachedRequestData)
-    num_scheduled_tokens: dict[str, int] = msgspec.field(default_factory=dict)
-    total_num_scheduled_tokens: int = 0
-    finished_req_ids: set[str] = msgspec.field(default_factory=set)  # workers drop their state
-    grammar_bitmask: GrammarBitmask | None = None
-    kv_connector_metadata: Any = None  # a KVConnectorMetadata of the configured connector
+class EngineCoreOutputs(msgspec.Struct, kw_only=True, array_like=True, omit_defaults=True):
+    outputs: list[EngineCoreOutput] = msgspec.field(default_factory=list)
+    timestamp: float = 0.0
+    scheduler_stats: SchedulerStats | None = None
+    # Requests the engine finished on its own (e.g. aborted) that the frontend must forget.
+    finished_requests: set[str] = msgspec.field(default_factory=set)

@@ -15,13 +15,18 @@ import time
 from dataclasses import dataclass
 
 from core.config import EngineConfig
-from core.engine.protocol import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 from core.kv_cache.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from core.request import Request, RequestStatus
-from core.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
+from core.scheduler.output import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 from core.scheduler.request_queue import RequestQueue
 from core.structured_output.manager import StructuredOutputManager
-from core.worker.output import LogprobsLists, ModelRunnerOutput
+from core.worker.contract import (
+    CachedRequestData,
+    LogprobsLists,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
 
 
 @dataclass

@@ -24,9 +24,9 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from core.sampling_params import StructuredOutputsParams
-from core.scheduler.output import GrammarBitmask
 from core.structured_output.bitmask import pack_grammar_bitmask
 from core.tokenizer import Tokenizer
+from core.worker.contract import GrammarBitmask
 
 if TYPE_CHECKING:
     from core.structured_output.xgrammar_backend import Grammar, XgrammarBackend

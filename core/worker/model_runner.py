@@ -23,10 +23,9 @@ from core.kv_cache.layout import KVCacheConfig
 from core.sample.interface import Sampler
 from core.sample.logprobs import LogprobsTensors, compute_prompt_logprobs
 from core.sample.metadata import SamplingMetadata
-from core.scheduler.output import GrammarBitmask, SchedulerOutput
-from core.structured_output.bitmask import apply_grammar_bitmask
+from core.worker.contract import GrammarBitmask, LogprobsLists, ModelRunnerOutput, SchedulerOutput
+from core.worker.grammar_bitmask import apply_grammar_bitmask
 from core.worker.input_batch import CachedRequestState, InputBatch
-from core.worker.output import LogprobsLists, ModelRunnerOutput
 
 
 @dataclass

@@ -18,9 +18,8 @@ from core.models.arch_config import ArchConfig
 from core.models.registry import resolve_model_class
 from core.platforms.interface import Platform
 from core.sample.selector import build_sampler
-from core.scheduler.output import SchedulerOutput
+from core.worker.contract import ModelRunnerOutput, SchedulerOutput
 from core.worker.model_runner import ModelRunner
-from core.worker.output import ModelRunnerOutput
 
 logger = logging.getLogger(__name__)
 

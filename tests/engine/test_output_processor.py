@@ -20,7 +20,7 @@ from core.engine.output_processor import OutputProcessor, RequestOutputKind
 from core.engine.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from core.outputs import Logprob
 from core.tokenizer import Tokenizer
-from core.worker.output import LogprobsLists
+from core.worker.contract import LogprobsLists
 
 DELTA = RequestOutputKind.DELTA
 CUMULATIVE = RequestOutputKind.CUMULATIVE

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from core.engine.protocol import EngineCoreRequest, FinishReason
+from core.engine.protocol import EngineCoreRequest
 from core.kv_cache.block_hash import make_block_hasher
-from core.request import Request, RequestStatus
+from core.request import FinishReason, Request, RequestStatus
 from core.sampling_params import SamplingParams
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.structured_output.bitmask import allowed_token_mask
 from core.structured_output.xgrammar_backend import Grammar, XgrammarBackend
 from core.tokenizer import Tokenizer
+from core.worker.grammar_bitmask import allowed_token_mask
 
 SMOLLM2_VOCAB_SIZE = 49152
 

@@ -8,12 +8,12 @@ import pytest
 import torch
 import xgrammar
 
-from core.scheduler.output import GrammarBitmask
-from core.structured_output.bitmask import (
+from core.structured_output.bitmask import pack_grammar_bitmask
+from core.worker.contract import GrammarBitmask
+from core.worker.grammar_bitmask import (
     allowed_token_mask,
     apply_grammar_bitmask,
     grammar_bitmask_tensor,
-    pack_grammar_bitmask,
 )
 
 

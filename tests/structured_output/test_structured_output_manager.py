@@ -11,9 +11,13 @@ import pytest
 import torch
 
 from core.sampling_params import StructuredOutputsParams
-from core.structured_output import StructuredOutputManager, apply_grammar_bitmask
-from core.structured_output.bitmask import allowed_token_mask, grammar_bitmask_tensor
+from core.structured_output import StructuredOutputManager
 from core.structured_output.xgrammar_backend import Grammar, XgrammarBackend
+from core.worker.grammar_bitmask import (
+    allowed_token_mask,
+    apply_grammar_bitmask,
+    grammar_bitmask_tensor,
+)
 
 BIG_SCHEMA = {
     "type": "object",

@@ -16,7 +16,6 @@ from tokenizers import Tokenizer as BackendTokenizer
 from xgrammar import VocabType
 
 from core.sampling_params import StructuredOutputsParams
-from core.structured_output.bitmask import allowed_token_mask
 from core.structured_output.xgrammar_backend import (
     Grammar,
     XgrammarBackend,
@@ -24,6 +23,7 @@ from core.structured_output.xgrammar_backend import (
     build_tokenizer_info,
 )
 from core.tokenizer import Tokenizer
+from core.worker.grammar_bitmask import allowed_token_mask
 
 SEEDS = range(4)
 

@@ -1,0 +1,104 @@
+"""The scheduler <-> worker contract: what the scheduler asks for each step, what comes back.
+
+`SchedulerOutput` tells the workers what to compute in one step; `ModelRunnerOutput` is
+what they computed. Both are msgspec structs so they cross a process boundary (to a
+worker process, over a socket) unchanged. Block ids always travel per KV-cache group:
+`tuple[list[int], ...]`, one list per group, even with one group.
+
+Owned by the worker side (DESIGN.md section 4), and the one worker module the scheduler
+may import: it depends on nothing heavier than msgspec and SamplingParams.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from core.sampling_params import SamplingParams
+
+__all__ = [
+    "BITS_PER_WORD",
+    "CachedRequestData",
+    "GrammarBitmask",
+    "LogprobsLists",
+    "ModelRunnerOutput",
+    "NewRequestData",
+    "SchedulerOutput",
+]
+
+
+class NewRequestData(msgspec.Struct, kw_only=True):
+    """A request the workers have not seen: everything needed to start computing it."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    block_ids: tuple[list[int], ...]  # per KV-cache group, covering computed + scheduled
+    num_computed_tokens: int  # tokens already in the KV cache (a prefix-cache hit)
+
+
+class CachedRequestData(msgspec.Struct, kw_only=True):
+    """Requests the workers already know, as parallel lists (one entry per request).
+
+    A request resumed from preemption lost its blocks: its `new_block_ids` replace the
+    old ones instead of extending them, and its computation restarts from
+    `num_computed_tokens`.
+    """
+
+    req_ids: list[str] = msgspec.field(default_factory=list)
+    resumed_from_preemption: list[bool] = msgspec.field(default_factory=list)
+    new_block_ids: list[tuple[list[int], ...] | None] = msgspec.field(default_factory=list)
+    num_computed_tokens: list[int] = msgspec.field(default_factory=list)
+
+
+BITS_PER_WORD = 32  # a GrammarBitmask word is an int32
+
+
+class GrammarBitmask(msgspec.Struct, kw_only=True):
+    """Allowed-token bitmasks of structured-output requests this step.
+
+    `data` holds len(req_ids) rows of `words_per_row` little-endian int32 words: bit j of
+    word j // 32 (bit 0 the least significant) allows token j, so the bytes of a row read
+    least significant bit first are the token ids in order.
+    """
+
+    req_ids: list[str]
+    words_per_row: int
+    data: bytes
+
+
+class SchedulerOutput(msgspec.Struct, kw_only=True):
+    """What the scheduler tells the workers to compute in one step."""
+
+    scheduled_new_reqs: list[NewRequestData] = msgspec.field(default_factory=list)
+    scheduled_cached_reqs: CachedRequestData = msgspec.field(default_factory=CachedRequestData)
+    num_scheduled_tokens: dict[str, int] = msgspec.field(default_factory=dict)
+    total_num_scheduled_tokens: int = 0
+    finished_req_ids: set[str] = msgspec.field(default_factory=set)  # workers drop their state
+    grammar_bitmask: GrammarBitmask | None = None
+    kv_connector_metadata: Any = None  # a KVConnectorMetadata of the configured connector
+
+
+class LogprobsLists(msgspec.Struct, kw_only=True):
+    """Logprobs of N positions as plain lists (column 0 is the chosen token).
+
+    logprob_token_ids[i] and logprobs[i] hold k + 1 entries: the chosen token, then the
+    top k tokens of the raw distribution; `ranks[i]` is the chosen token's rank (1 = best).
+    """
+
+    logprob_token_ids: list[list[int]]
+    logprobs: list[list[float]]
+    ranks: list[int]
+
+
+class ModelRunnerOutput(msgspec.Struct, kw_only=True):
+    """What the workers computed in one step."""
+
+    req_ids: list[str]  # every request scheduled this step, in batch order
+    # One list per request: the token sampled this step, or empty when the request did
+    # not reach the end of its known tokens (a partial prefill chunk).
+    sampled_token_ids: list[list[int]]
+    logprobs: dict[str, LogprobsLists] = msgspec.field(default_factory=dict)
+    # Logprobs of the prompt tokens covered this step (a prefill chunk), per request.
+    prompt_logprobs: dict[str, LogprobsLists] = msgspec.field(default_factory=dict)
