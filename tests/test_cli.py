@@ -11,6 +11,8 @@ from click.testing import CliRunner
 from plugin_sources import API, available_platform, platform_plugin
 
 from core.entrypoints.cli import cli
+from core.entrypoints.reports import hooks_report
+from core.plugins import PluginRegistry, hookspecs
 from core.plugins.groups import HOOKS, PLATFORMS
 
 PLUGIN_DISTRIBUTIONS = (
@@ -115,6 +117,29 @@ def test_hook_plugins_add_commands(site):
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "hello from acme"
     assert "hook core_add_commands answered by ['acme-hooks:acme']" in result.stderr
+
+
+def hook_rows(output: str) -> dict[str, str]:
+    """{hook name: its row} of the `core plugins --hooks` table (header skipped)."""
+    return {line.split()[0]: line for line in output.splitlines()[1:]}
+
+
+def test_plugins_hooks_lists_every_spec_with_its_first_doc_line():
+    specs = {name: fn for name, fn in vars(hookspecs).items() if name.startswith("core_")}
+    rows = hook_rows(hooks_report(PluginRegistry([], allowlist=None)))
+    assert set(rows) == set(specs)
+    for name, fn in specs.items():
+        first_line = fn.__doc__.strip().splitlines()[0]
+        assert rows[name].split()[1] == "(none)" and rows[name].endswith(first_line)
+
+
+def test_plugins_hooks_names_the_implementing_plugin(site, fresh_registry):
+    site.add("acme-hooks", {HOOKS: {"acme": "acme_hooks.impl"}}, HOOKS_PLUGIN)
+    result = invoke("plugins", "--hooks")
+    assert result.exit_code == 0
+    rows = hook_rows(result.output)
+    assert rows["core_add_commands"].split()[1] == "acme-hooks:acme"
+    assert rows["core_engine_started"].split()[1] == "(none)"
 
 
 def test_plugins_lists_every_installed_plugin_distribution():

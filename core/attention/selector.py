@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from core.attention.interface import AttentionBackend, AttentionRequirements
 from core.platforms.interface import Platform
 from core.plugins.groups import ATTENTION_BACKENDS
-from core.plugins.registry import PluginRegistry, get_registry
+from core.plugins.registry import PluginLookupError, PluginRegistry, get_registry
 
 logger = logging.getLogger(__name__)
 
@@ -28,14 +28,23 @@ def select_attention_backend(
 ) -> BackendChoice:
     """The first backend of the platform's preferences (or `forced`) that can serve `req`.
 
-    Raises ValueError listing every candidate and why it was rejected when none can.
+    Raises ValueError listing every candidate and why it was rejected when none can; a
+    forced backend that cannot be had raises the registry's PluginLookupError, which lists
+    the installed backends.
     """
     registry = registry or get_registry()
     candidates = (forced,) if forced else platform.preferred_attention_backends
     rejected: dict[str, str] = {}
     for name in candidates:
-        backend, reason = _try_backend(registry, name, req)
-        if backend is not None:
+        try:
+            backend = registry.require(ATTENTION_BACKENDS, name, AttentionBackend)
+        except PluginLookupError as exc:
+            if forced:
+                raise
+            rejected[name] = exc.reason
+            continue
+        reason = backend.supports_combination(req)
+        if reason is None:
             for other, why in rejected.items():
                 logger.info("attention backend %s rejected: %s", other, why)
             logger.info("attention backend %s selected", name)
@@ -44,19 +53,3 @@ def select_attention_backend(
     details = "; ".join(f"{n}: {why}" for n, why in rejected.items()) or "no candidates"
     which = f"attention backend {forced!r} cannot serve" if forced else "no attention backend for"
     raise ValueError(f"{which} {req}: {details}")
-
-
-def _try_backend(
-    registry: PluginRegistry, name: str, req: AttentionRequirements
-) -> tuple[type[AttentionBackend] | None, str]:
-    entry = registry.get(ATTENTION_BACKENDS, name)
-    if entry is None:
-        return None, "not installed"
-    backend = registry.load(entry)
-    if backend is None:
-        return None, f"{entry.state.value}: {entry.reason}"
-    if not (isinstance(backend, type) and issubclass(backend, AttentionBackend)):
-        registry.mark_failed(entry, "entry point is not an AttentionBackend subclass")
-        return None, f"failed: {entry.reason}"
-    reason = backend.supports_combination(req)
-    return (None, reason) if reason is not None else (backend, "")

@@ -20,11 +20,13 @@ def cli() -> None:
 
 
 @cli.command()
-def plugins() -> None:
-    """List every discovered plugin entry point and what was selected."""
-    from core.entrypoints.reports import plugins_report
+@click.option("--hooks", is_flag=True, help="list the hook specs and who implements each")
+def plugins(hooks: bool) -> None:
+    """List every discovered plugin entry point and what was selected (or, with --hooks,
+    every hook spec and the plugins implementing it)."""
+    from core.entrypoints.reports import hooks_report, plugins_report
 
-    click.echo(plugins_report())
+    click.echo(hooks_report() if hooks else plugins_report())
 
 
 @cli.command()
@@ -89,9 +91,9 @@ def main() -> None:
         format="%(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    from core.plugins.hooks import get_hook_manager
+    from core.plugins.hooks import call_each, get_hook_manager
 
-    get_hook_manager().hook.core_add_commands(cli=cli)
+    call_each(get_hook_manager(), "core_add_commands", cli=cli)
     cli(prog_name="core")
 
 

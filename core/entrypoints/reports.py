@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import platform as host
 
+from pluggy import HookCaller
+
 import core
+from core.plugins.hooks import get_hook_manager
 from core.plugins.registry import (
     PluginEntry,
     PluginRegistry,
@@ -44,6 +47,25 @@ def plugins_report(registry: PluginRegistry | None = None) -> str:
     ]
     headers = ["group", "entry", "distribution", "version", "api", "state"]
     return _table(headers, rows) + "\n\n" + selected
+
+
+def hooks_report(registry: PluginRegistry | None = None) -> str:
+    """Every hook specification, the plugins implementing it, and its docstring's first line."""
+    callers = sorted(vars(get_hook_manager(registry).hook).items())
+    rows = [
+        [name, _implementers(caller), _first_line(caller.spec.function.__doc__)]
+        for name, caller in callers
+        if caller.spec is not None  # pluggy keeps callers for unknown hooks too
+    ]
+    return _table(["hook", "implemented by", "description"], rows)
+
+
+def _implementers(caller: HookCaller) -> str:
+    return ", ".join(sorted(impl.plugin_name for impl in caller.get_hookimpls())) or "(none)"
+
+
+def _first_line(doc: str | None) -> str:
+    return (doc or "").strip().split("\n", 1)[0]
 
 
 def _selected_components(registry: PluginRegistry) -> str:
@@ -92,4 +114,15 @@ def info_report(registry: PluginRegistry | None = None) -> str:
         f"of {memory.total_bytes / 2**30:.1f} GiB",
         f"default dtype: {choice.platform.default_dtype}",
     ]
-    return "\n".join(lines)
+    return "\n".join(lines + _kernel_op_lines(registry, choice.platform.device_type))
+
+
+def _kernel_op_lines(registry: PluginRegistry, device_type: str) -> list[str]:
+    """Which provider's kernel serves each core op on `device_type` tensors."""
+    from core.ops import REFERENCE, providers
+
+    registry.run_general_plugins()  # where plugins register their kernels
+    served = sorted(
+        (op, by_device.get(device_type, REFERENCE)) for op, by_device in providers().items()
+    )
+    return [f"kernel ops on {device_type}:"] + [f"  core::{op}: {who}" for op, who in served]

@@ -65,12 +65,9 @@ def load_spec_registry(registry: PluginRegistry | None = None) -> KVCacheSpecReg
     """A KVCacheSpecRegistry filled by every admitted `core.kv_cache_specs` entry point."""
     registry = registry or get_registry()
     specs = KVCacheSpecRegistry()
-    for entry in registry.admitted(KV_CACHE_SPECS):
-        register = registry.load(entry)
-        if register is None:
-            continue
-        try:
-            register(_Registrar(specs, entry.distribution))
-        except Exception as exc:  # a plugin failing to register must not stop the engine
-            registry.mark_failed(entry, f"register raised {type(exc).__name__}: {exc}")
+    registry.use_each(
+        KV_CACHE_SPECS,
+        lambda entry, register: register(_Registrar(specs, entry.distribution)),
+        "register",
+    )
     return specs

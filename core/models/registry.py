@@ -8,30 +8,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from torch import nn
+
 from core.plugins.groups import MODELS
-from core.plugins.registry import PluginRegistry, get_registry
+from core.plugins.registry import PluginLookupError, PluginRegistry, get_registry
 
 
 def resolve_model_class(
     architectures: Sequence[str], registry: PluginRegistry | None = None
-) -> type:
+) -> type[nn.Module]:
     """The class registered for the first of `architectures` (config.json) that has one.
 
-    Raises ValueError listing the supported architectures when none is registered, with
-    the reason of each one whose plugin failed to load.
+    Raises ValueError when none has one, listing the installed architectures with the
+    reason of each one that cannot be loaded (the requested ones included).
     """
     registry = registry or get_registry()
-    failures: list[str] = []
     for name in architectures:
-        entry = registry.get(MODELS, name)
-        if entry is None:
-            continue
-        cls = registry.load(entry)
-        if cls is not None:
-            return cls
-        failures.append(f"{name}: {entry.state.value}: {entry.reason}")
-    supported = sorted(e.name for e in registry.admitted(MODELS))
-    why = f" ({'; '.join(failures)})" if failures else ""
+        try:
+            return registry.require(MODELS, name, nn.Module)
+        except PluginLookupError:
+            continue  # the next architecture may be supported; the error lists them all
+    installed = registry.describe_installed(MODELS)
     raise ValueError(
-        f"model architectures {list(architectures)} are not supported{why}; supported: {supported}"
+        f"model architectures {list(architectures)} are not supported; installed: {installed}"
     )

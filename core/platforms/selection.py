@@ -14,7 +14,13 @@ from dataclasses import dataclass, field
 from core import envs
 from core.platforms.interface import Platform, Unavailable
 from core.plugins.groups import PLATFORMS
-from core.plugins.registry import EntryState, PluginRegistry, get_registry
+from core.plugins.registry import (
+    EntryState,
+    PluginLookupError,
+    PluginRegistry,
+    get_registry,
+    shape_error,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +43,8 @@ def select_platform(
     """Probe every admitted platform entry and choose one (see module docstring)."""
     registry = registry or get_registry()
     requested = requested or envs.platform_name()
+    if requested is not None:
+        registry.require(PLATFORMS, requested)  # not installed or not loadable: says why
     available, rejected = _probe_all(registry)
     name, reason = _choose(available, rejected, requested)
     for other, why in rejected.items():
@@ -51,9 +59,10 @@ def _probe_all(registry: PluginRegistry) -> tuple[dict[str, str], dict[str, str]
     available: dict[str, str] = {}
     rejected: dict[str, str] = {}
     for entry in registry.entries(PLATFORMS):
-        probe = registry.load(entry)
-        if probe is None:
-            rejected[entry.name] = f"{entry.state.value}: {entry.reason}"
+        try:
+            probe = registry.require(PLATFORMS, entry.name)
+        except PluginLookupError as exc:
+            rejected[entry.name] = exc.reason
             continue
         try:
             path = probe()
@@ -77,7 +86,7 @@ def _choose(
     if requested is not None:
         if requested in available:
             return requested, f"requested by --device / CORE_PLATFORM={requested}"
-        why = rejected.get(requested, "not installed")
+        why = rejected[requested]  # select_platform checked that it is installed
         raise ValueError(f"platform {requested!r} was requested but cannot be used: {why}")
     accelerators = sorted(name for name in available if name != CPU)
     if len(accelerators) > 1:
@@ -101,8 +110,9 @@ def _instantiate(registry: PluginRegistry, name: str, path: str) -> Platform:
         if entry is not None and entry.state is EntryState.LOADED:
             registry.mark_failed(entry, f"platform class {path} cannot be imported: {exc}")
         raise ValueError(f"platform {name}: cannot import {path}: {exc}") from exc
-    if not (isinstance(cls, type) and issubclass(cls, Platform)):
-        raise ValueError(f"platform {name}: {path} is not a Platform subclass")
+    wrong = shape_error(cls, Platform)
+    if wrong is not None:
+        raise ValueError(f"platform {name}: {path}: {wrong}")
     return cls()
 
 

@@ -10,6 +10,7 @@ from core.plugins.registry import (
     PLUGIN_API_VERSION,
     EntryState,
     PluginEntry,
+    PluginLookupError,
     PluginRegistry,
     get_registry,
 )
@@ -18,6 +19,7 @@ __all__ = [
     "PLUGIN_API_VERSION",
     "EntryState",
     "PluginEntry",
+    "PluginLookupError",
     "PluginRegistry",
     "build_component",
     "get_registry",

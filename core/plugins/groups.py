@@ -34,15 +34,34 @@ ENDPOINTS = "core.endpoints"
 HOOKS = "core.hooks"
 """A module holding pluggy `@hookimpl` functions for the specs in core.plugins.hookspecs."""
 
-ALL_GROUPS = (
-    PLATFORMS,
-    ATTENTION_BACKENDS,
-    SAMPLERS,
-    QUANTIZATION,
-    MODELS,
-    KV_CONNECTORS,
-    KV_CACHE_SPECS,
-    GENERAL,
-    ENDPOINTS,
-    HOOKS,
-)
+SPEC_PROPOSERS = "core.spec_proposers"
+"""The Proposer class of a speculative-decoding method (`ngram`, `draft_model`...)."""
+
+TOOL_PARSERS = "core.tool_parsers"
+"""The ToolParser class that extracts tool calls from generated text (`hermes`...)."""
+
+LORA = "core.lora"
+"""The LoRA implementation (manager) class that the `core-lora` plugin registers.
+
+Its interface is defined by the LoRA issue; the group is fixed now so that the name and
+the allowlist, version and reporting rules already apply to it.
+"""
+
+NOUNS: dict[str, str] = {
+    PLATFORMS: "platform",
+    ATTENTION_BACKENDS: "attention backend",
+    SAMPLERS: "sampler",
+    QUANTIZATION: "quantization method",
+    MODELS: "model architecture",
+    KV_CONNECTORS: "KV connector",
+    KV_CACHE_SPECS: "KV-cache spec plugin",
+    GENERAL: "general plugin",
+    ENDPOINTS: "endpoint plugin",
+    HOOKS: "hooks module",
+    SPEC_PROPOSERS: "speculative proposer",
+    TOOL_PARSERS: "tool parser",
+    LORA: "LoRA implementation",
+}
+"""What one entry of each group is called in messages ("sampler 'x' is not installed")."""
+
+ALL_GROUPS = tuple(NOUNS)

@@ -14,14 +14,14 @@ import importlib
 import importlib.metadata as metadata
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from core import envs
-from core.plugins.groups import ALL_GROUPS, ENDPOINTS, GENERAL
+from core.plugins.groups import ALL_GROUPS, ENDPOINTS, GENERAL, NOUNS
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +61,21 @@ class PluginEntry:
     @property
     def top_level_package(self) -> str:
         return self.entry_point.module.split(".")[0]
+
+
+class PluginLookupError(ValueError):
+    """A named component cannot be had: not installed, not loadable, or the wrong type.
+
+    The message names the group's noun and the entry ("sampler 'x' is not installed;
+    installed: ..."). `reason` is the short cause a selector reports beside other
+    candidates ("not installed", "failed: ..."); `entry` is None when nothing is installed
+    under that name.
+    """
+
+    def __init__(self, message: str, reason: str, entry: PluginEntry | None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.entry = entry
 
 
 def canonical_name(distribution: str) -> str:
@@ -157,6 +172,35 @@ class PluginRegistry:
     def get(self, group: str, name: str) -> PluginEntry | None:
         return self._entries[group].get(name)
 
+    def describe_installed(self, group: str) -> str:
+        """The entry names of `group`, each one that cannot be loaded with its state and why."""
+        entries = sorted(self._entries[group].values(), key=lambda e: e.name)
+        ok = (EntryState.AVAILABLE, EntryState.LOADED)
+        names = [e.name if e.state in ok else f"{e.name} ({_state_reason(e)})" for e in entries]
+        return ", ".join(names) or "none"
+
+    def require(self, group: str, name: str, base: type | None = None) -> Any:
+        """The value of entry `name` of `group`, loaded on first use and checked for shape.
+
+        With `base` the value must be a subclass of it, otherwise callable; a value of the
+        wrong shape marks the entry failed. Raises PluginLookupError saying why the value
+        cannot be had: not installed (listing what is), filtered, refused, failed, or the
+        wrong shape.
+        """
+        noun = NOUNS[group]
+        entry = self.get(group, name)
+        if entry is None:
+            installed = self.describe_installed(group)
+            message = f"{noun} {name!r} is not installed; installed: {installed}"
+            raise PluginLookupError(message, "not installed", None)
+        value = self.load(entry)
+        if value is not None and (wrong := shape_error(value, base)) is not None:
+            self.mark_failed(entry, wrong)
+        if entry.state is not EntryState.LOADED:
+            reason = _state_reason(entry)
+            raise PluginLookupError(f"{noun} {name!r} cannot be used: {reason}", reason, entry)
+        return entry.value
+
     # -- loading -------------------------------------------------------------------------
 
     def load(self, entry: PluginEntry) -> Any | None:
@@ -175,10 +219,21 @@ class PluginRegistry:
         entry.state = EntryState.LOADED
         return entry.value
 
-    def load_group(self, group: str) -> dict[str, Any]:
-        """Load every admitted entry of `group`; failures are recorded and left out."""
-        loaded = {e.name: self.load(e) for e in self.admitted(group)}
-        return {name: value for name, value in loaded.items() if value is not None}
+    def use_each(self, group: str, use: Callable[[PluginEntry, Any], None], action: str) -> None:
+        """Load every admitted entry of `group` and hand it to `use(entry, value)`.
+
+        For groups where every entry takes part (registrars, routers, hook modules, general
+        callables): an entry that fails to load, or whose `use` raises, is marked failed
+        ("`action` raised ...") and skipped, so a broken plugin never stops core.
+        """
+        for entry in self.admitted(group):
+            value = self.load(entry)
+            if value is None:
+                continue
+            try:
+                use(entry, value)
+            except Exception as exc:
+                self.mark_failed(entry, f"{action} raised {type(exc).__name__}: {exc}")
 
     def mark_failed(self, entry: PluginEntry, reason: str) -> None:
         """Record that `entry` failed (to import, probe or register) and log why."""
@@ -230,14 +285,25 @@ class PluginRegistry:
             return
         # Set before running: a failing plugin is reported once, not retried forever.
         self._general_loaded = True
-        for entry in self.admitted(GENERAL):
-            func = self.load(entry)
-            if func is None:
-                continue
-            try:
-                func()
-            except Exception as exc:
-                self.mark_failed(entry, f"raised {type(exc).__name__}: {exc}")
+        self.use_each(GENERAL, lambda _, func: func(), "the callable")
+
+
+def shape_error(value: Any, base: type | None) -> str | None:
+    """Why `value` is not a subclass of `base` (or, with no base, not callable); else None."""
+    if base is None:
+        if callable(value):
+            return None
+        wanted = "callable"
+    elif isinstance(value, type) and issubclass(value, base):
+        return None
+    else:
+        wanted = f"a subclass of {base.__name__}"
+    name = getattr(value, "__qualname__", None) or f"a value of type {type(value).__name__}"
+    return f"{name} is not {wanted}"
+
+
+def _state_reason(entry: PluginEntry) -> str:
+    return f"{entry.state.value}: {entry.reason}"
 
 
 @dataclass(frozen=True)

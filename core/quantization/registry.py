@@ -12,20 +12,9 @@ def get_quantization_config_class(
 ) -> type[QuantizationConfig]:
     """The QuantizationConfig class registered as `name`.
 
-    Raises ValueError listing the installed methods when `name` is not one of them, or
-    giving the reason when its plugin cannot be loaded.
+    Raises PluginLookupError (a ValueError) listing the installed methods when `name` is
+    not one of them, or giving the reason when its plugin cannot be loaded or registers
+    something other than a QuantizationConfig subclass.
     """
     registry = registry or get_registry()
-    entry = registry.get(QUANTIZATION, name)
-    if entry is None:
-        installed = sorted(e.name for e in registry.entries(QUANTIZATION))
-        raise ValueError(f"quantization method {name!r} is not installed; installed: {installed}")
-    cls = registry.load(entry)
-    if cls is None:
-        raise ValueError(
-            f"quantization method {name!r} cannot be used: {entry.state.value}: {entry.reason}"
-        )
-    if not (isinstance(cls, type) and issubclass(cls, QuantizationConfig)):
-        registry.mark_failed(entry, "entry point is not a QuantizationConfig subclass")
-        raise ValueError(f"quantization method {name!r} is not a QuantizationConfig subclass")
-    return cls
+    return registry.require(QUANTIZATION, name, QuantizationConfig)

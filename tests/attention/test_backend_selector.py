@@ -15,7 +15,7 @@ from core.attention.interface import (
 )
 from core.attention.selector import select_attention_backend
 from core.platforms.cpu import CpuPlatform
-from core.plugins import PluginRegistry
+from core.plugins import PluginLookupError, PluginRegistry
 from core.plugins.groups import ALL_GROUPS, ATTENTION_BACKENDS
 
 BACKENDS = {
@@ -84,6 +84,14 @@ def test_forced_backend_that_cannot_serve_is_an_error_with_the_reason(registry):
         select_attention_backend(ToyPlatform(), req(), forced="anything", registry=registry).name
         == "anything"
     )
+
+
+def test_forced_backend_that_is_not_installed_lists_the_installed_ones(registry):
+    with pytest.raises(PluginLookupError) as error:
+        select_attention_backend(ToyPlatform(), req(), forced="flsh", registry=registry)
+    head, installed = str(error.value).split("; installed: ")
+    assert head == "attention backend 'flsh' is not installed"
+    assert {"anything", "half", "small", "torch_ref"} <= set(installed.split(", "))
 
 
 def test_no_capable_backend_lists_every_reason(registry):

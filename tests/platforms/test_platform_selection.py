@@ -64,7 +64,7 @@ def test_requesting_an_unavailable_platform_says_why(site):
              platform_plugin("sleepy", "Sleepy", 'raise Unavailable("no device")'))  # fmt: skip
     with pytest.raises(ValueError, match="no device"):
         select_platform(discover(), requested="sleepy")
-    with pytest.raises(ValueError, match="not installed"):
+    with pytest.raises(ValueError, match="platform 'nonesuch' is not installed; installed: .*cpu"):
         select_platform(discover(), requested="nonesuch")
 
 
@@ -73,3 +73,5 @@ def test_filtered_platform_is_not_chosen(site):
     choice = select_platform(discover(allowlist=[]))
     assert choice.name == "cpu"
     assert "not in CORE_PLUGINS" in choice.rejected["acme"]
+    with pytest.raises(ValueError, match="'acme' cannot be used: filtered: .*CORE_PLUGINS"):
+        select_platform(discover(allowlist=[]), requested="acme")

@@ -8,8 +8,8 @@ import sys
 import pytest
 from plugin_sources import API, available_platform, platform_plugin
 
-from core.plugins import PLUGIN_API_VERSION, EntryState, PluginRegistry
-from core.plugins.groups import ALL_GROUPS, ENDPOINTS, GENERAL, PLATFORMS
+from core.plugins import PLUGIN_API_VERSION, EntryState, PluginLookupError, PluginRegistry
+from core.plugins.groups import ALL_GROUPS, ENDPOINTS, GENERAL, NOUNS, PLATFORMS, SAMPLERS
 from core.plugins.registry import plugin_distributions_without_entries
 
 
@@ -33,6 +33,126 @@ ENDPOINT_PLUGIN = {
             return r
     """,
 }
+
+
+def registry_of(*distributions: str, allowlist: list[str] | None = None) -> PluginRegistry:
+    """A registry of only these distributions' entry points (other installed plugins aside)."""
+    points = [
+        ep
+        for name in distributions
+        for ep in metadata.distribution(name).entry_points
+        if ep.group in ALL_GROUPS
+    ]
+    return PluginRegistry(points, allowlist)
+
+
+SAMPLER_PLUGIN = {
+    "acme_samplers/__init__.py": API,
+    "acme_samplers/samplers.py": """
+        from core.sample.sampler import DefaultSampler
+
+        class Fast(DefaultSampler):
+            pass
+
+        class Odd:
+            pass
+
+        probe = "a string where a callable belongs"
+    """,
+}
+SAMPLER_ENTRIES = {
+    SAMPLERS: {"fast": "acme_samplers.samplers:Fast", "odd": "acme_samplers.samplers:Odd"},
+    PLATFORMS: {"stringly": "acme_samplers.samplers:probe"},
+}
+BROKEN_SAMPLER = {
+    "broken_samplers/__init__.py": API,
+    "broken_samplers/samplers.py": "raise ImportError('libfast.so not found')\n",
+}
+
+
+def add_samplers(site) -> None:
+    site.add("acme-samplers", SAMPLER_ENTRIES, SAMPLER_PLUGIN)
+    site.add("broken-samplers", {SAMPLERS: {"broken": "broken_samplers.samplers:X"}},
+             BROKEN_SAMPLER)  # fmt: skip
+
+
+def test_every_group_has_a_noun():
+    assert set(NOUNS) == set(ALL_GROUPS)
+    assert {"core.spec_proposers", "core.tool_parsers", "core.lora"} <= set(ALL_GROUPS)
+
+
+def test_require_returns_the_loaded_subclass(site):
+    from core.sample.interface import Sampler
+
+    add_samplers(site)
+    cls = registry_of("acme-samplers").require(SAMPLERS, "fast", Sampler)
+    assert cls.__name__ == "Fast" and issubclass(cls, Sampler)
+
+
+def test_require_of_a_missing_name_lists_what_is_installed_and_why_not_usable(site):
+    add_samplers(site)
+    registry = registry_of(
+        "core", "acme-samplers", "broken-samplers", allowlist=["broken-samplers"]
+    )
+    with pytest.raises(PluginLookupError):
+        registry.require(SAMPLERS, "broken")
+    with pytest.raises(PluginLookupError) as error:
+        registry.require(SAMPLERS, "greedy")
+    assert str(error.value) == (
+        "sampler 'greedy' is not installed; installed: "
+        "broken (failed: import failed: ImportError: libfast.so not found), default, "
+        "fast (filtered: acme-samplers is not in CORE_PLUGINS), "
+        "odd (filtered: acme-samplers is not in CORE_PLUGINS)"
+    )
+    assert (error.value.reason, error.value.entry) == ("not installed", None)
+
+
+def test_require_of_the_wrong_type_marks_the_entry_failed(site):
+    from core.sample.interface import Sampler
+
+    add_samplers(site)
+    registry = registry_of("acme-samplers")
+    expected = "sampler 'odd' cannot be used: failed: Odd is not a subclass of Sampler"
+    for _ in range(2):  # the second lookup reports the recorded failure
+        with pytest.raises(PluginLookupError) as error:
+            registry.require(SAMPLERS, "odd", Sampler)
+        assert str(error.value) == expected
+    entry = registry.get(SAMPLERS, "odd")
+    assert entry.state is EntryState.FAILED and error.value.entry is entry
+
+
+def test_require_without_a_base_wants_a_callable(site):
+    add_samplers(site)
+    registry = registry_of("core", "acme-samplers")
+    assert registry.require(PLATFORMS, "cpu")() == "core.platforms.cpu.CpuPlatform"
+    with pytest.raises(PluginLookupError) as error:
+        registry.require(PLATFORMS, "stringly")
+    assert str(error.value) == (
+        "platform 'stringly' cannot be used: failed: a value of type str is not callable"
+    )
+
+
+def test_require_of_a_filtered_entry_names_core_plugins(site):
+    add_samplers(site)
+    registry = registry_of("acme-samplers", allowlist=[])
+    with pytest.raises(PluginLookupError) as error:
+        registry.require(SAMPLERS, "fast")
+    assert str(error.value) == (
+        "sampler 'fast' cannot be used: filtered: acme-samplers is not in CORE_PLUGINS"
+    )
+    assert "acme_samplers.samplers" not in sys.modules
+
+
+def test_require_of_a_refused_entry_names_both_versions(site):
+    modules = {**SAMPLER_PLUGIN, "acme_samplers/__init__.py": 'CORE_PLUGIN_API = ">=2.0"\n'}
+    site.add("acme-samplers", SAMPLER_ENTRIES, modules)
+    with pytest.raises(PluginLookupError) as error:
+        registry_of("acme-samplers").require(SAMPLERS, "fast")
+    assert str(error.value) == (
+        "sampler 'fast' cannot be used: refused: requires core plugin API >=2.0, "
+        f"core provides {PLUGIN_API_VERSION}"
+    )
+    assert error.value.reason.startswith("refused: ")
 
 
 def test_core_defaults_come_through_the_same_groups(site):
@@ -197,3 +317,15 @@ def test_component_config_must_fit_the_constructor(kwargs, ok):
     else:
         with pytest.raises(ValueError, match="--sampler-config"):
             build_component(Component, kwargs, "--sampler-config")
+
+
+def test_component_config_is_refused_for_a_module_without_its_own_init():
+    from torch import nn
+
+    from core.plugins import build_component
+
+    class Component(nn.Module):  # inherits nn.Module's permissive (*args, **kwargs)
+        pass
+
+    with pytest.raises(ValueError, match="--sampler-config does not fit Component"):
+        build_component(Component, {"x": 1}, "--sampler-config")

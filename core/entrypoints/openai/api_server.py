@@ -6,10 +6,11 @@ import asyncio
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from http import HTTPStatus
 
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 import core
@@ -21,7 +22,7 @@ from core.entrypoints.openai.errors import OpenAIError, error_response, install_
 from core.entrypoints.openai.serving import Serving
 from core.metrics import EngineMetrics
 from core.plugins.groups import ENDPOINTS
-from core.plugins.registry import get_registry
+from core.plugins.registry import PluginEntry, get_registry
 
 logger = logging.getLogger(__name__)
 
@@ -122,17 +123,12 @@ def _require_api_key(app: FastAPI, api_key: str) -> None:
 
 def _mount_endpoint_plugins(app: FastAPI) -> None:
     """Mount the routers of allowlisted endpoint plugins (denied unless in CORE_PLUGINS)."""
-    registry = get_registry()
-    for entry in registry.admitted(ENDPOINTS):
-        factory = registry.load(entry)
-        if factory is None:
-            continue
-        try:
-            app.include_router(factory())
-        except Exception as exc:  # a broken plugin must not stop the server
-            registry.mark_failed(entry, f"router factory raised {type(exc).__name__}: {exc}")
-            continue
+
+    def mount(entry: PluginEntry, factory: Callable[[], APIRouter]) -> None:
+        app.include_router(factory())
         logger.info("mounted endpoint plugin %s from %s", entry.name, entry.distribution)
+
+    get_registry().use_each(ENDPOINTS, mount, "router factory")
 
 
 async def _on_engine_dead(_: Request, exc: EngineDeadError) -> JSONResponse:
