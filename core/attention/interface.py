@@ -101,7 +101,15 @@ class AttentionMetadataBuilder(ABC):
 
 
 class AttentionImpl(ABC):
-    """The attention computation of one layer, reading and writing the paged KV cache."""
+    """The attention computation of one layer, reading and writing the paged KV cache.
+
+    A backend with its own metadata and KV layout implements `forward` whole. A kernel
+    plugin that replaces only the decode or the prefill computation subclasses the
+    reference `core.attention.backends.torch_ref.TorchRefImpl` and overrides its public
+    hook `forward_decode` or `forward_prefill`, which receive the public metadata types of
+    `core.attention.paged_metadata` (`DecodeBatch`, `PrefillChunk`); the hooks' contract
+    (KV layout, GQA, sliding window) is written on TorchRefImpl.
+    """
 
     def __init__(
         self,

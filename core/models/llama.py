@@ -21,9 +21,9 @@ from core.models.layers import (
     LMHead,
     MergedLinear,
     QKVLinear,
-    ReplicatedLinear,
     RMSNorm,
     RotaryEmbedding,
+    RowParallelLinear,
     SiluAndMul,
     VocabEmbedding,
     apply_rotary_emb,
@@ -66,7 +66,7 @@ class LlamaMLP(nn.Module):
             hidden, [inter, inter], options.mlp_bias, quant_config, f"{prefix}.gate_up_proj", dtype
         )
         self.act_fn = SiluAndMul()
-        self.down_proj = ReplicatedLinear(
+        self.down_proj = RowParallelLinear(
             inter, hidden, options.mlp_bias, quant_config, f"{prefix}.down_proj", dtype
         )
 
@@ -98,7 +98,7 @@ class LlamaAttention(nn.Module):
             prefix=f"{prefix}.qkv_proj",
             dtype=dtype,
         )
-        self.o_proj = ReplicatedLinear(
+        self.o_proj = RowParallelLinear(
             self.num_heads * self.head_dim,
             config.hidden_size,
             bias=options.o_proj_bias,

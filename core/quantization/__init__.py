@@ -1,6 +1,12 @@
 """Quantization: the QuantizationConfig / LinearMethod interfaces, their reference, lookup."""
 
-from core.quantization.interface import LinearMethod, QuantizationConfig
+from core.quantization.interface import (
+    LinearMethod,
+    LinearPartition,
+    LinearSplit,
+    QuantizationConfig,
+    WrappedLinearMethod,
+)
 from core.quantization.registry import get_quantization_config_class
 from core.quantization.unquantized import UnquantizedLinearMethod
 from core.quantization.weight_loader import (
@@ -13,9 +19,12 @@ from core.quantization.weight_loader import (
 
 __all__ = [
     "LinearMethod",
+    "LinearPartition",
+    "LinearSplit",
     "QuantizationConfig",
     "UnquantizedLinearMethod",
     "WeightLoader",
+    "WrappedLinearMethod",
     "default_weight_loader",
     "fused_weight_loader",
     "get_quantization_config_class",

@@ -1,4 +1,9 @@
-"""The reference LinearMethod: a plain weight matrix and F.linear."""
+"""The reference LinearMethod: a plain weight matrix and F.linear.
+
+Every other method is held to this one: a method's `apply` must compute, up to
+rounding, what this method's `apply` computes with the dense W the method's `dequantize`
+returns as its `weight`.
+"""
 
 from __future__ import annotations
 
@@ -6,25 +11,27 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core.quantization.interface import LinearMethod
+from core.quantization.interface import LinearMethod, LinearPartition
 from core.quantization.weight_loader import fused_weight_loader, set_weight_loader
 
 
 class UnquantizedLinearMethod(LinearMethod):
-    """`weight` [sum(output_sizes), input_size] and optional `bias`, in the model's dtype."""
+    """The reference: `weight` [sum(output_sizes), input_size] per partition and an
+    optional `bias`, both in the activation dtype; `dequantize` is `weight` itself."""
 
     def create_weights(
         self,
         layer: nn.Module,
-        input_size: int,
-        output_sizes: list[int],
+        partition: LinearPartition,
         bias: bool,
         dtype: torch.dtype,
     ) -> None:
+        output_sizes = partition.output_sizes_per_partition
         loader = fused_weight_loader(output_sizes)
         output_size = sum(output_sizes)
         weight = nn.Parameter(
-            torch.empty(output_size, input_size, dtype=dtype), requires_grad=False
+            torch.empty(output_size, partition.input_size_per_partition, dtype=dtype),
+            requires_grad=False,
         )
         set_weight_loader(weight, loader)
         layer.register_parameter("weight", weight)
@@ -40,6 +47,9 @@ class UnquantizedLinearMethod(LinearMethod):
         bias: torch.Tensor | None,
     ) -> torch.Tensor:  # [num_tokens, sum(output_sizes)]
         return dense_linear(x, layer.weight, bias)
+
+    def dequantize(self, layer: nn.Module) -> torch.Tensor:
+        return layer.weight
 
 
 # On CPUs, torch's 16-bit matmul of a single row takes a slow path; its matrix-vector

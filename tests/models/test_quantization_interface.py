@@ -10,10 +10,12 @@ from model_harness import assert_logits_match, hf_logits, our_model, run_logits,
 from plugin_sources import API
 from torch import nn
 
+from core.models.layers import LinearBase
 from core.plugins import PluginRegistry
 from core.plugins.groups import ALL_GROUPS, QUANTIZATION
 from core.quantization import (
     LinearMethod,
+    LinearSplit,
     QuantizationConfig,
     UnquantizedLinearMethod,
     fused_weight_loader,
@@ -25,7 +27,8 @@ from core.quantization import (
 class DoubledTransposedMethod(LinearMethod):
     """Stores 2 * W^T ([input, output], shards side by side) and halves it back in apply."""
 
-    def create_weights(self, layer, input_size, output_sizes, bias, dtype):
+    def create_weights(self, layer, partition, bias, dtype):
+        input_size, output_sizes = partition.input_size, partition.output_sizes
         columns = fused_weight_loader(output_sizes, output_dim=1)
 
         def load(param, loaded, shard_id=None):
@@ -46,6 +49,9 @@ class DoubledTransposedMethod(LinearMethod):
     def apply(self, layer, x, bias):
         out = x @ (layer.weight / 2)  # [T, input] @ [input, output]
         return out if bias is None else out + bias
+
+    def dequantize(self, layer):
+        return layer.weight.t() / 2
 
 
 class DoubledConfig(QuantizationConfig):
@@ -82,6 +88,21 @@ def test_swapped_linear_method_gives_the_same_logits(hf_qwen2):
     assert qkv.weight.shape == (64, 128)  # stored transposed: [hidden, (4 + 2 + 2) * 16]
     assert isinstance(model.model.layers[0].mlp.down_proj.linear_method, UnquantizedLinearMethod)
     assert_logits_match(run_logits(model, input_ids), hf_logits(hf_qwen2, input_ids))
+
+
+def test_projections_are_split_the_way_tensor_parallelism_shards_them(hf_qwen2):
+    layer = our_model(hf_qwen2).model.layers[0]
+    splits = {
+        name: module.partition.split
+        for name, module in layer.named_modules()
+        if isinstance(module, LinearBase)
+    }
+    assert splits == {
+        "self_attn.qkv_proj": LinearSplit.COLUMN,
+        "self_attn.o_proj": LinearSplit.ROW,
+        "mlp.gate_up_proj": LinearSplit.COLUMN,
+        "mlp.down_proj": LinearSplit.ROW,
+    }
 
 
 def test_config_is_asked_once_per_linear_layer_by_module_prefix(hf_qwen2):
@@ -127,7 +148,9 @@ def test_quantization_method_is_found_by_entry_name(site):
 
 def test_unknown_quantization_method_lists_the_installed_ones(site):
     site.add("acme-quant", {QUANTIZATION: {"acme": "acme_quant.config:AcmeConfig"}}, QUANT_PLUGIN)
-    with pytest.raises(ValueError, match=r"'gptq' is not installed; installed: \['acme'\]"):
+    with pytest.raises(
+        ValueError, match="quantization method 'gptq' is not installed; installed: acme$"
+    ):
         get_quantization_config_class("gptq", discover())
 
 

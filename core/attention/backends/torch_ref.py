@@ -9,8 +9,6 @@ while prefill chunks, few per step, go one request at a time through SDPA.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
@@ -19,118 +17,96 @@ from core.attention.interface import (
     AttentionCapabilities,
     AttentionImpl,
     AttentionMetadataBuilder,
-    CommonAttentionMetadata,
+)
+from core.attention.paged_metadata import (
+    DecodeBatch,
+    PagedAttentionMetadata,
+    PagedAttentionMetadataBuilder,
+    PrefillChunk,
 )
 
-
-@dataclass
-class PrefillChunk:
-    """One request's new tokens [start, end) in the batch; its context has `seq_len`."""
-
-    start: int
-    end: int
-    seq_len: int
-    block_ids: torch.Tensor  # [num_blocks] covering seq_len
-
-
-@dataclass
-class DecodeBatch:
-    """The requests with exactly one new token, attended together."""
-
-    token_index: torch.Tensor  # [B] rows of query/output
-    block_table: torch.Tensor  # [B, max_blocks] covering the longest context
-    seq_lens: torch.Tensor  # [B, 1] context length after this step
-    positions: torch.Tensor  # [1, max_blocks * block_size] key positions
-
-
-@dataclass
-class TorchRefMetadata:
-    slot_mapping: torch.Tensor  # [num_tokens] int64
-    prefills: list[PrefillChunk]
-    decode: DecodeBatch | None
-
-
-class TorchRefMetadataBuilder(AttentionMetadataBuilder):
-    def build(self, common: CommonAttentionMetadata) -> TorchRefMetadata:
-        block_size = self.kv_cache_spec.block_size
-        starts = common.query_start_loc.tolist()
-        seq_lens = common.seq_lens.tolist()
-        decode_rows = [i for i in range(common.num_reqs) if starts[i + 1] - starts[i] == 1]
-        prefills = [
-            PrefillChunk(
-                starts[i],
-                starts[i + 1],
-                seq_lens[i],
-                common.block_table[i, : -(-seq_lens[i] // block_size)],
-            )
-            for i in range(common.num_reqs)
-            if starts[i + 1] - starts[i] > 1
-        ]
-        return TorchRefMetadata(
-            slot_mapping=common.slot_mapping,
-            prefills=prefills,
-            decode=self._decode_batch(common, decode_rows, block_size) if decode_rows else None,
-        )
-
-    def _decode_batch(
-        self, common: CommonAttentionMetadata, rows: list[int], block_size: int
-    ) -> DecodeBatch:
-        index = torch.tensor(rows, device=common.seq_lens.device)
-        seq_lens = common.seq_lens[index].long()
-        num_blocks = -(-int(seq_lens.max()) // block_size)
-        return DecodeBatch(
-            token_index=common.query_start_loc[index].long(),
-            block_table=common.block_table[index, :num_blocks].long(),
-            seq_lens=seq_lens[:, None],
-            positions=torch.arange(num_blocks * block_size, device=index.device)[None, :],
-        )
+__all__ = ["TorchRefBackend", "TorchRefImpl"]
 
 
 class TorchRefImpl(AttentionImpl):
+    """The reference kernel, and the class a kernel plugin subclasses to replace one half.
+
+    `forward` stores the step's K/V in the cache at `slot_mapping`, then calls
+    `forward_prefill` once per prefill chunk and `forward_decode` once for the decode
+    batch, and places their rows in the output. The hooks are the kernel seam: a subclass
+    overrides either one (cpu_kernels replaces `forward_decode` with a C++ kernel) and
+    inherits the rest; its backend subclasses `TorchRefBackend`, keeping the reference's
+    metadata builder and KV layout.
+
+    What both hooks may rely on:
+    - KV layout (`TorchRefBackend.get_kv_cache_shape`): `kv_cache` is
+      [num_blocks, 2, block_size, num_kv_heads, head_size], index 0 of dimension 1 the
+      keys and 1 the values, in the model's dtype. Only the head_size dimension is
+      guaranteed contiguous: a block-outermost KV-cache layout interleaves several
+      layers' pages, so consecutive blocks may be further apart than one page.
+    - The step's K/V are already in the cache when a hook runs; hooks read the cache
+      and write nothing but their return value.
+    - GQA: query head h reads KV head h // (num_heads // num_kv_heads).
+    - Causality and window: the query at position p sees the keys at positions
+      [max(0, p - sliding_window + 1), p] (all of [0, p] when `sliding_window` is None).
+    - `scale` multiplies q.k before the softmax; the result is in the query's dtype.
+    """
+
     def forward(
         self,
         query: torch.Tensor,  # [T, Hq, D]
         key: torch.Tensor,  # [T, Hkv, D]
         value: torch.Tensor,  # [T, Hkv, D]
         kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, Hkv, D]
-        attn_metadata: TorchRefMetadata,
+        attn_metadata: PagedAttentionMetadata,
     ) -> torch.Tensor:  # [T, Hq, D]
         _write_kv(kv_cache, key, value, attn_metadata.slot_mapping)
         output = torch.empty_like(query)
         for chunk in attn_metadata.prefills:
-            output[chunk.start : chunk.end] = self._prefill(query, key, value, kv_cache, chunk)
+            rows = slice(chunk.start, chunk.end)
+            output[rows] = self.forward_prefill(
+                query[rows], key[rows], value[rows], kv_cache, chunk
+            )
         if attn_metadata.decode is not None:
             decode = attn_metadata.decode
-            output[decode.token_index] = self._decode(query[decode.token_index], kv_cache, decode)
+            rows = decode.token_index
+            output[rows] = self.forward_decode(query[rows], kv_cache, decode)
         return output
 
-    def _prefill(
+    def forward_prefill(
         self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        kv_cache: torch.Tensor,
+        query: torch.Tensor,  # [q_len, Hq, D]
+        key: torch.Tensor,  # [q_len, Hkv, D]
+        value: torch.Tensor,  # [q_len, Hkv, D]
+        kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, Hkv, D]
         chunk: PrefillChunk,
     ) -> torch.Tensor:  # [q_len, Hq, D]
-        q = query[chunk.start : chunk.end]  # [q_len, Hq, D]
-        q_len = q.shape[0]
+        """Attention of one request's new tokens (q_len = chunk.end - chunk.start > 1).
+
+        `query`, `key` and `value` are the chunk's own rows (views into the step's
+        tensors), at positions [chunk.seq_len - q_len, chunk.seq_len). Keys before those
+        are read from `kv_cache` through `chunk.block_ids`; the chunk's own keys are both
+        in `key`/`value` and in the cache.
+        """
+        q_len = query.shape[0]
         cacheless = q_len == chunk.seq_len
         if cacheless:  # the new K/V are the whole context
-            k, v = key[chunk.start : chunk.end], value[chunk.start : chunk.end]
+            k, v = key, value
         else:
-            k, v = _gather_pages(kv_cache, chunk.block_ids.long())  # [>= seq_len, Hkv, D]
+            k, v = _gather_pages(kv_cache, chunk.block_ids)  # [>= seq_len, Hkv, D]
             k, v = k[: chunk.seq_len], v[: chunk.seq_len]
         mask = None
         if not cacheless or self.sliding_window is not None:
-            q_pos = torch.arange(chunk.seq_len - q_len, chunk.seq_len, device=q.device)[:, None]
-            k_pos = torch.arange(chunk.seq_len, device=q.device)[None, :]
+            device = query.device
+            q_pos = torch.arange(chunk.seq_len - q_len, chunk.seq_len, device=device)[:, None]
+            k_pos = torch.arange(chunk.seq_len, device=device)[None, :]
             mask = k_pos <= q_pos  # [q_len, seq_len]
             if self.sliding_window is not None:
                 mask &= q_pos - k_pos < self.sliding_window
         # 4-D inputs: on a CPU, SDPA's flash kernel takes only those (3-D ones fall back to
         # the unfused math path, ~5x slower on long prompts).
         out = F.scaled_dot_product_attention(
-            q.transpose(0, 1)[None],  # [1, Hq, q_len, D]
+            query.transpose(0, 1)[None],  # [1, Hq, q_len, D]
             k.transpose(0, 1)[None],  # [1, Hkv, seq_len, D]
             v.transpose(0, 1)[None],
             attn_mask=mask,
@@ -141,17 +117,27 @@ class TorchRefImpl(AttentionImpl):
         )
         return out[0].transpose(0, 1)
 
-    def _decode(
-        self, q: torch.Tensor, kv_cache: torch.Tensor, decode: DecodeBatch
-    ) -> torch.Tensor:  # q: [B, Hq, D] -> [B, Hq, D]
+    def forward_decode(
+        self,
+        query: torch.Tensor,  # [B, Hq, D]
+        kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, Hkv, D]
+        decode: DecodeBatch,
+    ) -> torch.Tensor:  # [B, Hq, D]
+        """Attention of the decode batch: row i's one query over its cached context.
+
+        `query` holds the batch's rows in `decode` order (row i is step row
+        decode.token_index[i]); all of each row's keys, its new one included, are read
+        from `kv_cache` through `decode.block_table[i]` and `decode.seq_lens[i]`.
+        """
         k, v = _gather_pages(kv_cache, decode.block_table)  # [B, L, Hkv, D]
         k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, Hkv, L, D]
+        seq_lens = decode.seq_lens[:, None]  # [B, 1]
         # Keys past each context (padding, other requests' blocks) do not exist.
-        visible = decode.positions < decode.seq_lens  # [B, L]
+        visible = decode.key_positions < seq_lens  # [B, L]
         if self.sliding_window is not None:
-            visible &= decode.positions >= decode.seq_lens - self.sliding_window
+            visible &= decode.key_positions >= seq_lens - self.sliding_window
         out = F.scaled_dot_product_attention(
-            q[:, :, None, :],  # [B, Hq, 1, D]
+            query[:, :, None, :],  # [B, Hq, 1, D]
             k,
             v,
             attn_mask=visible[:, None, None, :],
@@ -195,6 +181,9 @@ def _write_kv(
 
 
 class TorchRefBackend(AttentionBackend):
+    """The reference backend; a kernel plugin's backend subclasses it to keep its
+    metadata builder and KV layout while `get_impl_cls` returns a TorchRefImpl subclass."""
+
     name = "torch_ref"
     capabilities = AttentionCapabilities(
         dtypes=frozenset({torch.float32, torch.float16, torch.bfloat16}),
@@ -206,12 +195,15 @@ class TorchRefBackend(AttentionBackend):
 
     @staticmethod
     def get_builder_cls() -> type[AttentionMetadataBuilder]:
-        return TorchRefMetadataBuilder
+        return PagedAttentionMetadataBuilder
 
     @staticmethod
     def get_kv_cache_shape(
         num_blocks: int, block_size: int, num_kv_heads: int, head_size: int
     ) -> tuple[int, ...]:
-        # K and V of one block side by side: a block's page is contiguous, so the
-        # KVCacheTensor layouts can place whole pages.
+        """[num_blocks, 2, block_size, num_kv_heads, head_size]: K then V of each block.
+
+        The layout `TorchRefImpl`'s hooks read. K and V of one block sit side by side, so a
+        block's page is contiguous and the KVCacheTensor layouts can place whole pages.
+        """
         return (num_blocks, 2, block_size, num_kv_heads, head_size)

@@ -2,7 +2,13 @@
 
 from core.models.layers.activation import SiluAndMul
 from core.models.layers.layernorm import RMSNorm
-from core.models.layers.linear import LinearBase, MergedLinear, QKVLinear, ReplicatedLinear
+from core.models.layers.linear import (
+    LinearBase,
+    MergedLinear,
+    QKVLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+)
 from core.models.layers.rotary_embedding import RotaryEmbedding, apply_rotary_emb
 from core.models.layers.vocab_embedding import LMHead, VocabEmbedding
 
@@ -13,6 +19,7 @@ __all__ = [
     "QKVLinear",
     "RMSNorm",
     "ReplicatedLinear",
+    "RowParallelLinear",
     "RotaryEmbedding",
     "SiluAndMul",
     "VocabEmbedding",

@@ -38,7 +38,6 @@ class LMHead(nn.Module):
         tied_to: VocabEmbedding | None = None,
     ) -> None:
         super().__init__()
-        self.tied = tied_to is not None
         if tied_to is not None:
             self.weight = tied_to.weight
         else:

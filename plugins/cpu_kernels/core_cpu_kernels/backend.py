@@ -10,23 +10,26 @@ from __future__ import annotations
 
 import torch
 
-from core.attention.backends.torch_ref import DecodeBatch, TorchRefBackend, TorchRefImpl
+from core.attention.backends.torch_ref import TorchRefBackend, TorchRefImpl
 from core.attention.interface import AttentionCapabilities, AttentionImpl
+from core.attention.paged_metadata import DecodeBatch
 from core_cpu_kernels import _C  # import after torch: the module links against libtorch
 
 
 class CpuPagedImpl(TorchRefImpl):
-    def _decode(
-        self, q: torch.Tensor, kv_cache: torch.Tensor, decode: DecodeBatch
-    ) -> torch.Tensor:  # q: [B, Hq, D] -> [B, Hq, D]
-        q = q.contiguous()
-        out = torch.empty_like(q)
+    """The reference impl with its `forward_decode` hook done by the C++ kernel."""
+
+    def forward_decode(
+        self, query: torch.Tensor, kv_cache: torch.Tensor, decode: DecodeBatch
+    ) -> torch.Tensor:  # [B, Hq, D] -> [B, Hq, D]
+        query = query.contiguous()
+        out = torch.empty_like(query)
         _C.paged_decode_attention(
             out,
-            q,
+            query,
             kv_cache,
             decode.block_table,
-            decode.seq_lens[:, 0].contiguous(),
+            decode.seq_lens,
             self.scale,
             self.sliding_window or 0,
         )

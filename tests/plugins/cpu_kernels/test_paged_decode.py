@@ -7,8 +7,9 @@ import importlib.metadata as metadata
 import pytest
 import torch
 
-from core.attention.backends.torch_ref import DecodeBatch, TorchRefImpl
+from core.attention.backends.torch_ref import TorchRefImpl
 from core.attention.interface import AttentionRequirements
+from core.attention.paged_metadata import DecodeBatch
 from core.attention.selector import select_attention_backend
 from core.kv_cache.layout import KVCacheTensor, create_kv_cache_view
 from core.platforms.cpu import CpuPlatform
@@ -42,8 +43,8 @@ def decode_batch(seq_lens: list[int]) -> DecodeBatch:
     return DecodeBatch(
         token_index=torch.arange(len(seq_lens)),
         block_table=table,
-        seq_lens=torch.tensor(seq_lens)[:, None],
-        positions=torch.arange(num_blocks * BLOCK_SIZE)[None, :],
+        seq_lens=torch.tensor(seq_lens),
+        key_positions=torch.arange(num_blocks * BLOCK_SIZE)[None, :],
     )
 
 
@@ -57,8 +58,8 @@ def test_float32_decode_matches_the_reference(layout, heads, kv_heads, head_size
     batch = decode_batch(SEQ_LENS)
     q = torch.randn(len(SEQ_LENS), heads, head_size, generator=torch.Generator().manual_seed(2))
     args = (heads, head_size, head_size**-0.5, kv_heads, window)
-    expected = TorchRefImpl(*args)._decode(q, cache, batch)
-    got = backend.CpuPagedImpl(*args)._decode(q, cache, batch)
+    expected = TorchRefImpl(*args).forward_decode(q, cache, batch)
+    got = backend.CpuPagedImpl(*args).forward_decode(q, cache, batch)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
@@ -69,8 +70,8 @@ def test_half_precision_decode_matches_the_reference_in_float32(dtype):
     q = torch.randn(len(SEQ_LENS), 9, 64, generator=torch.Generator().manual_seed(2)).to(dtype)
     args = (9, 64, 64**-0.5, 3, None)
     # The kernel accumulates in float32, so compare with the reference run in float32.
-    expected = TorchRefImpl(*args)._decode(q.float(), cache.float(), batch)
-    got = backend.CpuPagedImpl(*args)._decode(q, cache, batch)
+    expected = TorchRefImpl(*args).forward_decode(q.float(), cache.float(), batch)
+    got = backend.CpuPagedImpl(*args).forward_decode(q, cache, batch)
     assert got.dtype == dtype
     tolerance = 2 * torch.finfo(dtype).eps
     torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
@@ -81,9 +82,9 @@ def test_bad_inputs_are_refused_with_the_reason():
     batch = decode_batch([5, 6])
     impl = backend.CpuPagedImpl(9, 64, 0.125, 3)
     with pytest.raises(RuntimeError, match="kv_cache dtype must match query"):
-        impl._decode(torch.randn(2, 9, 64, dtype=torch.bfloat16), cache, batch)
+        impl.forward_decode(torch.randn(2, 9, 64, dtype=torch.bfloat16), cache, batch)
     with pytest.raises(RuntimeError, match="head sizes of query and kv_cache differ"):
-        impl._decode(torch.randn(2, 9, 32), cache, batch)
+        impl.forward_decode(torch.randn(2, 9, 32), cache, batch)
 
 
 def requirements(head_size: int) -> AttentionRequirements:
