@@ -1,23 +1,23 @@
 """AsyncLLM: the asyncio frontend over an engine-core process.
 
 Tokenizing, validating and detokenizing stay here; the engine core steps in its own
-process. Each request streams through its own asyncio queue; a consumer that stops
-listening (a client disconnect cancels its task) aborts its request. When the engine-core
-process dies, every waiting request fails at once with EngineDeadError and `is_healthy`
-turns False.
+process, reached through an MPClient. Each request streams through its own asyncio queue;
+a consumer that stops listening (a client disconnect cancels its task) aborts its request.
+When the engine-core process dies, every waiting request fails at once with
+EngineDeadError and `is_healthy` turns False.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 from collections.abc import AsyncIterator, Callable
 
 from core.config import UsageContext
-from core.engine.core_client import EngineCoreClient, EngineDeadError
-from core.engine.output_processor import OutputProcessor, RequestOutputKind
-from core.engine.processor import EngineSetup, InputProcessor, PreparedRequest
+from core.engine.core_client import EngineDeadError, MPClient
+from core.engine.frontend import EngineFrontend
+from core.engine.output_processor import RequestOutputKind
+from core.engine.processor import EngineSetup, PreparedRequest
 from core.engine.protocol import SchedulerStats
 from core.engine_args import EngineArgs
 from core.outputs import RequestOutput
@@ -25,18 +25,13 @@ from core.outputs import RequestOutput
 logger = logging.getLogger(__name__)
 
 
-class AsyncLLM:
+class AsyncLLM(EngineFrontend):
     def __init__(self, setup: EngineSetup) -> None:
-        self.config = setup.config
-        self.processor = InputProcessor(setup)
-        self.tokenizer = self.processor.tokenizer
-        self.output_processor = OutputProcessor(self.tokenizer)
-        self.client = EngineCoreClient(setup.config, str(setup.checkpoint.path))
+        super().__init__(setup, MPClient(setup))
         self.scheduler_stats: SchedulerStats | None = None
         self.stats_listeners: list[Callable[[SchedulerStats], None]] = []
         self._queues: dict[str, asyncio.Queue] = {}
         self._output_task: asyncio.Task | None = None
-        self._ids = itertools.count()
 
     @classmethod
     async def start(cls, engine_args: EngineArgs) -> AsyncLLM:
@@ -48,16 +43,12 @@ class AsyncLLM:
             engine.client.shutdown()
             raise
         logger.info("engine core ready (pid %s, %s KV blocks)", info["pid"], info["num_blocks"])
-        engine.client.watch(engine._on_engine_death)
         engine._output_task = asyncio.create_task(engine._output_loop())
         return engine
 
     @property
     def is_healthy(self) -> bool:
-        return self.client.dead_reason is None
-
-    def new_request_id(self) -> str:
-        return f"req-{next(self._ids)}"
+        return self.client.is_alive
 
     async def generate(
         self,
@@ -69,14 +60,11 @@ class AsyncLLM:
         """Yield the request's outputs until it finishes; aborts it if the consumer leaves."""
         if not self.is_healthy:
             raise EngineDeadError(self.client.dead_reason)
-        request = self.processor.engine_core_request(request_id, prepared, priority)
         queue: asyncio.Queue = asyncio.Queue()
-        children = self.output_processor.add_request(request, prepared.prompt, output_kind, queue)
         self._queues[request_id] = queue
         finished = False
         try:
-            for child in children:
-                await self.client.add_request(child)
+            await self._add_request(request_id, prepared, output_kind, queue, priority)
             while not finished:
                 item = await queue.get()
                 if isinstance(item, BaseException):
@@ -89,8 +77,7 @@ class AsyncLLM:
                 await self.abort(request_id)
 
     async def abort(self, request_id: str) -> None:
-        engine_ids = self.output_processor.abort_requests([request_id])
-        await self.client.abort_requests(engine_ids)
+        await self._abort([request_id])
 
     async def reset_prefix_cache(self) -> None:
         await self.client.utility("reset_prefix_cache")
@@ -99,9 +86,7 @@ class AsyncLLM:
         try:
             while True:
                 outputs = await self.client.get_outputs()
-                processed = self.output_processor.process_outputs(outputs)
-                if processed.reqs_to_abort:  # finished here by a stop string
-                    await self.client.abort_requests(processed.reqs_to_abort)
+                await self._process_outputs(outputs)
                 if outputs.scheduler_stats is not None:
                     self.scheduler_stats = outputs.scheduler_stats
                     for listener in self.stats_listeners:
@@ -113,11 +98,10 @@ class AsyncLLM:
 
     def _on_engine_death(self, reason: str) -> None:
         logger.error("%s; failing %d waiting requests", reason, len(self._queues))
-        self.client.dead_reason = self.client.dead_reason or reason
         for queue in self._queues.values():
             queue.put_nowait(EngineDeadError(reason))
 
     def shutdown(self) -> None:
         if self._output_task is not None:
             self._output_task.cancel()
-        self.client.shutdown()
+        super().shutdown()

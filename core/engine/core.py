@@ -26,6 +26,7 @@ from core.kv_cache.registry import load_spec_registry
 from core.model_loader import Checkpoint, resolve_model
 from core.models.arch_config import ArchConfig
 from core.platforms.interface import Platform
+from core.plugins.hooks import call_each
 from core.request import Request, RequestStatus
 from core.scheduler.scheduler import Scheduler
 from core.structured_output.manager import StructuredOutputManager
@@ -34,6 +35,16 @@ if TYPE_CHECKING:
     from core.structured_output.xgrammar_backend import XgrammarBackend
 
 logger = logging.getLogger(__name__)
+
+# The EngineCore methods a client may call by name (EngineCoreClient.utility): maintenance
+# that takes no arguments and answers nothing, so a fire-and-forget message can carry it.
+UTILITIES = frozenset({"reset_prefix_cache"})
+
+
+def check_utility(name: str) -> None:
+    """ValueError unless `name` is one of UTILITIES."""
+    if name not in UTILITIES:
+        raise ValueError(f"utility {name!r} is not one of {sorted(UTILITIES)}")
 
 
 def _grammar_backend(config: EngineConfig, checkpoint: Checkpoint) -> XgrammarBackend:
@@ -119,15 +130,16 @@ class EngineCore:
     def reset_prefix_cache(self) -> bool:
         return self.kv.reset_prefix_cache()
 
+    def call_utility(self, name: str) -> None:
+        """Run the maintenance call `name` (one of UTILITIES), as a client asks by name."""
+        check_utility(name)
+        getattr(self, name)()
+
     def shutdown(self) -> None:
         self.grammars.shutdown()
         self.executor.shutdown()
         self._call_hook("core_engine_stopped")
 
     def _call_hook(self, name: str) -> None:
-        if self.hooks is None:
-            return
-        try:
-            getattr(self.hooks.hook, name)(config=self.config)
-        except Exception:  # a plugin's hook must never stop the engine
-            logger.exception("hook %s failed", name)
+        if self.hooks is not None:
+            call_each(self.hooks, name, config=self.config)

@@ -1,4 +1,13 @@
-"""The frontend's handle on an engine-core process (spawned, ZMQ over IPC sockets)."""
+"""EngineCoreClient: the frontend's one handle on an engine core, in this process or its own.
+
+Both frontends talk to the engine core only through this interface: LLMEngine holds an
+InprocClient (the EngineCore in this process), AsyncLLM an MPClient (the EngineCore in a
+process of its own, over ZMQ). The interface is async-shaped because the process client
+waits on sockets. The in-process client's coroutines never suspend — each call does its
+work, `get_outputs` one EngineCore step, and returns — so a synchronous frontend drives
+them with `run_inline`, without an event loop (it works inside a running one too, e.g. a
+notebook's). A sync-shaped interface would instead need a thread to wait on the sockets.
+"""
 
 from __future__ import annotations
 
@@ -8,26 +17,140 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
-from typing import Any
+from abc import ABC, abstractmethod
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 import zmq
 import zmq.asyncio
 
-from core.config import EngineConfig
 from core.engine import core_proc
+from core.engine.core import EngineCore, check_utility
 from core.engine.protocol import EngineCoreOutputs, EngineCoreRequest
+
+if TYPE_CHECKING:
+    from core.engine.processor import EngineSetup
+
+__all__ = ["EngineCoreClient", "EngineDeadError", "InprocClient", "MPClient", "run_inline"]
+
+T = TypeVar("T")
 
 
 class EngineDeadError(RuntimeError):
-    """The engine-core process is gone; requests cannot be served."""
+    """The engine core is gone; requests cannot be served."""
 
 
-class EngineCoreClient:
-    """Starts the engine-core process and talks to it; `start()` waits until it is ready."""
+class EngineCoreClient(ABC):
+    """The frontend-engine contract, as calls.
 
-    def __init__(self, config: EngineConfig, model: str) -> None:
+    Lifecycle: `start()` once, then any of the calls below, then `shutdown()` once.
+    Requests arrive validated (the InputProcessor's job) and with n > 1 already fanned out
+    into child requests (the OutputProcessor's). `dead_reason` is None while the engine
+    core can serve; once it is set, `add_request` and `utility` raise EngineDeadError,
+    `get_outputs` raises it, and `abort_requests` does nothing.
+    """
+
+    def __init__(self) -> None:
+        self.dead_reason: str | None = None
+
+    @property
+    def is_alive(self) -> bool:
+        return self.dead_reason is None
+
+    @abstractmethod
+    async def start(self) -> dict[str, Any]:
+        """Build or spawn the engine core; return once it takes requests, with its "pid"
+        and "num_blocks" (KV-cache blocks). EngineDeadError when it cannot start."""
+
+    @abstractmethod
+    async def add_request(self, request: EngineCoreRequest) -> None:
+        """Queue one request; its outputs come back through `get_outputs`."""
+
+    @abstractmethod
+    async def abort_requests(self, request_ids: list[str]) -> None:
+        """Stop these requests and free their state; unknown or finished ids are ignored."""
+
+    @abstractmethod
+    async def utility(self, name: str) -> None:
+        """Run the engine core's maintenance call `name` (one of `core.engine.core.UTILITIES`,
+        e.g. "reset_prefix_cache"), fire and forget; ValueError for any other name, raised
+        before anything reaches the engine core."""
+
+    @abstractmethod
+    async def get_outputs(self) -> EngineCoreOutputs:
+        """The next outputs: in this process, one step's (empty when there is no work); from
+        a process, the next it sends (waiting for them). EngineDeadError once it is dead."""
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Stop the engine core and free what the client holds."""
+
+
+class InprocClient(EngineCoreClient):
+    """The EngineCore in this process; `get_outputs` runs one step.
+
+    Its coroutines never suspend, so LLMEngine calls them through `run_inline`. An asyncio
+    frontend should not use it: an idle `get_outputs` returns at once, so an output loop
+    over it would never yield to the event loop.
+    """
+
+    def __init__(self, setup: EngineSetup) -> None:
+        super().__init__()
+        self._setup = setup
+        self._core: EngineCore | None = None
+
+    @property
+    def core(self) -> EngineCore:
+        """The engine core itself (introspection: its scheduler, KV cache, executor)."""
+        if self._core is None:
+            raise EngineDeadError("the in-process engine core is not running")
+        return self._core
+
+    async def start(self) -> dict[str, Any]:
+        setup = self._setup
+        self._core = EngineCore(setup.config, setup.platform, setup.checkpoint, setup.hooks)
+        return {"pid": os.getpid(), "num_blocks": self._core.num_gpu_blocks}
+
+    async def add_request(self, request: EngineCoreRequest) -> None:
+        self.core.add_request(request)
+
+    async def abort_requests(self, request_ids: list[str]) -> None:
+        self.core.abort_requests(request_ids)
+
+    async def utility(self, name: str) -> None:
+        self.core.call_utility(name)
+
+    async def get_outputs(self) -> EngineCoreOutputs:
+        return self.core.step()
+
+    def shutdown(self) -> None:
+        if self._core is not None:
+            self._core.shutdown()
+            self._core = None
+
+
+def run_inline(call: Coroutine[Any, Any, T]) -> T:
+    """The result of a coroutine that never suspends (an InprocClient call), run to its end
+    without an event loop. RuntimeError when it does suspend: it needed a loop after all."""
+    try:
+        call.send(None)
+    except StopIteration as done:
+        return done.value
+    call.close()
+    raise RuntimeError("run_inline needs a client that never waits (the in-process client)")
+
+
+class MPClient(EngineCoreClient):
+    """The EngineCore in a process of its own (spawned, ZMQ over IPC sockets).
+
+    `get_outputs` waits on the output socket and on the process itself (a pidfd, readable
+    once it exits), so a killed engine core fails the waiting requests at once, without
+    polling. Its coroutines need a running event loop (AsyncLLM's).
+    """
+
+    def __init__(self, setup: EngineSetup) -> None:
+        super().__init__()
         self._ipc_dir = tempfile.mkdtemp(prefix="core-ipc-")
         input_addr = f"ipc://{self._ipc_dir}/input"
         output_addr = f"ipc://{self._ipc_dir}/output"
@@ -38,13 +161,16 @@ class EngineCoreClient:
         self.output.bind(output_addr)
         self.encoder = msgspec.msgpack.Encoder()
         self.outputs_decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
+        model = str(setup.checkpoint.path)
         self._command = [sys.executable, "-m", core_proc.__name__, model, input_addr, output_addr]
-        self._config_json = config.model_dump_json()
+        self._config_json = setup.config.model_dump_json()
         self.proc: subprocess.Popen | None = None
-        self.dead_reason: str | None = None
+        self._pidfd: int | None = None
+        self._poller = zmq.asyncio.Poller()
+        self._poller.register(self.output, zmq.POLLIN)
 
     async def start(self, timeout_s: float = 600.0) -> dict[str, Any]:
-        """Start the process and wait for READY; raise EngineDeadError if it fails.
+        """Start the process and wait for READY.
 
         A fresh interpreter (not fork: the parent has torch threads and an event loop;
         not multiprocessing's spawn: it would re-run the user's __main__).
@@ -52,29 +178,18 @@ class EngineCoreClient:
         self.proc = subprocess.Popen(self._command, stdin=subprocess.PIPE)
         self.proc.stdin.write(self._config_json.encode())
         self.proc.stdin.close()
+        self._pidfd = os.pidfd_open(self.proc.pid)
+        self._poller.register(self._pidfd, zmq.POLLIN)
         deadline = asyncio.get_running_loop().time() + timeout_s
         while asyncio.get_running_loop().time() < deadline:
             if await self.output.poll(200):
                 kind, payload = await self.output.recv_multipart()
                 if kind == core_proc.READY:
                     return msgspec.msgpack.decode(payload)
-                raise EngineDeadError(f"engine core failed to start: {payload.decode()}")
+                raise self._died(f"engine core failed to start: {payload.decode()}")
             if self.proc.poll() is not None:
-                raise EngineDeadError(f"engine core exited with code {self.proc.returncode}")
-        raise EngineDeadError(f"engine core not ready after {timeout_s:.0f} s")
-
-    def watch(self, on_death: Callable[[str], None]) -> None:
-        """Call `on_death(reason)` as soon as the process exits (no polling)."""
-        loop = asyncio.get_running_loop()
-        pidfd = os.pidfd_open(self.proc.pid)  # readable once the process has exited
-
-        def exited() -> None:
-            loop.remove_reader(pidfd)
-            os.close(pidfd)
-            self.dead_reason = f"engine core process exited (code {self.proc.wait()})"
-            on_death(self.dead_reason)
-
-        loop.add_reader(pidfd, exited)
+                raise self._died(f"engine core exited with code {self.proc.returncode}")
+        raise self._died(f"engine core not ready after {timeout_s:.0f} s")
 
     async def add_request(self, request: EngineCoreRequest) -> None:
         self._check_alive()
@@ -85,16 +200,26 @@ class EngineCoreClient:
             await self.input.send_multipart([core_proc.ABORT, self.encoder.encode(request_ids)])
 
     async def utility(self, name: str) -> None:
+        check_utility(name)
         self._check_alive()
         await self.input.send_multipart([core_proc.UTILITY, self.encoder.encode(name)])
 
     async def get_outputs(self) -> EngineCoreOutputs:
-        """The next outputs; EngineDeadError when the engine core reports its failure."""
+        """Outputs sent before a death are still delivered; then EngineDeadError."""
+        if self._pidfd is None:
+            raise EngineDeadError("engine core process not started")
+        ready = dict(await self._poller.poll())
+        if self.output not in ready:  # only the pidfd: the process has exited
+            raise self._died(f"engine core process exited (code {self.proc.wait()})")
         kind, payload = await self.output.recv_multipart()
         if kind == core_proc.OUTPUTS:
             return self.outputs_decoder.decode(payload)
-        self.dead_reason = msgspec.msgpack.decode(payload) if kind == core_proc.FAILED else "?"
-        raise EngineDeadError(f"engine core failed: {self.dead_reason}")
+        reason = msgspec.msgpack.decode(payload) if kind == core_proc.FAILED else "?"
+        raise self._died(f"engine core failed: {reason}")
+
+    def _died(self, reason: str) -> EngineDeadError:
+        self.dead_reason = self.dead_reason or reason
+        return EngineDeadError(reason)
 
     def _check_alive(self) -> None:
         if self.dead_reason is not None or self.proc is None or self.proc.poll() is not None:
@@ -109,5 +234,8 @@ class EngineCoreClient:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
         self.ctx.destroy(linger=0)
         shutil.rmtree(self._ipc_dir, ignore_errors=True)

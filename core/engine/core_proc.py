@@ -125,9 +125,11 @@ class _EngineCoreLoop:
             )
             self._send(EngineCoreOutputs(outputs=[failed]))
 
-    def _utility(self, call: Any) -> None:
-        if call == "reset_prefix_cache":
-            self.core.reset_prefix_cache()
+    def _utility(self, name: str) -> None:
+        try:
+            self.core.call_utility(name)
+        except ValueError as exc:  # the client checks the name; this is a last line of defence
+            logger.warning("utility refused: %s", exc)
 
 
 def _die_with_parent() -> None:

@@ -1,13 +1,16 @@
 """The frontend's input side, shared by LLMEngine and AsyncLLM.
 
-It resolves the model and the configuration, loads the tokenizer, and turns a prompt and
-SamplingParams into a validated request — so bad input is a ValueError in the frontend
-and never reaches the engine core.
+It resolves the model and the configuration, loads the tokenizer, renders chat
+conversations, and turns a prompt and SamplingParams into a validated request — so bad
+input is a ValueError in the frontend and never reaches the engine core. Each ValueError's
+message starts with the input field it names (`prompt`, `messages`, a SamplingParams
+field), which the OpenAI server turns into the error's `param`.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,7 @@ from core.platforms.interface import Platform
 from core.platforms.selection import select_platform
 from core.plugins.hooks import get_hook_manager
 from core.plugins.registry import get_registry
+from core.request import fit_max_tokens
 from core.sampling_params import SamplingParams
 from core.tokenizer import Tokenizer, load_generation_defaults
 
@@ -103,11 +107,10 @@ class InputProcessor:
             text, token_ids = None, list(prompt)
         if not token_ids:
             raise ValueError("prompt must not be empty")
-        if len(token_ids) >= self.max_model_len:
-            raise ValueError(
-                f"prompt is {len(token_ids)} tokens long, but max_model_len is "
-                f"{self.max_model_len}: the prompt and at least one generated token must fit"
-            )
+        # Only the check: max_tokens stays as given (None, or capped to the room left by the
+        # engine core's Request, with the same rule), so SamplingParams is not re-validated
+        # against a cap the caller never asked for.
+        fit_max_tokens(params.max_tokens, len(token_ids), self.max_model_len)
         bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary")
@@ -117,6 +120,36 @@ class InputProcessor:
         params.verify(self.config.model.max_logprobs, self.vocab_size)
         params.resolve_bad_words(lambda word: self.tokenizer.encode(word, False))
         return PreparedRequest(text, token_ids, params)
+
+    def render_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        """The prompt token ids of a conversation, rendered with the chat template.
+
+        `chat_template` (a template name or source) overrides the configured one (else the
+        model's); `continue_final_message` ends the prompt right after the last message's
+        content, so the model continues it instead of starting a new turn. A template that
+        cannot render the conversation is a ValueError naming messages.
+        """
+        try:
+            text = self.tokenizer.apply_chat_template(
+                list(messages),
+                add_generation_prompt=add_generation_prompt,
+                chat_template=chat_template or self.config.model.chat_template,
+                **(chat_template_kwargs or {}),
+            )
+        except ValueError as exc:
+            raise ValueError(f"messages cannot be rendered with the chat template: {exc}") from exc
+        if continue_final_message and messages:
+            last = str(messages[-1].get("content") or "")
+            text = text[: text.rfind(last) + len(last)]
+        return self.tokenizer.encode(text, add_special_tokens=False)
 
     def engine_core_request(
         self,

@@ -30,8 +30,9 @@ def stream_completion(prompt: str, options: dict[str, Any]) -> None:
         }
     )
     if options["chat"]:
-        text = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
-        request: str | list[int] = engine.tokenizer.encode(text, add_special_tokens=False)
+        request: str | list[int] = engine.processor.render_chat(
+            [{"role": "user", "content": prompt}]
+        )
     else:
         request = prompt
     engine.add_prepared("generate", engine.prepare(request, params), RequestOutputKind.DELTA)

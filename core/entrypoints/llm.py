@@ -54,20 +54,18 @@ class LLM:
         use_tqdm: bool = True,
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """Render each conversation with the chat template, then generate."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        template = chat_template or self.engine.config.model.chat_template
         prompts = [
-            self.engine.tokenizer.encode(
-                self.engine.tokenizer.apply_chat_template(
-                    list(conversation),
-                    add_generation_prompt=add_generation_prompt,
-                    chat_template=template,
-                    **(chat_template_kwargs or {}),
-                ),
-                add_special_tokens=False,
+            self.engine.processor.render_chat(
+                conversation,
+                chat_template=chat_template,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                chat_template_kwargs=chat_template_kwargs,
             )
             for conversation in conversations
         ]

@@ -6,10 +6,10 @@ SamplingParams field names), else SamplingParams' own default. Every invalid val
 out as a 400 OpenAIError whose ``param`` (and message) use the request's own field name,
 e.g. ``max_completion_tokens`` or ``response_format`` rather than SamplingParams' name.
 
-Length: an explicit request for more tokens than the context has room for
-(``max_model_len - prompt_len``) is an error, as with OpenAI; a default (16 for
-completions, the model's ``max_tokens``) is silently capped to that room; ``None`` means
-all of it.
+Length (the fit rule, `core.request.fit_max_tokens`): an explicit request for more tokens
+than the context has room for (``max_model_len - prompt_len``) is an error, as with
+OpenAI; a default (16 for completions, the model's ``max_tokens``) is silently capped to
+that room; ``None`` means all of it.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from typing import Any
 
 from core.entrypoints.openai.errors import OpenAIError
 from core.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from core.request import fit_max_tokens
 from core.sampling_params import SamplingParams, StructuredOutputsParams
 
-__all__ = ["chat_sampling_params", "completion_sampling_params"]
+__all__ = ["chat_sampling_params", "completion_sampling_params", "field_error"]
 
 # Request fields with the same name and meaning in SamplingParams.
 _SHARED_FIELDS = (
@@ -110,24 +111,12 @@ def _max_tokens(
     prompt_len: int,
     prompt_field: str,
 ) -> int:
-    room = max_model_len - prompt_len
-    if room < 1:
-        raise _bad_request(
-            f"{prompt_field} is {prompt_len} tokens long, but max_model_len is {max_model_len}: "
-            "the prompt and at least one generated token must fit",
-            prompt_field,
-        )
-    if explicit and requested is not None:
-        if requested > room:
-            raise _bad_request(
-                f"{name} is {requested}, but the prompt is {prompt_len} tokens and "
-                f"max_model_len is {max_model_len}: at most {room} tokens can be generated",
-                name,
-            )
-        return requested
     if not explicit and defaults and defaults.get("max_tokens") is not None:
         requested = defaults["max_tokens"]
-    return room if requested is None else min(requested, room)
+    try:
+        return fit_max_tokens(requested, prompt_len, max_model_len, exact=explicit)
+    except ValueError as exc:
+        raise field_error(str(exc), {"prompt": prompt_field, "max_tokens": name}) from exc
 
 
 def _build(
@@ -146,7 +135,7 @@ def _build(
     try:
         return SamplingParams(**kwargs)
     except ValueError as exc:
-        raise _renamed_error(str(exc), renames) from exc
+        raise field_error(str(exc), renames) from exc
 
 
 def _logit_bias(logit_bias: dict[str, float] | None) -> dict[int, float] | None:
@@ -191,11 +180,15 @@ def _structured_outputs(
         raise _bad_request(f"invalid {source}: {exc}", source) from exc
 
 
-def _renamed_error(message: str, renames: dict[str, str]) -> OpenAIError:
-    """SamplingParams' messages start with its field name; say the request's instead."""
+def field_error(message: str, renames: Mapping[str, str]) -> OpenAIError:
+    """A 400 for a ValueError of the engine's validation. Its message starts with the field
+    it names (SamplingParams and the InputProcessor both write them so); the ``param`` and
+    the message say the request's own name for it (``renames``: e.g. prompt -> messages).
+    A message that starts with neither a SamplingParams field nor a renamed one gets no
+    ``param``."""
     field = re.match(r"[a-z_]+", message)
     name = field.group(0) if field else None
-    if name not in SamplingParams.__struct_fields__:
+    if name not in SamplingParams.__struct_fields__ and name not in renames:
         return _bad_request(message, None)
     param = renames.get(name, name)
     return _bad_request(param + message[len(name) :], param)

@@ -25,9 +25,14 @@ from core.engine.processor import PreparedRequest
 from core.entrypoints.openai import protocol as p
 from core.entrypoints.openai import responses as r
 from core.entrypoints.openai.errors import OpenAIError
-from core.entrypoints.openai.params import chat_sampling_params, completion_sampling_params
+from core.entrypoints.openai.params import (
+    chat_sampling_params,
+    completion_sampling_params,
+    field_error,
+)
 from core.metrics import EngineMetrics
 from core.outputs import CompletionOutput, RequestOutput
+from core.sampling_params import SamplingParams
 
 
 @dataclass
@@ -65,11 +70,15 @@ class Serving:
                 code="model_not_found",
             )
 
-    def _prepare(self, prompt: str | list[int], params: Any, param: str) -> PreparedRequest:
+    def _prepare(
+        self, prompt: str | list[int], params: SamplingParams, prompt_field: str
+    ) -> PreparedRequest:
+        """The InputProcessor's request; its ValueError is a 400 naming the request's field
+        (``prompt_field`` is what the request calls the prompt)."""
         try:
             return self.engine.processor.prepare(prompt, params)
         except ValueError as exc:
-            raise OpenAIError(HTTPStatus.BAD_REQUEST, str(exc), param=param) from exc
+            raise field_error(str(exc), {"prompt": prompt_field}) from exc
 
     def decode_token(self, token_id: int) -> str:
         return self.engine.tokenizer.decode([token_id])
@@ -269,21 +278,18 @@ class Serving:
     # -- /v1/chat/completions -------------------------------------------------------------
 
     def render_chat(self, req: p._ChatTemplateRequest) -> list[int]:
-        tokenizer = self.engine.tokenizer
-        conversation = req.conversation()
+        """The request's conversation as prompt token ids; a 400 naming messages if the
+        chat template cannot render it."""
         try:
-            text = tokenizer.apply_chat_template(
-                conversation,
+            return self.engine.processor.render_chat(
+                req.conversation(),
+                chat_template=req.chat_template,
                 add_generation_prompt=req.add_generation_prompt,
-                chat_template=req.chat_template or self.engine.config.model.chat_template,
-                **(req.chat_template_kwargs or {}),
+                continue_final_message=req.continue_final_message,
+                chat_template_kwargs=req.chat_template_kwargs,
             )
         except ValueError as exc:
             raise OpenAIError(HTTPStatus.BAD_REQUEST, str(exc), param="messages") from exc
-        if req.continue_final_message:
-            last = str(conversation[-1].get("content") or "")
-            text = text[: text.rfind(last) + len(last)]
-        return tokenizer.encode(text, add_special_tokens=False)
 
     async def chat(self, req: p.ChatCompletionRequest, raw: Request) -> Any:
         self.check_model(req.model)

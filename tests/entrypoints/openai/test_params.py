@@ -6,7 +6,11 @@ from __future__ import annotations
 import pytest
 
 from core.entrypoints.openai.errors import OpenAIError
-from core.entrypoints.openai.params import chat_sampling_params, completion_sampling_params
+from core.entrypoints.openai.params import (
+    chat_sampling_params,
+    completion_sampling_params,
+    field_error,
+)
 from core.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from core.sampling_params import SamplingParams, StructuredOutputsParams
 
@@ -121,7 +125,26 @@ def test_chat_max_completion_tokens_wins_over_max_tokens():
 def test_prompt_that_fills_the_context_is_an_error_naming_it(build, field):
     error = raised(build, prompt_len=MAX_MODEL_LEN)
     assert error.param == field
-    assert error.message.startswith(f"{field} is 100 tokens long, but max_model_len is 100")
+    assert error.message.startswith(
+        f"{field} is 100 tokens long, which leaves no room to generate under max_model_len 100"
+    )
+
+
+@pytest.mark.parametrize("build", [completion, chat])
+def test_a_prompt_one_short_of_the_context_leaves_exactly_one_token(build):
+    assert build(prompt_len=MAX_MODEL_LEN - 1).max_tokens == 1
+    assert build(prompt_len=MAX_MODEL_LEN - 1, max_tokens=1).max_tokens == 1
+    assert raised(build, prompt_len=MAX_MODEL_LEN - 1, max_tokens=2).param == "max_tokens"
+
+
+def test_engine_value_errors_become_400s_naming_the_request_field():
+    long = field_error("prompt is 40 tokens long, which leaves no room", {"prompt": "messages"})
+    assert (long.status, long.param) == (400, "messages")
+    assert long.message == "messages is 40 tokens long, which leaves no room"
+    logprobs = field_error("logprobs must be <= max_logprobs (20), got 30", {"prompt": "prompt"})
+    assert logprobs.param == "logprobs"
+    unnamed = field_error("invalid structured_outputs.regex: (", {"prompt": "prompt"})
+    assert unnamed.param is None and unnamed.message == "invalid structured_outputs.regex: ("
 
 
 def test_bad_max_tokens_error_uses_the_request_field_name():

@@ -225,6 +225,20 @@ BAD_REQUESTS = [
     ("post", "/v1/completions", {"model": MODEL, "prompt": "hi", "logprobs": 99}, 400, "logprobs"),
     ("post", "/v1/completions", {"model": MODEL}, 400, "prompt"),
     ("post", "/v1/completions", {"model": MODEL, "prompt": "word " * 2000}, 400, "prompt"),
+    (
+        "post",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "hi", "max_tokens": 5000},
+        400,
+        "max_tokens",
+    ),
+    (
+        "post",
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": "word " * 2000}]},
+        400,
+        "messages",
+    ),
     ("post", "/v1/completions", {"model": "gpt-17", "prompt": "hi"}, 404, "model"),
     (
         "post",

@@ -1,0 +1,72 @@
+"""EngineFrontend: what LLMEngine and AsyncLLM share — one construction, one request path.
+
+A frontend is an InputProcessor (tokenize, render chat, validate: bad input is a
+ValueError before anything is queued), an OutputProcessor (fan out n > 1, detokenize,
+stop strings) and an EngineCoreClient, all built here from one EngineSetup. Requests,
+aborts and outputs cross to the engine core only through the client; its calls are
+coroutines, awaited by AsyncLLM and run inline by LLMEngine (see core_client).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from core.engine.core_client import EngineCoreClient
+from core.engine.output_processor import (
+    OutputProcessor,
+    OutputProcessorOutput,
+    OutputQueue,
+    RequestOutputKind,
+)
+from core.engine.processor import EngineSetup, InputProcessor, PreparedRequest
+from core.engine.protocol import EngineCoreOutputs
+from core.sampling_params import SamplingParams
+
+
+class EngineFrontend:
+    def __init__(self, setup: EngineSetup, client: EngineCoreClient) -> None:
+        self.config = setup.config
+        self.processor = InputProcessor(setup)
+        self.tokenizer = self.processor.tokenizer
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self.client = client
+        self._ids = itertools.count()
+
+    def new_request_id(self) -> str:
+        return f"req-{next(self._ids)}"
+
+    def default_sampling_params(self) -> SamplingParams:
+        return self.processor.default_sampling_params()
+
+    def prepare(self, prompt: str | list[int], params: SamplingParams) -> PreparedRequest:
+        return self.processor.prepare(prompt, params)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.output_processor.has_unfinished_requests()
+
+    async def _add_request(
+        self,
+        request_id: str,
+        prepared: PreparedRequest,
+        output_kind: RequestOutputKind,
+        queue: OutputQueue | None,
+        priority: int,
+    ) -> None:
+        """Track the request (its n samples as child requests) and send each child."""
+        request = self.processor.engine_core_request(request_id, prepared, priority)
+        for child in self.output_processor.add_request(
+            request, prepared.prompt, output_kind, queue
+        ):
+            await self.client.add_request(child)
+
+    async def _abort(self, request_ids: list[str]) -> None:
+        await self.client.abort_requests(self.output_processor.abort_requests(request_ids))
+
+    async def _process_outputs(self, outputs: EngineCoreOutputs) -> OutputProcessorOutput:
+        processed = self.output_processor.process_outputs(outputs)
+        if processed.reqs_to_abort:  # finished here by a stop string
+            await self.client.abort_requests(processed.reqs_to_abort)
+        return processed
+
+    def shutdown(self) -> None:
+        self.client.shutdown()
