@@ -81,10 +81,6 @@ class CacheConfig(_Config):
     watermark: float = Field(default=0.01, ge=0.0, lt=1.0)
 
 
-# Tokens per step when neither the user nor the platform gives a budget.
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
-
-
 class SchedulerConfig(_Config):
     max_num_seqs: int = Field(default=64, ge=1)
     max_num_batched_tokens: int | None = Field(default=None, ge=1)
@@ -103,17 +99,27 @@ class DeviceConfig(_Config):
     device: str | None = None  # a `core.platforms` entry name; None: automatic
 
 
-class CompilationConfig(_Config):
-    """-O levels (DESIGN.md section 6): 0 eager, 1 compile, 2 + graph capture, 3 reserved."""
+# The lowest -O level that turns each optimization on (DESIGN.md section 6); 3 is reserved.
+COMPILE_LEVEL = 1
+GRAPH_CAPTURE_LEVEL = 2
 
-    level: int = Field(default=2, ge=0, le=3)
+
+class CompilationConfig(_Config):
+    """-O levels (DESIGN.md section 6): 0 eager, 1 compile, 2 + graph capture, 3 reserved.
+
+    `level` None means "the platform's default", filled in by `apply_level` before the
+    platform checks what it can honour; compile_model / capture_graphs the user sets win.
+    """
+
+    level: int | None = Field(default=None, ge=0, le=3)
     compile_model: bool | None = None
     capture_graphs: bool | None = None
 
-    def apply_level(self) -> None:
-        """Fill compile_model / capture_graphs from the level where the user left them."""
-        self.set_default("compile_model", self.level >= 1)
-        self.set_default("capture_graphs", self.level >= 2)
+    def apply_level(self, default_level: int) -> None:
+        """Fill the level, then compile_model / capture_graphs from it, where the user left them."""
+        self.set_default("level", default_level)
+        self.set_default("compile_model", self.level >= COMPILE_LEVEL)
+        self.set_default("capture_graphs", self.level >= GRAPH_CAPTURE_LEVEL)
 
 
 class ComponentConfig(_Config):

@@ -9,11 +9,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from core.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineConfig, UsageContext, parse_size
+from core.config import EngineConfig, UsageContext, parse_size
+
+if TYPE_CHECKING:
+    from core.platforms.interface import Platform
 
 
 def _option(section: str, key: str, flag: str, help: str, **click_kwargs: Any) -> Any:
@@ -99,13 +102,15 @@ class EngineArgs:
         "parallel", "pipeline_parallel_size", "--pipeline-parallel-size", "PP ranks", type=int
     )
     distributed_executor_backend: str | None = _option(
-        "parallel", "distributed_executor_backend", "--distributed-executor-backend", "executor",
+        "parallel", "distributed_executor_backend", "--distributed-executor-backend",
+        "executor (only 'uni' is built so far)",
         type=click.Choice(["uni", "mp", "ray"]),
     )  # fmt: skip
     device: str | None = _option("device", "device", "--device", "platform entry name")
     optimization_level: int | None = _option(
-        "compilation", "level", "-O", "optimization level 0-3", type=click.IntRange(0, 3)
-    )
+        "compilation", "level", "-O", "optimization level 0-3 (default: the platform's)",
+        type=click.IntRange(0, 3),
+    )  # fmt: skip
     enforce_eager: bool | None = _option(
         "compilation", "enforce_eager", "--enforce-eager", "never compile or capture graphs",
         is_flag=True, default=None,
@@ -121,7 +126,7 @@ class EngineArgs:
         "components", "sampler_config", "--sampler-config", "JSON kwargs"
     )
     kv_transfer_config: str | dict | None = _option(
-        "kv_transfer", "", "--kv-transfer-config", "KV connector JSON"
+        "kv_transfer", "", "--kv-transfer-config", "KV connector JSON (none is built yet)"
     )
 
     def config_sections(self) -> dict[str, dict[str, Any]]:
@@ -135,12 +140,13 @@ class EngineArgs:
 
     def create_engine_config(
         self,
-        platform: Any = None,
+        platform: Platform,
         hooks: Any = None,
         model_max_len: int | None = None,
         usage: UsageContext = UsageContext.OFFLINE,
     ) -> EngineConfig:
-        """Explicit options, then the model, the -O level, the platform and hooks fill the rest.
+        """Explicit options, then the model, the platform (with its -O level) and hooks fill
+        the rest; a flag this build or platform cannot honour is a ValueError naming it.
 
         `model_max_len` is the checkpoint's context length: the default max_model_len and
         the most a user may ask for. `usage` picks the platform's default token budget.
@@ -152,16 +158,11 @@ class EngineArgs:
                 for name, info in EngineConfig.model_fields.items()
             }
         )
+        _refuse_unbuilt(config)
         if model_max_len is not None:
-            budget = (
-                platform.default_max_num_batched_tokens(usage)
-                if platform is not None
-                else DEFAULT_MAX_NUM_BATCHED_TOKENS
-            )
+            budget = platform.default_max_num_batched_tokens(usage)
             _apply_model_limits(config, model_max_len, budget)
-        config.compilation.apply_level()
-        if platform is not None:
-            platform.check_and_update_config(config)
+        platform.check_and_update_config(config)
         if hooks is not None:
             hooks.hook.core_adjust_config(config=config)
         return config.freeze()
@@ -171,6 +172,27 @@ class EngineArgs:
         """EngineArgs from click's parsed options (extra keys are ignored)."""
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in options.items() if k in names})
+
+
+def _refuse_unbuilt(config: EngineConfig) -> None:
+    """Refuse, naming the flag, what vLLM users may ask for but this build does not have."""
+    parallel = config.parallel
+    for flag, size in (
+        ("--tensor-parallel-size", parallel.tensor_parallel_size),
+        ("--pipeline-parallel-size", parallel.pipeline_parallel_size),
+    ):
+        if size > 1:
+            raise ValueError(f"{flag} {size}: only one worker per engine is built so far; use 1")
+    backend = parallel.distributed_executor_backend
+    if backend not in (None, "uni"):
+        raise ValueError(
+            f"--distributed-executor-backend {backend}: only 'uni' (the worker inside the "
+            "engine-core process) is built so far"
+        )
+    if config.kv_transfer.model_fields_set:
+        raise ValueError(
+            "--kv-transfer-config: no KV connector is wired into the scheduler and worker yet"
+        )
 
 
 def _apply_model_limits(config: EngineConfig, model_max_len: int, budget: int) -> None:

@@ -1,9 +1,11 @@
 """Prometheus metrics of one served model, rendered for ``GET /metrics``.
 
-Each ``EngineMetrics`` owns its CollectorRegistry, so two engines in one process (or one
-test after another) never collide on prometheus_client's global registry. Every family
-carries a ``model_name`` label. SchedulerStats' prefix-cache and preemption numbers are
-cumulative; they become counters by adding what grew since the previous snapshot.
+Every family's name starts with ``METRICS_PREFIX`` (through ``metric_name``), the one
+setting later features name their metrics with. Each ``EngineMetrics`` owns its
+CollectorRegistry, so two engines in one process (or one test after another) never collide
+on prometheus_client's global registry. Every family carries a ``model_name`` label.
+SchedulerStats' prefix-cache and preemption numbers are cumulative; they become counters by
+adding what grew since the previous snapshot.
 """
 
 from __future__ import annotations
@@ -17,9 +19,12 @@ from prometheus_client import (
     generate_latest,
 )
 
-from core.scheduler.scheduler import SchedulerStats
+from core.engine.protocol import SchedulerStats
 
-__all__ = ["EngineMetrics"]
+__all__ = ["METRICS_PREFIX", "EngineMetrics", "metric_name"]
+
+# vLLM's dashboards read "vllm:*"; core's families are "core:*".
+METRICS_PREFIX = "core:"
 
 # Finish reasons reported from the start (at 0) so dashboards see every series.
 _FINISH_REASONS = ("stop", "length", "abort")
@@ -30,8 +35,13 @@ _ITL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2.5, 5, 10)
 _E2E_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
 
 
+def metric_name(name: str) -> str:
+    """The exposed name of family `name`: "prefix_cache_hits" -> "core:prefix_cache_hits"."""
+    return METRICS_PREFIX + name
+
+
 class EngineMetrics:
-    """The ``core:*`` metric families of one model; ``render()`` is the exposition."""
+    """The metric families of one model; ``render()`` is the exposition."""
 
     def __init__(self, model_name: str) -> None:
         self.registry = CollectorRegistry()
@@ -40,48 +50,48 @@ class EngineMetrics:
 
         # Each helper returns the model's child, created now so the series shows 0 at once.
         def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, ["model_name"], registry=self.registry).labels(model_name)
+            family = Counter(metric_name(name), doc, ["model_name"], registry=self.registry)
+            return family.labels(model_name)
 
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, ["model_name"], registry=self.registry).labels(model_name)
+            family = Gauge(metric_name(name), doc, ["model_name"], registry=self.registry)
+            return family.labels(model_name)
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            family = Histogram(name, doc, ["model_name"], buckets=buckets, registry=self.registry)
+            family = Histogram(
+                metric_name(name), doc, ["model_name"], buckets=buckets, registry=self.registry
+            )
             return family.labels(model_name)
 
         self._success = Counter(
-            "core:request_success",
+            metric_name("request_success"),
             "Finished requests, by finish reason.",
             ["model_name", "finished_reason"],
             registry=self.registry,
         )
         for reason in _FINISH_REASONS:
             self._success.labels(model_name, reason)
-        self._prompt_tokens = counter("core:prompt_tokens", "Prompt tokens of finished requests.")
+        self._prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests.")
         self._generation_tokens = counter(
-            "core:generation_tokens", "Generated tokens of finished requests."
+            "generation_tokens", "Generated tokens of finished requests."
         )
         self._cache_queries = counter(
-            "core:prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
+            "prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
         )
-        self._cache_hits = counter(
-            "core:prefix_cache_hits", "Prompt tokens found in the prefix cache."
-        )
-        self._preemptions = counter("core:num_preemptions", "Requests preempted (recomputed).")
-        self._running = gauge("core:num_requests_running", "Requests in the running batch.")
-        self._waiting = gauge("core:num_requests_waiting", "Requests waiting to be scheduled.")
+        self._cache_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.")
+        self._preemptions = counter("num_preemptions", "Requests preempted (recomputed).")
+        self._running = gauge("num_requests_running", "Requests in the running batch.")
+        self._waiting = gauge("num_requests_waiting", "Requests waiting to be scheduled.")
         self._kv_usage = gauge(
-            "core:kv_cache_usage_perc", "KV-cache blocks in use, as a fraction (1 = full)."
+            "kv_cache_usage_perc", "KV-cache blocks in use, as a fraction (1 = full)."
         )
         self._ttft = histogram(
-            "core:time_to_first_token_seconds", "Arrival to first token.", _TTFT_BUCKETS
+            "time_to_first_token_seconds", "Arrival to first token.", _TTFT_BUCKETS
         )
         self._itl = histogram(
-            "core:inter_token_latency_seconds", "Time between two tokens.", _ITL_BUCKETS
+            "inter_token_latency_seconds", "Time between two tokens.", _ITL_BUCKETS
         )
-        self._e2e = histogram(
-            "core:e2e_request_latency_seconds", "Arrival to finish.", _E2E_BUCKETS
-        )
+        self._e2e = histogram("e2e_request_latency_seconds", "Arrival to finish.", _E2E_BUCKETS)
 
     def record_scheduler_stats(self, stats: SchedulerStats) -> None:
         """Set the gauges to this snapshot and add the growth of its cumulative counts."""

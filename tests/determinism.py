@@ -7,7 +7,7 @@ scale (max |logit|). Nothing looser.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import torch
 
@@ -18,8 +18,14 @@ def assert_greedy_equivalent(
     reference_logits: Callable[[list[int]], torch.Tensor],
     context: list[int],
     label: str = "",
+    stop_token_ids: Collection[int] = (),
 ) -> None:
-    """`reference_logits(tokens)` gives the reference's next-token logits [V] after tokens."""
+    """`reference_logits(tokens)` gives the reference's next-token logits [V] after tokens.
+
+    Where the runs agree on every common position they must be equally long, unless the
+    shorter one ends with one of `stop_token_ids` (the longer one then chose it too, and
+    went on only because it ignores stops).
+    """
     length = min(len(ours), len(reference))
     for i in range(length):
         if ours[i] == reference[i]:
@@ -32,4 +38,9 @@ def assert_greedy_equivalent(
             f"where the reference's top-2 gap {gap:.3g} is not a near-tie (scale {scale:.3g})"
         )
         return
-    assert len(ours) >= len(reference) or ours == reference[:length], label
+    if len(ours) != len(reference):
+        shorter = ours if len(ours) < len(reference) else reference
+        assert shorter and shorter[-1] in stop_token_ids, (
+            f"{label}: greedy outputs agree on {length} tokens, then one ends without a stop "
+            f"token ({len(ours)} tokens vs the reference's {len(reference)})"
+        )

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from core.metrics import EngineMetrics
-from core.scheduler.scheduler import SchedulerStats
+from core import metrics as metrics_module
+from core.engine.protocol import SchedulerStats
+from core.metrics import METRICS_PREFIX, EngineMetrics
 
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -20,6 +21,10 @@ def samples(metrics: EngineMetrics) -> dict[tuple[str, frozenset], float]:
         for family in text_string_to_metric_families(text.decode())
         for s in family.samples
     }
+
+
+def sample_names(metrics: EngineMetrics) -> set[str]:
+    return {name for name, _ in samples(metrics)}
 
 
 def value(metrics: EngineMetrics, name: str, **labels: str) -> float:
@@ -40,6 +45,19 @@ def stats(running=0, waiting=0, usage=0.0, queries=0, hits=0, preemptions=0) -> 
 @pytest.fixture
 def metrics() -> EngineMetrics:
     return EngineMetrics(MODEL)
+
+
+def test_every_exposed_name_starts_with_the_prefix_setting(metrics):
+    names = sample_names(metrics)
+    assert names and all(name.startswith(METRICS_PREFIX) for name in names)
+    assert "core:prefix_cache_hits_total" in names  # the documented name, spelled out
+
+
+def test_changing_the_prefix_setting_renames_every_family(monkeypatch):
+    monkeypatch.setattr(metrics_module, "METRICS_PREFIX", "probe:")
+    names = sample_names(EngineMetrics(MODEL))
+    assert names and all(name.startswith("probe:") for name in names)
+    assert "probe:prefix_cache_hits_total" in names
 
 
 def test_every_family_is_exposed_at_zero_before_anything_is_recorded(metrics):

@@ -74,11 +74,10 @@ class FullAttentionSpec(AttentionSpec):
 
     `sliding_window` set here means the layer computes with a window but the cache keeps
     every block (conservative allocation, exact computation) — used when the hybrid
-    allocator is off. `attention_chunk_size` is the same idea for chunked attention.
+    allocator is off.
     """
 
     sliding_window: int | None = None
-    attention_chunk_size: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

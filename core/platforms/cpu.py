@@ -1,10 +1,9 @@
-"""The CPU platform, built into core and registered as the `cpu` entry point."""
+"""The CPU platform, built into core; its probe (the `cpu` entry point) is in cpu_probe.py."""
 
 from __future__ import annotations
 
 import functools
 import os
-from typing import Any
 
 import torch
 
@@ -12,11 +11,6 @@ from core.config import UsageContext
 from core.platforms.interface import MemoryInfo, Platform
 
 SERVING_TOKEN_BUDGET = 64
-
-
-def probe() -> str:
-    """The CPU is always available."""
-    return "core.platforms.cpu.CpuPlatform"
 
 
 class CpuPlatform(Platform):
@@ -35,6 +29,10 @@ class CpuPlatform(Platform):
     supported_dtypes = (torch.float32, torch.bfloat16, torch.float16)
     # cpu_paged comes with the optional core-cpu-kernels plugin; without it, torch_ref.
     preferred_attention_backends = ("cpu_paged", "torch_ref")
+    # Eager only: no graphs to capture on a CPU, and torch.compile waits until a benchmark
+    # shows it wins within the cold-start budget (DESIGN.md section 6).
+    supported_optimization_levels = (0,)
+    default_optimization_level = 0
 
     @property
     def default_dtype(self) -> torch.dtype:
@@ -51,13 +49,6 @@ class CpuPlatform(Platform):
 
     def memory_info(self) -> MemoryInfo:
         return MemoryInfo(_meminfo("MemTotal"), _meminfo("MemAvailable"))
-
-    def check_and_update_config(self, config: Any) -> None:
-        super().check_and_update_config(config)
-        # No graphs to capture on a CPU, and torch.compile stays off until a benchmark
-        # shows it wins within the cold-start budget (DESIGN.md section 6).
-        config.compilation.set_default("compile_model", False)
-        config.compilation.set_default("capture_graphs", False)
 
     def set_device(self, device: torch.device) -> None:
         if device.type != "cpu":

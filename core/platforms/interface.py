@@ -15,15 +15,26 @@ from typing import Any, ClassVar
 
 import torch
 
-from core.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, UsageContext
+from core.config import (
+    COMPILE_LEVEL,
+    GRAPH_CAPTURE_LEVEL,
+    CompilationConfig,
+    UsageContext,
+)
+from core.platforms.unavailable import Unavailable
 
+__all__ = ["MemoryInfo", "Platform", "Unavailable"]
 
-class Unavailable(Exception):
-    """Raised by a platform probe: this platform cannot run here, and why."""
+# Tokens per step (with chunked prefill) when neither the user nor the platform sets one.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
+# What each optimization level needs from a platform, for the refusal message.
+_LEVEL_NEEDS = {
+    0: "is not supported",
+    COMPILE_LEVEL: "needs a platform with torch.compile",
+    GRAPH_CAPTURE_LEVEL: "needs a platform with graph capture",
+    3: "is reserved (no optimizations defined)",
+}
 
 
 @dataclass(frozen=True)
@@ -42,9 +53,13 @@ class Platform(ABC):
       default; `supported_quantization` the quantization method names it accepts.
     - `preferred_attention_backends` and `preferred_sampler` name entry points, in
       order of preference; the selectors walk them and fall back with a reason.
+    - `supported_optimization_levels` lists the -O levels it honours (DESIGN.md section
+      6; cumulative: a level includes what every lower level turns on);
+      `default_optimization_level`, one of them, is what a start without -O gets, so a
+      plain start is never refused.
     - `check_and_update_config` validates and adjusts the EngineConfig before it is
-      frozen (block size, dtype, optimization level); it raises ValueError for
-      combinations this platform cannot run and never overrides an explicit user flag.
+      frozen (block size, dtype, optimization level); it raises ValueError naming the flag
+      for what this platform cannot run and never overrides an explicit user flag.
     - Device ids have three namespaces: logical (the engine's local rank), physical
       (the id the driver and topology tools use) and visible (the index torch sees
       after `device_control_env_var`, e.g. CUDA_VISIBLE_DEVICES, remapped them).
@@ -59,6 +74,10 @@ class Platform(ABC):
     preferred_attention_backends: ClassVar[tuple[str, ...]]
     preferred_sampler: ClassVar[str] = "default"
     device_control_env_var: ClassVar[str | None] = None
+    # The model runner neither compiles nor captures graphs yet; a platform that makes it
+    # do so (and measures the gain) raises these.
+    supported_optimization_levels: ClassVar[tuple[int, ...]] = (0,)
+    default_optimization_level: ClassVar[int] = 0
 
     def __init__(self) -> None:
         self._assigned_physical_ids: tuple[int, ...] | None = None
@@ -87,28 +106,36 @@ class Platform(ABC):
     def set_device(self, device: torch.device) -> None:
         """Make `device` the current device of this process."""
 
-    def worker_class(self) -> type:
-        """The Worker class this platform runs (imported only when asked)."""
-        from core.worker.worker import Worker
-
-        return Worker
-
     def check_and_update_config(self, config: Any) -> None:
         """Validate `config` (an EngineConfig) for this platform and fill its defaults."""
         dtype = config.model.torch_dtype(self.default_dtype)
         if dtype not in self.supported_dtypes:
-            supported = ", ".join(str(d).removeprefix("torch.") for d in self.supported_dtypes)
-            raise ValueError(f"dtype {dtype} is not supported on {self.name}: use {supported}")
-        parallel = config.parallel
-        if parallel.tensor_parallel_size * parallel.pipeline_parallel_size > 1:
+            supported = ", ".join(_dtype_name(d) for d in self.supported_dtypes)
             raise ValueError(
-                f"--tensor-parallel-size {parallel.tensor_parallel_size} / "
-                f"--pipeline-parallel-size {parallel.pipeline_parallel_size}: only one worker "
-                "per engine is supported so far; use 1"
+                f"--dtype {_dtype_name(dtype)} is not supported on the {self.name} platform: "
+                f"use {supported}"
             )
         method = config.model.quantization
         if method is not None and method not in self.supported_quantization:
-            raise ValueError(f"quantization {method!r} is not supported on {self.name}")
+            raise ValueError(
+                f"--quantization {method} is not supported on the {self.name} platform"
+            )
+        config.compilation.apply_level(self.default_optimization_level)
+        self._check_compilation(config.compilation)
+
+    def _check_compilation(self, compilation: CompilationConfig) -> None:
+        """Refuse a level this platform cannot honour.
+
+        This also refuses every compile and graph capture it cannot do: those come only
+        from the level (no flag turns them on; --enforce-eager turns them off).
+        """
+        supported = self.supported_optimization_levels
+        if compilation.level not in supported:
+            names = ", ".join(f"-O{level}" for level in supported)
+            raise ValueError(
+                f"-O{compilation.level} {_LEVEL_NEEDS[compilation.level]}; "
+                f"the {self.name} platform supports {names}"
+            )
 
     # -- device-id namespaces ----------------------------------------------------------------
 
@@ -142,3 +169,8 @@ class Platform(ABC):
         # An empty value counts as unset: Ray sets it so for CPU-only placement groups.
         raw = os.environ.get(self.device_control_env_var or "", "")
         return [int(x) for x in raw.split(",") if x.strip()] if raw.strip() else None
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    """The --dtype spelling of a torch dtype ("bfloat16")."""
+    return str(dtype).removeprefix("torch.")

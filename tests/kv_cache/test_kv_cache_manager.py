@@ -86,7 +86,6 @@ def test_second_request_computes_only_its_suffix_on_shared_blocks():
     assert ref_counts(manager)[:5] == [0, 2, 2, 1, 1]
     stats = manager.prefix_cache_stats
     assert (stats.requests, stats.queries, stats.hits) == (2, 10 + 11, 8)
-    assert stats.hit_rate == 8 / 21
 
 
 def test_an_entirely_cached_prompt_still_computes_its_last_token():

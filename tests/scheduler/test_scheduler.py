@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 import itertools
+import zlib
 
 import pytest
 import torch
 
 from core.config import EngineConfig, SchedulerConfig
-from core.engine.protocol import FinishReason
 from core.kv_cache.grouping import kv_cache_config_for_blocks
 from core.kv_cache.kv_cache_manager import KVCacheManager
 from core.kv_cache.spec import FullAttentionSpec
-from core.request import Request, RequestStatus
+from core.request import FinishReason, Request, RequestStatus
 from core.sampling_params import SamplingParams
-from core.scheduler.output import SchedulerOutput
 from core.scheduler.scheduler import Scheduler
-from core.worker.output import ModelRunnerOutput
+from core.worker.contract import ModelRunnerOutput, SchedulerOutput
 
 BLOCK = 4
 MAX_LEN = 64
+EOS = 0
 _arrivals = itertools.count()
 
 
@@ -34,12 +34,13 @@ def make_scheduler(num_blocks: int = 64, **sched) -> Scheduler:
 def make_request(
     scheduler: Scheduler, req_id: str, num_prompt: int, max_tokens: int = 4, priority: int = 0
 ) -> Request:
-    prompt = [(hash(req_id) + i) % 100 + 1 for i in range(num_prompt)]
+    # crc32, unlike hash(), is the same in every process: the same prompts on every run.
+    prompt = [(zlib.crc32(req_id.encode()) + i) % 100 + 1 for i in range(num_prompt)]
     request = Request(
         req_id,
         prompt,
         SamplingParams(temperature=0.0, max_tokens=max_tokens),
-        eos_token_id=0,
+        eos_token_id=EOS,
         arrival_time=next(_arrivals),
         priority=priority,
         block_hasher=scheduler.kv.block_hasher,
@@ -49,19 +50,23 @@ def make_request(
     return request
 
 
-def fake_run(scheduler: Scheduler, so: SchedulerOutput) -> ModelRunnerOutput:
-    """Sample token 7 for every request whose scheduled tokens reach its known end."""
+def fake_run(
+    scheduler: Scheduler, so: SchedulerOutput, eos_at: int | None = None
+) -> ModelRunnerOutput:
+    """Sample token 7 for every request whose scheduled tokens reach its known end; EOS (0)
+    instead as output token number `eos_at` (0-based), when given."""
     req_ids = list(so.num_scheduled_tokens)
     sampled = []
     for req_id in req_ids:
         request = scheduler.requests[req_id]
-        sampled.append([7] if request.num_computed_tokens == request.num_tokens else [])
+        token = EOS if request.num_output_tokens == eos_at else 7
+        sampled.append([token] if request.num_computed_tokens == request.num_tokens else [])
     return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled)
 
 
-def step(scheduler: Scheduler) -> SchedulerOutput:
+def step(scheduler: Scheduler, eos_at: int | None = None) -> SchedulerOutput:
     so = scheduler.schedule()
-    scheduler.update_from_output(so, fake_run(scheduler, so))
+    scheduler.update_from_output(so, fake_run(scheduler, so, eos_at))
     return so
 
 
@@ -172,13 +177,16 @@ def test_prefix_cache_hit_is_scheduled_as_computed_tokens():
     assert twin.num_cached_tokens == 12
 
 
-@pytest.mark.parametrize(("eos_at", "reason"), [(None, FinishReason.LENGTH)])
-def test_no_leak_after_everything_finishes(eos_at, reason):
+@pytest.mark.parametrize(
+    ("eos_at", "reason", "num_output"), [(None, FinishReason.LENGTH, 6), (2, FinishReason.STOP, 3)]
+)
+def test_no_leak_after_everything_finishes(eos_at, reason, num_output):
     scheduler = make_scheduler(num_blocks=12, max_num_batched_tokens=16)
-    for i in range(8):
-        make_request(scheduler, f"r{i}", num_prompt=3 + i, max_tokens=6)
+    requests = [make_request(scheduler, f"r{i}", num_prompt=3 + i, max_tokens=6) for i in range(8)]
     while scheduler.has_unfinished_requests():
-        step(scheduler)
+        step(scheduler, eos_at)
+    assert {r.get_finished_reason() for r in requests} == {reason}
+    assert {r.num_output_tokens for r in requests} == {num_output}
     pool = scheduler.kv.coordinator.block_pools[0]
     assert pool.get_num_free_blocks() == 11
     assert all(block.ref_cnt == 0 for block in pool.blocks[1:])
