@@ -11,7 +11,11 @@ setup(
     ext_modules=[
         CppExtension(
             "core_cpu_kernels._C",
-            ["core_cpu_kernels/csrc/paged_attention.cpp"],
+            [
+                "core_cpu_kernels/csrc/bindings.cpp",
+                "core_cpu_kernels/csrc/paged_attention.cpp",
+                "core_cpu_kernels/csrc/rms_norm.cpp",
+            ],
             # -fopenmp: at::parallel_for is inlined here and runs on OpenMP; the runtime
             # resolves to the libgomp torch has already loaded.
             # Reassociation lets dot products end in a vector tree instead of 16 serial

@@ -18,12 +18,13 @@ from core.models.layers import (
     apply_rotary_emb,
 )
 from core.models.llama import DecoderOptions, LlamaMLP
+from core.ops import rms_norm_reference
 
 HEAD_DIM = 16
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rms_norm_is_bitwise_llama_rms_norm(dtype):
+def test_rms_norm_reference_is_bitwise_llama_rms_norm(dtype):
     torch.manual_seed(0)
     ref = modeling_llama.LlamaRMSNorm(64, eps=1e-5).to(dtype)
     ref.weight.data.normal_()
@@ -31,7 +32,19 @@ def test_rms_norm_is_bitwise_llama_rms_norm(dtype):
     ours.weight.data.copy_(ref.weight.data)
     x = (torch.randn(7, 64) * 3).to(dtype)
 
-    assert torch.equal(ours(x), ref(x))
+    assert torch.equal(rms_norm_reference(x, ours.weight, ours.eps), ref(x))
+    # The layer runs the kernel serving the CPU: the reference, or a plugin's (a process
+    # that ran general plugins), equal to it up to the order of float32 sums.
+    torch.testing.assert_close(ours(x), ref(x))
+
+
+def test_rms_norm_with_a_residual_normalizes_the_sum_and_returns_it():
+    norm = RMSNorm(64, 1e-5)
+    norm.weight.data.normal_(generator=torch.Generator().manual_seed(0))
+    x, residual = torch.randn(3, 64), torch.randn(3, 64)
+    normed, new_residual = norm(x, residual)
+    assert torch.equal(new_residual, x + residual)
+    torch.testing.assert_close(normed, rms_norm_reference(x + residual, norm.weight, 1e-5))
 
 
 ROPES = {

@@ -1,17 +1,20 @@
-"""RMSNorm with the numerics of Hugging Face's LlamaRMSNorm."""
+"""RMSNorm with the numerics of Hugging Face's LlamaRMSNorm, through core's kernel ops."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from core.ops import fused_add_rms_norm, rms_norm
+
 
 class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * weight over the last dimension.
+    """x / sqrt(mean(x^2) + eps) * weight over the last dimension (`core::rms_norm`).
 
     As transformers computes it: the statistics and the scaling in float32, the result
     cast back to the input dtype *before* the weight multiply, so a bfloat16 model rounds
-    exactly where the reference does.
+    exactly where the reference does. The kernel is whichever serves x's device type
+    (`core info` names it).
     """
 
     def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype = torch.float32) -> None:
@@ -19,7 +22,12 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., hidden_size]
-        x32 = x.float()
-        variance = x32.pow(2).mean(-1, keepdim=True)  # [..., 1]
-        return self.weight * (x32 * torch.rsqrt(variance + self.eps)).to(x.dtype)
+    def forward(
+        self,
+        x: torch.Tensor,  # [..., hidden_size]
+        residual: torch.Tensor | None = None,  # [..., hidden_size]
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """norm(x); with a residual, (norm(x + residual), x + residual) in one pass."""
+        if residual is None:
+            return rms_norm(x, self.weight, self.eps)
+        return fused_add_rms_norm(x, residual, self.weight, self.eps)

@@ -8,6 +8,9 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "cpu_utils.h"
+#include "kernels.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -17,17 +20,7 @@
 
 namespace {
 
-// Build one copy per vector ISA and pick at load time, so a wheel built on one x86
-// machine runs well on another; the loops below are written for auto-vectorization.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define CORE_MULTIVERSION \
-  __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
-#else
-#define CORE_MULTIVERSION
-#endif
-// Helpers must inline into each clone, or they run with the baseline ISA; that is also why
-// the hot loops avoid std::min / std::max (GCC will not inline them across targets).
-#define CORE_INLINE inline __attribute__((always_inline))
+using core_cpu::to_float;
 
 struct CacheStrides {
   int64_t block, kv, token, head;  // in elements; the head dimension is contiguous
@@ -43,16 +36,6 @@ struct Task {
 struct Heads {
   int64_t num_kv_heads, group;
 };
-
-CORE_INLINE float to_float(float x) { return x; }
-CORE_INLINE float to_float(c10::Half x) { return static_cast<float>(x); }
-// bf16 is the top half of a float32: a shift the compiler vectorizes.
-CORE_INLINE float to_float(c10::BFloat16 x) {
-  const uint32_t bits = static_cast<uint32_t>(x.x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
 
 // exp(x) for x <= 0 as 2^n * 2^f with a degree-6 fit of 2^f on [0, 1) (relative error
 // ~1e-7, float32 rounding level). Unlike std::exp it vectorizes, and the softmax's
@@ -258,9 +241,4 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor query, torch::Tenso
     default:
       TORCH_CHECK(false, "unsupported dtype ", query.scalar_type());
   }
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode_attention", &paged_decode_attention,
-        "Decode attention over a paged KV cache (writes into out)");
 }

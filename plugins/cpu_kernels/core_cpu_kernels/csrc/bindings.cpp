@@ -1,0 +1,11 @@
+// The Python module core_cpu_kernels._C: one binding per kernel.
+
+#include "kernels.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode_attention", &paged_decode_attention,
+        "Decode attention over a paged KV cache (writes into out)");
+  m.def("rms_norm", &rms_norm, "core::rms_norm on contiguous-row CPU tensors");
+  m.def("fused_add_rms_norm", &fused_add_rms_norm,
+        "core::fused_add_rms_norm on contiguous-row CPU tensors");
+}

@@ -1,0 +1,50 @@
+"""core's kernel ops on the CPU, served by this package's C++ kernels.
+
+`register` is this distribution's `core.general` entry point: every process that runs a
+model calls it before building one. Inputs the C++ kernels do not take (another dtype, a
+weight of another dtype, a strided last dimension) go to core's reference, so the
+registered kernel serves the op's whole domain.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from core.ops import fused_add_rms_norm_reference, register_impl, rms_norm_reference
+from core_cpu_kernels import _C  # import after torch: the module links against libtorch
+
+PROVIDER = "core-cpu-kernels"
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if _takes(x, weight):
+        return _C.rms_norm(x, weight, eps)
+    return rms_norm_reference(x, weight, eps)
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    like_x = residual.shape == x.shape and residual.dtype is x.dtype
+    if _takes(x, weight) and like_x and residual.stride(-1) == 1:
+        return _C.fused_add_rms_norm(x, residual, weight, eps)
+    return fused_add_rms_norm_reference(x, residual, weight, eps)
+
+
+def register() -> None:
+    """Serve core::rms_norm and core::fused_add_rms_norm on "cpu" (re-entrant)."""
+    register_impl("rms_norm", "cpu", rms_norm, PROVIDER)
+    register_impl("fused_add_rms_norm", "cpu", fused_add_rms_norm, PROVIDER)
+
+
+def _takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the C++ kernel takes x and weight (else the reference serves them).
+
+    It takes float32, bfloat16 or float16 x with a weight [hidden] of the same dtype, x's
+    last dimension contiguous; its rows may be strided (a head-split view of a fused QKV).
+    """
+    if x.dtype not in _DTYPES or weight.dtype is not x.dtype or x.dim() == 0:
+        return False
+    return weight.shape == x.shape[-1:] and weight.is_contiguous() and x.stride(-1) == 1
