@@ -14,7 +14,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # distribution -> (source dir, import package, entry points the wheel must declare)
 DISTRIBUTIONS = {
-    "core": (".", "core", ["[core.platforms]", "cpu = core.platforms.cpu:probe"]),
+    "core": (
+        ".",
+        "core",
+        [
+            "[core.platforms]",
+            "cpu = core.platforms.cpu_probe:probe",
+            "core_conformance = core.testing.plugin",
+        ],
+    ),
     "core-cuda": ("plugins/platform_cuda", "core_cuda", ["cuda = core_cuda.probe:probe"]),
     "core-rocm": ("plugins/platform_rocm", "core_rocm", ["rocm = core_rocm.probe:probe"]),
     "core-attn-flash": ("plugins/attn_flash", "core_attn_flash", []),

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import glob
 
-import torch
-
 from core.platforms import Unavailable
+from core.platforms.torch_build import torch_build
 
 
 def probe() -> str:
-    if torch.version.cuda is None:
-        raise Unavailable(f"torch {torch.__version__} is not a CUDA build")
+    build = torch_build()
+    if build is None or build.cuda is None:
+        version = build.version if build else "(not installed)"
+        raise Unavailable(f"torch {version} is not a CUDA build")
     if not glob.glob("/proc/driver/nvidia/gpus/*"):
         raise Unavailable("no NVIDIA GPU driver or device found")
     return "core_cuda.platform.CudaPlatform"

@@ -1,0 +1,134 @@
+"""The conformance kit's pytest plugin (core's `pytest11` entry point `core_conformance`).
+
+pytest loads it into every run where core is installed, so at module level it imports
+nothing but pytest: components, torch and the kit's test modules are imported only when
+`--core-conformance` is given. Then the named components are resolved at configure time
+(a name that cannot be had is a usage error saying why), and the session collects the
+kit's own test modules for those kinds instead of the project's tests, wherever pytest
+was started from.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    import torch
+
+    from core.testing.targets import Target
+
+KIT_DIR = Path(__file__).parent
+_TARGETS = pytest.StashKey["dict[str, list[Target]]"]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("core-conformance", "core plugin conformance kit")
+    group.addoption(
+        "--core-conformance",
+        action="append",
+        default=[],
+        metavar="KIND:NAME",
+        dest="core_conformance",
+        help="run the conformance kit for one component instead of the collected tests: "
+        "KIND is platform, attention, sampler, quantization, kv_connector or model; NAME an "
+        "entry name of that kind's entry-point group or an importable module.path:Attr "
+        "reference (`python -m pytest` puts the current directory on sys.path); "
+        "repeatable, or comma-separated",
+    )
+    group.addoption(
+        "--core-conformance-quant-config",
+        action="append",
+        default=[],
+        metavar="JSON",
+        dest="core_conformance_quant_config",
+        help="a checkpoint's quantization_config to build the QuantizationConfig under test "
+        'from (repeatable); default: {"quant_method": NAME}',
+    )
+    group.addoption(
+        "--core-conformance-device",
+        default="cpu",
+        metavar="DEVICE",
+        dest="core_conformance_device",
+        help="torch device the component under test computes on (references run on the "
+        "CPU); default: cpu",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    options = config.getoption("core_conformance")
+    if not options:
+        return
+    from core.testing.targets import parse_targets, resolve
+
+    try:
+        targets = [resolve(spec) for spec in parse_targets(options)]
+        for raw in config.getoption("core_conformance_quant_config"):
+            _check_json_object(raw)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from exc
+    by_kind: dict[str, list[Target]] = {}
+    for target in targets:
+        by_kind.setdefault(target.kind, []).append(target)
+    config.stash[_TARGETS] = by_kind
+    # Replacing the arguments (not filtering items) makes the kit independent of the
+    # project's testpaths and rootdir. The kit's directory, rather than its files, is the
+    # argument so that node ids name the module even outside the rootdir.
+    config.args[:] = [str(KIT_DIR)]
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Within the kit, collect only the modules of the kinds asked for."""
+    by_kind = config.stash.get(_TARGETS, None)
+    if by_kind is None or collection_path.parent != KIT_DIR or collection_path.is_dir():
+        return None
+    return collection_path.name not in {_module_name(kind) for kind in by_kind}
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Module | None:
+    """Collect the kit's modules even where the project's python_files would not."""
+    if _TARGETS not in parent.config.stash or file_path.parent != KIT_DIR:
+        return None
+    patterns = parent.config.getini("python_files")
+    if any(fnmatch.fnmatch(file_path.name, pattern) for pattern in patterns):
+        return None  # pytest's python plugin collects it
+    return pytest.Module.from_parent(parent, path=file_path)
+
+
+def _check_json_object(raw: str) -> None:
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--core-conformance-quant-config {raw!r}: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ValueError(f"--core-conformance-quant-config {raw!r}: not a JSON object")
+
+
+def _module_name(kind: str) -> str:
+    return f"test_{kind}.py"
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    by_kind = config.stash.get(_TARGETS, {})
+    return [
+        f"core conformance: {target.kind}:{target.spec.name}"
+        for targets in by_kind.values()
+        for target in targets
+    ]
+
+
+def targets_of(config: pytest.Config, kind: str) -> list[Target]:
+    """The components of `kind` named on the command line (none without the option)."""
+    return config.stash.get(_TARGETS, {}).get(kind, [])
+
+
+@pytest.fixture
+def core_conformance_device(request: pytest.FixtureRequest) -> torch.device:
+    """The torch device the component under test runs on (--core-conformance-device)."""
+    import torch
+
+    return torch.device(request.config.getoption("core_conformance_device"))

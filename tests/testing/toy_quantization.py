@@ -1,0 +1,70 @@
+"""Toy quantization methods the kit's own tests run it against (core registers none).
+
+`ToyInt8Config`: int8 `qweight` with one `scales` entry per output row, loaded through
+fused loaders; apply scales after the matmul, so it differs from its dequantized reference
+only by rounding. `RolledScalesConfig` is broken: its apply uses each row's neighbour's
+scale, which the kit must catch.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from core.quantization import (
+    LinearMethod,
+    QuantizationConfig,
+    fused_weight_loader,
+    set_weight_loader,
+)
+
+
+def _parameter(layer: nn.Module, name: str, shape: tuple[int, ...], dtype, loader) -> None:
+    param = nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
+    set_weight_loader(param, loader)
+    layer.register_parameter(name, param)
+
+
+class ToyInt8Method(LinearMethod):
+    def create_weights(self, layer, partition, bias, dtype):
+        outputs = partition.output_sizes_per_partition
+        loader = fused_weight_loader(outputs)
+        rows = sum(outputs)
+        _parameter(layer, "qweight", (rows, partition.input_size_per_partition), torch.int8, loader)
+        _parameter(layer, "scales", (rows,), dtype, loader)
+        if bias:
+            _parameter(layer, "bias", (rows,), dtype, loader)
+
+    def apply(self, layer, x, bias):
+        out = (x @ layer.qweight.t().to(x.dtype)) * self.row_scales(layer)  # [T, rows]
+        return out if bias is None else out + bias
+
+    def dequantize(self, layer):
+        return layer.qweight.to(layer.scales.dtype) * layer.scales[:, None]
+
+    def row_scales(self, layer) -> torch.Tensor:
+        return layer.scales
+
+
+class RolledScalesMethod(ToyInt8Method):
+    def row_scales(self, layer) -> torch.Tensor:
+        return layer.scales.roll(1)  # the bug: row i takes row i - 1's scale
+
+
+class ToyInt8Config(QuantizationConfig):
+    name = "toy_int8"
+    method = ToyInt8Method
+
+    @classmethod
+    def from_config(cls, hf_quant_config):
+        if hf_quant_config.get("quant_method") != cls.name:
+            raise ValueError(f"quant_method must be {cls.name!r}")
+        return cls()
+
+    def get_linear_method(self, layer_name):
+        return self.method()
+
+
+class RolledScalesConfig(ToyInt8Config):
+    name = "rolled_scales"
+    method = RolledScalesMethod
