@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from functools import partial
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -98,8 +99,10 @@ class LinearBase(nn.Module):
             set_weight_loader(param, partial(_load_shard, param.weight_loader, self.shard_index))
 
 
-class ReplicatedLinear(LinearBase):
-    """A plain linear layer: one output, no shards, whole on every rank."""
+class _SingleOutputLinear(LinearBase):
+    """A linear layer with one output; subclasses say how tensor parallelism splits it."""
+
+    split: ClassVar[LinearSplit]
 
     def __init__(
         self,
@@ -110,28 +113,21 @@ class ReplicatedLinear(LinearBase):
         prefix: str = "",
         dtype: torch.dtype = torch.float32,
     ) -> None:
-        super().__init__(
-            input_size, [output_size], LinearSplit.REPLICATED, bias, quant_config, prefix, dtype
-        )
+        super().__init__(input_size, [output_size], self.split, bias, quant_config, prefix, dtype)
 
 
-class RowParallelLinear(LinearBase):
+class ReplicatedLinear(_SingleOutputLinear):
+    """A plain linear layer: one output, no shards, whole on every rank."""
+
+    split = LinearSplit.REPLICATED
+
+
+class RowParallelLinear(_SingleOutputLinear):
     """One output whose input dimension tensor parallelism splits (attention's o_proj,
     the MLP's down_proj): each rank multiplies its slice of x, and the partial outputs
     are summed across ranks (one rank today, so nothing to sum)."""
 
-    def __init__(
-        self,
-        input_size: int,
-        output_size: int,
-        bias: bool = False,
-        quant_config: QuantizationConfig | None = None,
-        prefix: str = "",
-        dtype: torch.dtype = torch.float32,
-    ) -> None:
-        super().__init__(
-            input_size, [output_size], LinearSplit.ROW, bias, quant_config, prefix, dtype
-        )
+    split = LinearSplit.ROW
 
 
 class MergedLinear(LinearBase):
