@@ -165,6 +165,9 @@ class EngineArgs:
         platform.check_and_update_config(config)
         if hooks is not None:
             hooks.hook.core_adjust_config(config=config)
+            # A hook may change anything; what it leaves must pass the same checks as flags.
+            _refuse_unbuilt(config)
+            platform.check_and_update_config(config)
         return config.freeze()
 
     @classmethod

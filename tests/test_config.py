@@ -133,3 +133,18 @@ def test_cli_flags_use_vllm_names():
 def test_parallel_sizes_above_one_are_refused_naming_the_flag():
     with pytest.raises(ValueError, match="--tensor-parallel-size 2"):
         EngineArgs(tensor_parallel_size=2).create_engine_config(CpuPlatform())
+
+
+@pytest.mark.parametrize(
+    ("adjust", "message"),
+    [
+        (lambda config: setattr(config.compilation, "level", 2), "-O2"),
+        (lambda config: setattr(config.parallel, "tensor_parallel_size", 2), "--tensor-parallel"),
+    ],
+)
+def test_a_hook_cannot_leave_what_the_flags_could_not_set(adjust, message):
+    from types import SimpleNamespace
+
+    hooks = SimpleNamespace(hook=SimpleNamespace(core_adjust_config=adjust))
+    with pytest.raises(ValueError, match=message):
+        EngineArgs().create_engine_config(CpuPlatform(), hooks)
