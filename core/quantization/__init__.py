@@ -11,6 +11,7 @@ from core.quantization.registry import get_quantization_config_class
 from core.quantization.unquantized import UnquantizedLinearMethod
 from core.quantization.weight_loader import (
     WeightLoader,
+    add_parameter,
     default_weight_loader,
     fused_weight_loader,
     get_weight_loader,
@@ -25,6 +26,7 @@ __all__ = [
     "UnquantizedLinearMethod",
     "WeightLoader",
     "WrappedLinearMethod",
+    "add_parameter",
     "default_weight_loader",
     "fused_weight_loader",
     "get_quantization_config_class",

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from core.quantization.interface import LinearMethod, LinearPartition
-from core.quantization.weight_loader import fused_weight_loader, set_weight_loader
+from core.quantization.weight_loader import add_parameter, fused_weight_loader
 
 
 class UnquantizedLinearMethod(LinearMethod):
@@ -29,16 +29,10 @@ class UnquantizedLinearMethod(LinearMethod):
         output_sizes = partition.output_sizes_per_partition
         loader = fused_weight_loader(output_sizes)
         output_size = sum(output_sizes)
-        weight = nn.Parameter(
-            torch.empty(output_size, partition.input_size_per_partition, dtype=dtype),
-            requires_grad=False,
-        )
-        set_weight_loader(weight, loader)
-        layer.register_parameter("weight", weight)
+        shape = (output_size, partition.input_size_per_partition)
+        add_parameter(layer, "weight", shape, dtype, loader)
         if bias:
-            bias_param = nn.Parameter(torch.empty(output_size, dtype=dtype), requires_grad=False)
-            set_weight_loader(bias_param, loader)
-            layer.register_parameter("bias", bias_param)
+            add_parameter(layer, "bias", (output_size,), dtype, loader)
 
     def apply(
         self,

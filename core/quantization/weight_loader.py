@@ -29,6 +29,20 @@ def set_weight_loader(param: nn.Parameter, loader: WeightLoader) -> None:
     param.weight_loader = loader
 
 
+def add_parameter(
+    layer: nn.Module, name: str, shape: Sequence[int], dtype: torch.dtype, loader: WeightLoader
+) -> nn.Parameter:
+    """Register an uninitialised inference parameter `name` on `layer` that `loader` fills.
+
+    What every LinearMethod.create_weights does per tensor: requires_grad=False, the
+    current default device, and the loader the model's load_weights will call.
+    """
+    param = nn.Parameter(torch.empty(tuple(shape), dtype=dtype), requires_grad=False)
+    set_weight_loader(param, loader)
+    layer.register_parameter(name, param)
+    return param
+
+
 def get_weight_loader(param: nn.Parameter) -> WeightLoader:
     """The parameter's own loader, else `default_weight_loader`."""
     return getattr(param, "weight_loader", default_weight_loader)

@@ -16,18 +16,12 @@ from core.quantization import (
     QuantizationConfig,
     UnquantizedLinearMethod,
     WrappedLinearMethod,
+    add_parameter,
     default_weight_loader,
     fused_weight_loader,
-    set_weight_loader,
 )
 
 INPUT, OUTPUTS, RANK = 16, [8, 4], 2
-
-
-def parameter(layer: nn.Module, name: str, shape: tuple[int, ...], dtype, loader) -> None:
-    param = nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
-    set_weight_loader(param, loader)
-    layer.register_parameter(name, param)
 
 
 class Int8RowScaledMethod(LinearMethod):
@@ -37,10 +31,10 @@ class Int8RowScaledMethod(LinearMethod):
         outputs = partition.output_sizes_per_partition
         loader = fused_weight_loader(outputs)
         shape = (sum(outputs), partition.input_size_per_partition)
-        parameter(layer, "qweight", shape, torch.int8, loader)
-        parameter(layer, "scales", (sum(outputs),), dtype, loader)
+        add_parameter(layer, "qweight", shape, torch.int8, loader)
+        add_parameter(layer, "scales", (sum(outputs),), dtype, loader)
         if bias:
-            parameter(layer, "bias", (sum(outputs),), dtype, loader)
+            add_parameter(layer, "bias", (sum(outputs),), dtype, loader)
 
     def apply(self, layer, x, bias):
         out = (x @ layer.qweight.t().to(x.dtype)) * layer.scales  # scale after the matmul
@@ -56,8 +50,8 @@ class LowRankDelta(WrappedLinearMethod):
     def add_weights(self, layer, partition, dtype):
         outputs = sum(partition.output_sizes_per_partition)
         inputs = partition.input_size_per_partition
-        parameter(layer, "delta_a", (RANK, inputs), dtype, default_weight_loader)
-        parameter(layer, "delta_b", (outputs, RANK), dtype, default_weight_loader)
+        add_parameter(layer, "delta_a", (RANK, inputs), dtype, default_weight_loader)
+        add_parameter(layer, "delta_b", (outputs, RANK), dtype, default_weight_loader)
 
     def apply(self, layer, x, bias):
         return self.base.apply(layer, x, bias) + (x @ layer.delta_a.t()) @ layer.delta_b.t()
@@ -141,7 +135,7 @@ def test_wrapping_refuses_a_method_that_is_not_a_wrapper_of_the_current_one():
 
 class ReplacesWeight(WrappedLinearMethod):
     def add_weights(self, layer, partition, dtype):
-        parameter(layer, "weight", (12, 16), dtype, default_weight_loader)
+        add_parameter(layer, "weight", (12, 16), dtype, default_weight_loader)
 
 
 def test_a_wrapper_may_not_replace_the_bases_parameters():

@@ -9,20 +9,13 @@ scale, which the kit must catch.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from core.quantization import (
     LinearMethod,
     QuantizationConfig,
+    add_parameter,
     fused_weight_loader,
-    set_weight_loader,
 )
-
-
-def _parameter(layer: nn.Module, name: str, shape: tuple[int, ...], dtype, loader) -> None:
-    param = nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
-    set_weight_loader(param, loader)
-    layer.register_parameter(name, param)
 
 
 class ToyInt8Method(LinearMethod):
@@ -30,10 +23,11 @@ class ToyInt8Method(LinearMethod):
         outputs = partition.output_sizes_per_partition
         loader = fused_weight_loader(outputs)
         rows = sum(outputs)
-        _parameter(layer, "qweight", (rows, partition.input_size_per_partition), torch.int8, loader)
-        _parameter(layer, "scales", (rows,), dtype, loader)
+        shape = (rows, partition.input_size_per_partition)
+        add_parameter(layer, "qweight", shape, torch.int8, loader)
+        add_parameter(layer, "scales", (rows,), dtype, loader)
         if bias:
-            _parameter(layer, "bias", (rows,), dtype, loader)
+            add_parameter(layer, "bias", (rows,), dtype, loader)
 
     def apply(self, layer, x, bias):
         out = (x @ layer.qweight.t().to(x.dtype)) * self.row_scales(layer)  # [T, rows]
