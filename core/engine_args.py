@@ -6,7 +6,6 @@ as explicit values, so levels and platforms never override them.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
@@ -14,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from core.config import EngineConfig, UsageContext, parse_size
+from core.plugins.components import parse_json_object
 
 if TYPE_CHECKING:
     from core.platforms.interface import Platform
@@ -22,18 +22,6 @@ if TYPE_CHECKING:
 def _option(section: str, key: str, flag: str, help: str, **click_kwargs: Any) -> Any:
     meta = {"section": section, "key": key, "flag": flag, "help": help, "click": click_kwargs}
     return field(default=None, metadata=meta)
-
-
-def _parse_json(flag: str, value: str | dict) -> dict:
-    if isinstance(value, dict):
-        return value
-    try:
-        parsed = json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{flag} must be a JSON object: {exc}") from exc
-    if not isinstance(parsed, dict):
-        raise ValueError(f"{flag} must be a JSON object, got {type(parsed).__name__}")
-    return parsed
 
 
 @dataclass
@@ -226,11 +214,11 @@ def _set_eager(sections: dict[str, dict[str, Any]], meta: Any, value: bool) -> N
 
 
 def _set_json(sections: dict[str, dict[str, Any]], meta: Any, value: Any) -> None:
-    sections[meta["section"]][meta["key"]] = _parse_json(meta["flag"], value)
+    sections[meta["section"]][meta["key"]] = parse_json_object(meta["flag"], value)
 
 
 def _set_kv_transfer(sections: dict[str, dict[str, Any]], meta: Any, value: Any) -> None:
-    sections["kv_transfer"] = _parse_json(meta["flag"], value)
+    sections["kv_transfer"] = parse_json_object(meta["flag"], value)
 
 
 def _set_size(sections: dict[str, dict[str, Any]], meta: Any, value: Any) -> None:

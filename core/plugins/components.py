@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -18,3 +19,17 @@ def build_component(cls: type[T], kwargs: dict[str, Any], flag: str) -> T:
         return cls(**kwargs)
     except TypeError as exc:
         raise ValueError(f"{flag} does not fit {name}: {exc}") from exc
+
+
+def parse_json_object(flag: str, value: str | dict) -> dict:
+    """The JSON object a `--*-config` flag carries (a dict passes through); ValueError
+    naming `flag` when the text is not JSON or not an object."""
+    if isinstance(value, dict):
+        return value
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{flag} must be a JSON object: {exc}") from exc
+    if not isinstance(parsed, dict):
+        raise ValueError(f"{flag} must be a JSON object, got {type(parsed).__name__}")
+    return parsed

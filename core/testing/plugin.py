@@ -11,7 +11,6 @@ was started from.
 from __future__ import annotations
 
 import fnmatch
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +23,7 @@ if TYPE_CHECKING:
 
 KIT_DIR = Path(__file__).parent
 _TARGETS = pytest.StashKey["dict[str, list[Target]]"]()
+_QUANT_CONFIGS = pytest.StashKey["list[dict]"]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -63,12 +63,15 @@ def pytest_configure(config: pytest.Config) -> None:
     options = config.getoption("core_conformance")
     if not options:
         return
+    from core.plugins.components import parse_json_object
     from core.testing.targets import parse_targets, resolve
 
+    flag, raw_configs = "--core-conformance-quant-config", "core_conformance_quant_config"
     try:
         targets = [resolve(spec) for spec in parse_targets(options)]
-        for raw in config.getoption("core_conformance_quant_config"):
-            _check_json_object(raw)
+        config.stash[_QUANT_CONFIGS] = [
+            parse_json_object(flag, raw) for raw in config.getoption(raw_configs)
+        ]
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from exc
     by_kind: dict[str, list[Target]] = {}
@@ -99,15 +102,6 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Mod
     return pytest.Module.from_parent(parent, path=file_path)
 
 
-def _check_json_object(raw: str) -> None:
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--core-conformance-quant-config {raw!r}: {exc}") from exc
-    if not isinstance(value, dict):
-        raise ValueError(f"--core-conformance-quant-config {raw!r}: not a JSON object")
-
-
 def _module_name(kind: str) -> str:
     return f"test_{kind}.py"
 
@@ -124,6 +118,11 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 def targets_of(config: pytest.Config, kind: str) -> list[Target]:
     """The components of `kind` named on the command line (none without the option)."""
     return config.stash.get(_TARGETS, {}).get(kind, [])
+
+
+def quant_configs_of(config: pytest.Config) -> list[dict]:
+    """The parsed --core-conformance-quant-config objects, in order (none given: [])."""
+    return config.stash.get(_QUANT_CONFIGS, [])
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ A create_weights that refuses an activation dtype with ValueError skips that dty
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -33,7 +32,7 @@ from core.models.layers import (
     RowParallelLinear,
 )
 from core.quantization.interface import QuantizationConfig
-from core.testing.plugin import targets_of
+from core.testing.plugin import quant_configs_of, targets_of
 
 INPUT = 64
 TOLERANCES = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
@@ -67,10 +66,10 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    raw = metafunc.config.getoption("core_conformance_quant_config")
+    given = quant_configs_of(metafunc.config)
     params = []
     for target in targets_of(metafunc.config, "quantization"):
-        hf_configs = [json.loads(c) for c in raw] or [{"quant_method": target.value.name}]
+        hf_configs = given or [{"quant_method": target.value.name}]
         for index, hf_config in enumerate(hf_configs):
             config_id = f"{target.id}-config{index}" if len(hf_configs) > 1 else target.id
             params += [

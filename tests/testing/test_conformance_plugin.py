@@ -79,6 +79,16 @@ def test_unknown_component_is_a_usage_error_listing_the_installed_ones(tmp_path)
     assert "torch_ref" in done.stderr
 
 
+def test_a_quant_config_that_is_not_a_json_object_is_a_usage_error(tmp_path):
+    done = run_pytest(
+        "--core-conformance=quantization:toy_quantization:ToyInt8Config",
+        "--core-conformance-quant-config=[1]",
+        cwd=tmp_path,
+    )
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR
+    assert "--core-conformance-quant-config must be a JSON object, got list" in done.stderr
+
+
 def test_toy_quantization_method_and_kv_connector_conform(tmp_path):
     done = run_pytest(
         "--core-conformance=quantization:toy_quantization:ToyInt8Config",
