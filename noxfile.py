@@ -25,12 +25,15 @@ SHARED_ENV = Path(".nox/shared")
 # A third-party plugin kept as an example: its own distribution, outside core and plugins/.
 EXAMPLE_PLUGIN = "tests/plugins/example_plugin"
 # The components the conformance kit checks in CI: core's built-ins, core-cpu-kernels'
-# backend and the example plugin's (its platform probes unavailable here: see below).
+# backend, core-spec-decode's n-gram proposer and the example plugin's (its platform
+# probes unavailable here: see below).
 CONFORMANCE = [
     "attention:torch_ref",
     "attention:cpu_paged",
     "attention:example_paged",
     "sampler:default",
+    # Core's reference rejection sampler: the kind has no entry-point group.
+    "rejection_sampler:core.spec_decode.rejection_sampler:StandardRejectionSampler",
     "platform:cpu",
     "platform:example",
     # GPU platforms: here their probes must answer "unavailable" cheaply, without torch.
@@ -40,6 +43,7 @@ CONFORMANCE = [
     "model:MistralForCausalLM",
     "model:Qwen2ForCausalLM",
     "model:Qwen3ForCausalLM",
+    "spec_proposer:ngram",
 ]
 
 

@@ -137,6 +137,38 @@ class KVTransferConfig(_Config):
     kv_connector_extra_config: dict[str, Any] = Field(default_factory=dict)
 
 
+class SpeculativeConfig(_Config):
+    """`--speculative-config`: the method (a `core.spec_proposers` entry), how many tokens
+    it drafts per step, and the method's own keys (checked by its Proposer.options_model).
+
+    vLLM's JSON is flat ({"method": "ngram", "num_speculative_tokens": 4,
+    "prompt_lookup_max": 5}); `from_json` splits it.
+    """
+
+    method: str = Field(min_length=1)
+    num_speculative_tokens: int = Field(ge=1)
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> SpeculativeConfig:
+        """Split vLLM's flat JSON; a "model" without a "method" means "draft_model", as
+        in vLLM. ValueError naming the field when one is missing or out of range."""
+        options = dict(value)
+        method = options.pop("method", None)
+        if method is None and "model" in options:
+            method = "draft_model"
+        if method is None:
+            raise ValueError('speculative_config.method is required (e.g. "ngram")')
+        if "num_speculative_tokens" not in options:
+            raise ValueError("speculative_config.num_speculative_tokens is required")
+        k = options.pop("num_speculative_tokens")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(
+                f"speculative_config.num_speculative_tokens must be an integer >= 1, got {k!r}"
+            )
+        return cls(method=method, num_speculative_tokens=k, options=options)
+
+
 class EngineConfig(_Config):
     model: ModelConfig = Field(default_factory=ModelConfig)
     cache: CacheConfig = Field(default_factory=CacheConfig)
@@ -146,10 +178,12 @@ class EngineConfig(_Config):
     compilation: CompilationConfig = Field(default_factory=CompilationConfig)
     components: ComponentConfig = Field(default_factory=ComponentConfig)
     kv_transfer: KVTransferConfig = Field(default_factory=KVTransferConfig)
+    speculative: SpeculativeConfig | None = None
 
     def freeze(self) -> EngineConfig:
         """A deep copy that refuses changes (assignments were validated as they happened)."""
         frozen = self.model_copy(deep=True)
         for part in (frozen, *(getattr(frozen, name) for name in EngineConfig.model_fields)):
-            part._frozen = True
+            if part is not None:
+                part._frozen = True
         return frozen

@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from core.config import EngineConfig, UsageContext, parse_size
+from core.config import EngineConfig, SpeculativeConfig, UsageContext, parse_size
 from core.plugins.components import parse_json_object
+from core.spec_decode.selector import check_speculative_config
 
 if TYPE_CHECKING:
     from core.platforms.interface import Platform
@@ -116,6 +117,10 @@ class EngineArgs:
     kv_transfer_config: str | dict | None = _option(
         "kv_transfer", "", "--kv-transfer-config", "KV connector JSON (none is built yet)"
     )
+    speculative_config: str | dict | None = _option(
+        "speculative", "", "--speculative-config",
+        'speculative decoding JSON, e.g. {"method": "ngram", "num_speculative_tokens": 4}',
+    )  # fmt: skip
 
     def config_sections(self) -> dict[str, dict[str, Any]]:
         """{section: {field: value}} holding only the options the user gave."""
@@ -140,11 +145,18 @@ class EngineArgs:
         the most a user may ask for. `usage` picks the platform's default token budget.
         """
         sections = self.config_sections()
+        speculative = sections.pop("speculative")
         config = EngineConfig(
             **{
                 name: info.annotation.model_validate(sections[name])  # type: ignore[union-attr]
                 for name, info in EngineConfig.model_fields.items()
-            }
+                if name in sections
+            },
+            speculative=(
+                None
+                if self.speculative_config is None
+                else SpeculativeConfig.from_json(speculative)
+            ),
         )
         _refuse_unbuilt(config)
         if model_max_len is not None:
@@ -156,6 +168,8 @@ class EngineArgs:
             # A hook may change anything; what it leaves must pass the same checks as flags.
             _refuse_unbuilt(config)
             platform.check_and_update_config(config)
+        if config.speculative is not None:
+            check_speculative_config(config.speculative)
         return config.freeze()
 
     @classmethod
@@ -217,8 +231,8 @@ def _set_json(sections: dict[str, dict[str, Any]], meta: Any, value: Any) -> Non
     sections[meta["section"]][meta["key"]] = parse_json_object(meta["flag"], value)
 
 
-def _set_kv_transfer(sections: dict[str, dict[str, Any]], meta: Any, value: Any) -> None:
-    sections["kv_transfer"] = parse_json_object(meta["flag"], value)
+def _set_section(sections: dict[str, dict[str, Any]], meta: Any, value: Any) -> None:
+    sections[meta["section"]] = parse_json_object(meta["flag"], value)
 
 
 def _set_size(sections: dict[str, dict[str, Any]], meta: Any, value: Any) -> None:
@@ -229,7 +243,8 @@ _CONVERTERS: dict[str, Callable[..., None]] = {
     "enforce_eager": _set_eager,
     "attention_backend_config": _set_json,
     "sampler_config": _set_json,
-    "kv_transfer_config": _set_kv_transfer,
+    "kv_transfer_config": _set_section,
+    "speculative_config": _set_section,
     "kv_cache_memory": _set_size,
 }
 

@@ -19,7 +19,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from core.engine.protocol import SchedulerStats
+from core.engine.protocol import SchedulerStats, SpecDecodingStats
 
 __all__ = ["METRICS_PREFIX", "EngineMetrics", "metric_name"]
 
@@ -92,6 +92,7 @@ class EngineMetrics:
             "inter_token_latency_seconds", "Time between two tokens.", _ITL_BUCKETS
         )
         self._e2e = histogram("e2e_request_latency_seconds", "Arrival to finish.", _E2E_BUCKETS)
+        self._spec: _SpecDecodingMetrics | None = None
 
     def record_scheduler_stats(self, stats: SchedulerStats) -> None:
         """Set the gauges to this snapshot and add the growth of its cumulative counts."""
@@ -108,7 +109,17 @@ class EngineMetrics:
         self._preemptions.inc(
             _growth(stats.num_preemptions, last.num_preemptions if last else None)
         )
+        if stats.spec_decoding is not None:
+            self._record_spec_decoding(stats.spec_decoding, last and last.spec_decoding)
         self._last_stats = stats
+
+    def _record_spec_decoding(
+        self, stats: SpecDecodingStats, last: SpecDecodingStats | None
+    ) -> None:
+        """vLLM's spec_decode_* counters; created with the first speculative engine's stats."""
+        if self._spec is None:
+            self._spec = _SpecDecodingMetrics(self.registry, self._model_name, stats)
+        self._spec.record(stats, last)
 
     def record_request_finished(
         self,
@@ -132,6 +143,45 @@ class EngineMetrics:
     def render(self) -> tuple[bytes, str]:
         """The text exposition of every family and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class _SpecDecodingMetrics:
+    """Counters of speculative decoding, named as vLLM names them."""
+
+    def __init__(
+        self, registry: CollectorRegistry, model_name: str, stats: SpecDecodingStats
+    ) -> None:
+        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+            return Counter(metric_name(name), doc, ["model_name", *labels], registry=registry)
+
+        self._drafts = counter("spec_decode_num_drafts", "Drafts verified.").labels(model_name)
+        self._draft_tokens = counter(
+            "spec_decode_num_draft_tokens", "Draft tokens verified."
+        ).labels(model_name)
+        self._accepted = counter(
+            "spec_decode_num_accepted_tokens", "Draft tokens accepted."
+        ).labels(model_name)
+        per_pos = counter(
+            "spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted, by position in the draft (0-based).",
+            ("position",),
+        )
+        self._per_pos = [
+            per_pos.labels(model_name, str(i))
+            for i in range(len(stats.num_accepted_tokens_per_pos))
+        ]
+
+    def record(self, stats: SpecDecodingStats, last: SpecDecodingStats | None) -> None:
+        self._drafts.inc(_growth(stats.num_drafts, last.num_drafts if last else None))
+        self._draft_tokens.inc(
+            _growth(stats.num_draft_tokens, last.num_draft_tokens if last else None)
+        )
+        self._accepted.inc(
+            _growth(stats.num_accepted_tokens, last.num_accepted_tokens if last else None)
+        )
+        for i, child in enumerate(self._per_pos):
+            before = last.num_accepted_tokens_per_pos[i] if last else None
+            child.inc(_growth(stats.num_accepted_tokens_per_pos[i], before))
 
 
 def _growth(now: int, before: int | None) -> int:

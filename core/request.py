@@ -104,6 +104,9 @@ class Request:
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.num_computed_tokens = 0
+        # Drafts of speculative decoding, proposed after the last step, verified in the
+        # next: not part of all_token_ids (nor of block hashes) until the target accepts them.
+        self.spec_token_ids: list[int] = []
         self.num_cached_tokens = -1
         self.num_preemptions = 0
 
@@ -138,6 +141,11 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        """Tokens the next step may compute: the known ones and the drafts."""
+        return len(self.all_token_ids) + len(self.spec_token_ids)
 
     @property
     def num_output_tokens(self) -> int:

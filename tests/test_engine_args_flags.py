@@ -114,6 +114,10 @@ CASES = {
         ("--kv-transfer-config", '{"kv_connector": "x", "kv_role": "kv_both"}'),
         refuses="--kv-transfer-config",
     ),
+    "speculative_config": Case(
+        ("--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}'),
+        sets="config.speculative",
+    ),
 }
 
 

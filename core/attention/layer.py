@@ -90,3 +90,15 @@ class Attention(nn.Module):
             metadata,
         )
         return out.reshape(num_tokens, self.num_heads * self.head_size)
+
+
+def prefix_layer_names(model: nn.Module, prefix: str) -> None:
+    """Prefix the `layer_name` of every Attention in `model` (before the worker binds it).
+
+    Layer names key the KV caches and the forward context's metadata, and a model names
+    its layers from its own module paths, so a second model in the same worker (a
+    speculative draft) must be renamed to keep caches of its own.
+    """
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.layer_name = f"{prefix}{module.layer_name}"

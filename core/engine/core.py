@@ -29,6 +29,7 @@ from core.platforms.interface import Platform
 from core.plugins.hooks import call_each
 from core.request import Request, RequestStatus
 from core.scheduler.scheduler import Scheduler
+from core.spec_decode.selector import check_speculative_config
 from core.structured_output.manager import StructuredOutputManager
 
 if TYPE_CHECKING:
@@ -45,6 +46,14 @@ def check_utility(name: str) -> None:
     """ValueError unless `name` is one of UTILITIES."""
     if name not in UTILITIES:
         raise ValueError(f"utility {name!r} is not one of {sorted(UTILITIES)}")
+
+
+def _num_lookahead_tokens(config: EngineConfig) -> int:
+    """KV slots past the scheduled tokens a proposer writes drafts' KV into (one per draft)."""
+    spec = config.speculative
+    if spec is None or not check_speculative_config(spec).writes_kv_cache:
+        return 0
+    return spec.num_speculative_tokens
 
 
 def _grammar_backend(config: EngineConfig, checkpoint: Checkpoint) -> XgrammarBackend:
@@ -74,7 +83,9 @@ class EngineCore:
         self.executor = UniProcExecutor(config, platform, checkpoint)
         self.kv = self._init_kv_cache(platform)
         self.grammars = StructuredOutputManager(partial(_grammar_backend, config, checkpoint))
-        self.scheduler = Scheduler(config, self.kv, self.max_model_len, self.grammars)
+        self.scheduler = Scheduler(
+            config, self.kv, self.max_model_len, self.grammars, _num_lookahead_tokens(config)
+        )
         self._call_hook("core_engine_started")
 
     def _init_kv_cache(self, platform: Platform) -> KVCacheManager:

@@ -17,7 +17,12 @@ import msgspec
 
 from core.request import FinishReason
 from core.sampling_params import SamplingParams
-from core.scheduler.output import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
+from core.scheduler.output import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    SchedulerStats,
+    SpecDecodingStats,
+)
 
 __all__ = [
     "EngineCoreOutput",
@@ -25,6 +30,7 @@ __all__ = [
     "EngineCoreRequest",
     "FinishReason",
     "SchedulerStats",
+    "SpecDecodingStats",
 ]
 
 

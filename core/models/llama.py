@@ -191,10 +191,11 @@ class LlamaModel(nn.Module):
         self,
         input_ids: torch.Tensor,  # [T] int64
         positions: torch.Tensor,  # [T] int64
+        num_layers: int | None = None,
     ) -> torch.Tensor:  # [T, hidden]
         hidden = self.embed_tokens(input_ids)
         cos, sin = self.rotary_emb(positions)
-        for layer in self.layers:
+        for layer in self.layers[:num_layers]:
             hidden = layer(hidden, cos, sin)
         return self.norm(hidden)
 
@@ -209,6 +210,8 @@ class LlamaForCausalLM(nn.Module):
       `core.forward_context.set_forward_context` with each attention layer's backend and
       KV cache bound (see `core.attention.layer.Attention`).
     - `compute_logits(hidden [N, hidden_size]) -> [N, vocab_size]`.
+    - Optionally `forward(..., num_layers=n)`: only the first n decoder layers, then the
+      final norm (an early exit: the layer-skip speculative draft).
     - `load_weights(weights)` takes `(hf_name, tensor)` pairs as a Checkpoint yields them.
     """
 
@@ -231,8 +234,10 @@ class LlamaForCausalLM(nn.Module):
         tied_to = self.model.embed_tokens if config.tie_word_embeddings else None
         self.lm_head = LMHead(config.vocab_size, config.hidden_size, dtype, tied_to)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, positions)  # [T] -> [T, hidden]
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, num_layers: int | None = None
+    ) -> torch.Tensor:
+        return self.model(input_ids, positions, num_layers)  # [T] -> [T, hidden]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)  # [N, hidden] -> [N, vocab]

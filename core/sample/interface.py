@@ -53,3 +53,26 @@ class Sampler(nn.Module, ABC):
     @abstractmethod
     def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         """logits: [num_reqs, vocab_size] in the model's dtype."""
+
+    def process_logits(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+        """The logits ``forward`` draws from: [B, V] float32, every processor applied.
+
+        Speculative decoding verifies drafts against these (core.spec_decode's
+        RejectionSampler), so they must be exactly what ``forward`` samples:
+
+        - The DESIGN.md order: float32 -> allowed / bad tokens -> logit bias, min_tokens ->
+          penalties -> temperature (random rows; greedy rows are divided by 1) -> min_p ->
+          top-k / top-p.
+        - Random rows: softmax of the row is exactly the distribution ``forward`` samples.
+        - Greedy rows: the argmax of the row (lowest token id among ties) is exactly the
+          token ``forward`` returns; nothing else about them is promised, as an
+          implementation may skip the steps that never move the argmax.
+        - Never modifies ``logits`` or ``metadata``; the result may share memory with
+          ``logits`` when no processor applies, so callers must not write to it.
+
+        A sampler that does not implement it works, but cannot verify drafts.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot verify speculative drafts: "
+            "it does not implement process_logits"
+        )

@@ -88,8 +88,8 @@ def apply_min_tokens(
 def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
     """Divide each row by its temperature; greedy rows (temperature < eps) are left as is.
 
-    logits: [B, V], temperature: [B]. Greedy rows take their token from the argmax taken
-    before this step, so dividing them by 1 only avoids an overflow.
+    logits: [B, V], temperature: [B]. Greedy rows take the argmax, which no positive
+    divisor moves; dividing them by 1 rather than their ~0 temperature avoids an overflow.
     """
     safe = torch.where(temperature < SAMPLING_EPS, torch.ones_like(temperature), temperature)
     return logits / safe.unsqueeze(-1).to(logits.dtype)

@@ -37,14 +37,29 @@ class DefaultSampler(Sampler):
         raw_logprobs = None
         if metadata.max_num_logprobs is not None:
             raw_logprobs = compute_logprobs(logits)  # [B, V]
-        logits = logits.to(torch.float32)
-        logits = _apply_token_constraints(logits, metadata)
-        logits = _apply_penalties(logits, metadata)
-        sampled = _sample(logits, metadata)  # [B]
+        sampled = _sample(self.process_logits(logits, metadata), metadata)  # [B]
         logprobs = None
         if raw_logprobs is not None:
             logprobs = gather_logprobs(raw_logprobs, sampled, metadata.max_num_logprobs)
         return SamplerOutput(sampled_token_ids=sampled, logprobs=logprobs)
+
+    def process_logits(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+        """float32 [B, V] logits after every processor, in DESIGN.md order.
+
+        When every row is greedy, temperature, min_p and top-k/top-p are skipped: none
+        of them moves a row's argmax (temperature 1 leaves greedy rows as they are, min_p
+        never bans the top token, top-k/top-p always keep it and rank ties by token id as
+        argmax does), so the sort top-k/top-p needs would be wasted.
+        """
+        logits = logits.to(torch.float32)
+        logits = _apply_token_constraints(logits, metadata)
+        logits = _apply_penalties(logits, metadata)
+        if metadata.all_greedy:
+            return logits
+        logits = apply_temperature(logits, metadata.temperature)
+        if metadata.min_p is not None:
+            logits = apply_min_p(logits, metadata.min_p)
+        return apply_top_k_top_p(logits, metadata.top_k, metadata.top_p)
 
 
 def random_sample(probs: torch.Tensor, generators: Mapping[int, torch.Generator]) -> torch.Tensor:
@@ -94,15 +109,11 @@ def _apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor
 
 
 def _sample(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-    """Greedy rows take the argmax of the penalized logits; the others sample after
-    temperature, min_p and top-k/top-p."""
+    """One token per row of the processed ``logits``: the argmax of greedy rows, a draw
+    from the softmax of the others."""
     greedy = None if md.all_random else logits.argmax(dim=-1)  # [B]
     if greedy is not None and md.all_greedy:
         return greedy
-    logits = apply_temperature(logits, md.temperature)
-    if md.min_p is not None:
-        logits = apply_min_p(logits, md.min_p)
-    logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
     sampled = random_sample(logits.softmax(dim=-1), md.generators)  # [B]
     if greedy is None:
         return sampled

@@ -13,7 +13,7 @@ import msgspec
 from core.request import FinishReason
 from core.worker.contract import LogprobsLists
 
-__all__ = ["EngineCoreOutput", "EngineCoreOutputs", "SchedulerStats"]
+__all__ = ["EngineCoreOutput", "EngineCoreOutputs", "SchedulerStats", "SpecDecodingStats"]
 
 
 class EngineCoreOutput(msgspec.Struct, kw_only=True, array_like=True, omit_defaults=True):
@@ -30,6 +30,51 @@ class EngineCoreOutput(msgspec.Struct, kw_only=True, array_like=True, omit_defau
         return self.finish_reason is not None
 
 
+class SpecDecodingStats(msgspec.Struct, kw_only=True):
+    """Cumulative counts of speculative decoding since the engine started.
+
+    A "draft" is one request's drafts verified in one step; `num_accepted_tokens_per_pos[i]`
+    counts the drafts whose token at position i (0-based) was accepted.
+    """
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = msgspec.field(default_factory=list)
+
+    @classmethod
+    def empty(cls, num_speculative_tokens: int) -> SpecDecodingStats:
+        return cls(num_accepted_tokens_per_pos=[0] * num_speculative_tokens)
+
+    def observe(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        """Count one verified draft of `num_draft_tokens`, of which the first
+        `num_accepted_tokens` were accepted."""
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted_tokens
+        for pos in range(num_accepted_tokens):
+            self.num_accepted_tokens_per_pos[pos] += 1
+
+    def snapshot(self) -> SpecDecodingStats:
+        return SpecDecodingStats(
+            num_drafts=self.num_drafts,
+            num_draft_tokens=self.num_draft_tokens,
+            num_accepted_tokens=self.num_accepted_tokens,
+            num_accepted_tokens_per_pos=list(self.num_accepted_tokens_per_pos),
+        )
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens / draft tokens (0 before any draft)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens a verifying step emits on average: the accepted drafts plus the target's
+        own token (1 means no draft was ever accepted)."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+
 class SchedulerStats(msgspec.Struct, kw_only=True):
     """The scheduler's state after a step, for logs and metrics."""
 
@@ -39,6 +84,7 @@ class SchedulerStats(msgspec.Struct, kw_only=True):
     prefix_cache_queries: int
     prefix_cache_hits: int
     num_preemptions: int
+    spec_decoding: SpecDecodingStats | None = None  # None: speculation is off
 
     @property
     def prefix_cache_hit_rate(self) -> float:

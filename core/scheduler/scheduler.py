@@ -7,6 +7,12 @@ decodes keep flowing while a long prompt is prefilled in chunks), then waiting o
 admitted, looking up the prefix cache. When blocks run out, a running request is
 preempted (its blocks freed, to be recomputed later): the last one in FCFS order, or
 the one of lowest priority.
+
+Speculative decoding changes only the target: a running request with drafts aims at
+`num_tokens_with_spec` (its drafts are scheduled after its known tokens and verified in the
+same forward), holds `num_lookahead_tokens` extra slots for a proposer that writes KV, and
+after the step rolls `num_computed_tokens` back over the drafts the target rejected (their
+KV slots are simply overwritten later).
 """
 
 from __future__ import annotations
@@ -17,7 +23,12 @@ from dataclasses import dataclass
 from core.config import EngineConfig
 from core.kv_cache.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from core.request import Request, RequestStatus
-from core.scheduler.output import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
+from core.scheduler.output import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    SchedulerStats,
+    SpecDecodingStats,
+)
 from core.scheduler.request_queue import RequestQueue
 from core.structured_output.manager import StructuredOutputManager
 from core.worker.contract import (
@@ -39,6 +50,7 @@ class _Step:
     new_reqs: list[Request]
     resumed_reqs: list[Request]
     running_reqs: list[Request]
+    spec_tokens: dict[str, list[int]]
     preempted: bool = False
 
 
@@ -49,6 +61,7 @@ class Scheduler:
         kv_cache_manager: KVCacheManager,
         max_model_len: int,
         structured_outputs: StructuredOutputManager | None = None,
+        num_lookahead_tokens: int = 0,
     ) -> None:
         sched = config.scheduler
         self.max_num_seqs = sched.max_num_seqs
@@ -64,6 +77,9 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()  # told to the workers at the next step
         self.num_preemptions = 0
         self.grammars = structured_outputs
+        self.num_lookahead_tokens = num_lookahead_tokens
+        spec = config.speculative
+        self.spec_stats = SpecDecodingStats.empty(spec.num_speculative_tokens) if spec else None
         # Requests finished outside a step (a grammar that failed to compile), reported
         # with the next step's outputs.
         self._pending_outputs: list[EngineCoreOutput] = []
@@ -108,13 +124,15 @@ class Scheduler:
     # -- schedule -------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        step = _Step(self.max_num_batched_tokens, {}, {}, [], [], [])
+        step = _Step(self.max_num_batched_tokens, {}, {}, [], [], [], {})
         self._schedule_running(step)
         if not step.preempted:
             self._schedule_waiting(step)
         output = self._make_output(step)
         if self.grammars is not None:
-            output.grammar_bitmask = self.grammars.build_bitmask(self._sampling_grammars(step))
+            output.grammar_bitmask = self.grammars.build_bitmask(
+                self._sampling_grammars(step), step.spec_tokens
+            )
         for req_id, count in step.num_scheduled.items():
             self.requests[req_id].num_computed_tokens += count
         return output
@@ -127,11 +145,11 @@ class Scheduler:
             for req_id, count in step.num_scheduled.items()
             if req_id in self.grammars
             and self.requests[req_id].num_computed_tokens + count
-            == self.requests[req_id].num_tokens
+            == self.requests[req_id].num_tokens_with_spec
         ]
 
     def _num_new_tokens(self, request: Request, num_computed: int, budget: int) -> int:
-        count = request.num_tokens - num_computed
+        count = request.num_tokens_with_spec - num_computed
         if 0 < self.long_prefill_threshold < count:
             count = self.long_prefill_threshold
         return min(count, budget, self.max_model_len - num_computed)
@@ -150,6 +168,7 @@ class Scheduler:
             index = self.running.index(request) + 1
             step.running_reqs.append(request)
             self._take(step, request, count, blocks)
+            self._take_drafts(step, request, count)
 
     def _allocate_or_preempt(
         self, request: Request, count: int, step: _Step
@@ -157,7 +176,9 @@ class Scheduler:
         """Allocate slots for `request`, preempting others until they fit; None if it
         was preempted itself."""
         while True:
-            blocks = self.kv.allocate_slots(request, count)
+            blocks = self.kv.allocate_slots(
+                request, count, num_lookahead_tokens=self.num_lookahead_tokens
+            )
             if blocks is not None:
                 return blocks
             victim = self._choose_victim()
@@ -176,10 +197,12 @@ class Scheduler:
         if request.request_id in step.num_scheduled:  # undo what this step gave it
             step.token_budget += step.num_scheduled.pop(request.request_id)
             step.new_blocks.pop(request.request_id)
+            step.spec_tokens.pop(request.request_id, None)
             step.running_reqs.remove(request)
         self.kv.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.spec_token_ids = []
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.add_front(request)
@@ -216,7 +239,9 @@ class Scheduler:
         count = self._num_new_tokens(request, num_computed, step.token_budget)
         if not self.chunked_prefill and num_computed + count < request.num_tokens:
             return False  # the whole prompt must fit in one step
-        blocks = self.kv.allocate_slots(request, count, num_computed, computed_blocks)
+        blocks = self.kv.allocate_slots(
+            request, count, num_computed, computed_blocks, self.num_lookahead_tokens
+        )
         if blocks is None:
             return False
         self.waiting.pop()
@@ -234,6 +259,14 @@ class Scheduler:
         step.num_scheduled[request.request_id] = count
         step.new_blocks[request.request_id] = blocks
         step.token_budget -= count
+
+    @staticmethod
+    def _take_drafts(step: _Step, request: Request, count: int) -> None:
+        """Schedule the drafts `count` reaches; the budget may have cut the others off."""
+        num_drafts = request.num_computed_tokens + count - request.num_tokens
+        del request.spec_token_ids[max(num_drafts, 0) :]
+        if request.spec_token_ids:
+            step.spec_tokens[request.request_id] = list(request.spec_token_ids)
 
     def _make_output(self, step: _Step) -> SchedulerOutput:
         new = [
@@ -263,6 +296,7 @@ class Scheduler:
             scheduled_cached_reqs=cached,
             num_scheduled_tokens=dict(step.num_scheduled),
             total_num_scheduled_tokens=sum(step.num_scheduled.values()),
+            scheduled_spec_decode_tokens=step.spec_tokens,
             finished_req_ids=finished,
         )
 
@@ -272,13 +306,20 @@ class Scheduler:
         self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
     ) -> EngineCoreOutputs:
         outputs, self._pending_outputs = self._pending_outputs, []
-        for req_id, sampled in zip(
-            runner_output.req_ids, runner_output.sampled_token_ids, strict=True
+        drafts = runner_output.spec_token_ids or [[] for _ in runner_output.req_ids]
+        for req_id, sampled, next_drafts in zip(
+            runner_output.req_ids, runner_output.sampled_token_ids, drafts, strict=True
         ):
             request = self.requests.get(req_id)
             if request is None:
                 continue  # aborted while the step ran
+            scheduled_drafts = scheduler_output.scheduled_spec_decode_tokens.get(req_id, [])
+            if scheduled_drafts:
+                self._roll_back_rejected(request, len(scheduled_drafts), len(sampled) - 1)
             new_token_ids = self._append_until_stop(request, sampled)
+            request.spec_token_ids = (
+                [] if request.is_finished else self._fit_drafts(request, next_drafts)
+            )
             prompt_logprobs = runner_output.prompt_logprobs.get(req_id)
             if new_token_ids or prompt_logprobs is not None or request.is_finished:
                 logprobs = runner_output.logprobs.get(req_id)
@@ -287,6 +328,25 @@ class Scheduler:
                 self.running.remove(request)
                 self._free(request)
         return EngineCoreOutputs(outputs=outputs, timestamp=time.monotonic())
+
+    def _roll_back_rejected(self, request: Request, num_drafts: int, num_accepted: int) -> None:
+        """Forget the KV of rejected drafts (the slots get overwritten) and count the result."""
+        request.num_computed_tokens -= num_drafts - num_accepted
+        assert self.spec_stats is not None  # drafts are only scheduled with speculation on
+        self.spec_stats.observe(num_drafts, num_accepted)
+
+    def _fit_drafts(self, request: Request, drafts: list[int]) -> list[int]:
+        """The drafts the next step may verify: verifying n drafts can emit n + 1 tokens,
+        which must fit under max_tokens and max_model_len; under a grammar, only the prefix
+        the grammar allows."""
+        room = min(
+            request.max_tokens - request.num_output_tokens,
+            self.max_model_len - request.num_tokens,
+        )
+        drafts = drafts[: max(room - 1, 0)]
+        if drafts and self.grammars is not None and request.request_id in self.grammars:
+            drafts = self.grammars.validate_tokens(request.request_id, drafts)
+        return drafts
 
     def _output(
         self,
@@ -361,4 +421,5 @@ class Scheduler:
             prefix_cache_queries=cache.queries,
             prefix_cache_hits=cache.hits,
             num_preemptions=self.num_preemptions,
+            spec_decoding=self.spec_stats and self.spec_stats.snapshot(),
         )

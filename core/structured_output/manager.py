@@ -18,7 +18,7 @@ import concurrent.futures
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import TYPE_CHECKING
@@ -129,22 +129,36 @@ class StructuredOutputManager:
 
     # -- the step -------------------------------------------------------------------------
 
-    def build_bitmask(self, request_ids: Sequence[str]) -> GrammarBitmask | None:
-        """Allowed next tokens of those of `request_ids` that have a grammar, one row each
-        in the given order; None when none has one. Their grammars must be ready."""
+    def build_bitmask(
+        self, request_ids: Sequence[str], drafts: Mapping[str, Sequence[int]] | None = None
+    ) -> GrammarBitmask | None:
+        """Allowed tokens of those of `request_ids` that have a grammar, in the given
+        order; None when none has one. Their grammars must be ready.
+
+        A request with n drafts gets n + 1 rows: the allowed tokens at each verified
+        position, the grammar advanced over the drafts before it (and rolled back after,
+        so the grammar stays where the accepted tokens left it). Drafts come from
+        `validate_tokens`, so the grammar accepts all of them.
+        """
         req_ids = [r for r in request_ids if r in self._grammars]
         if not req_ids:
             return None
-        grammars = [self._grammar(r) for r in req_ids]
-        backend = self._get_backend()
-        bitmask = backend.allocate_bitmask(len(grammars))  # [R, W]
-        for row, grammar in enumerate(grammars):
-            grammar.fill_bitmask(bitmask, row)
-        return pack_grammar_bitmask(req_ids, bitmask)
+        drafts = drafts or {}
+        rows = [r for r in req_ids for _ in range(len(drafts.get(r, ())) + 1)]
+        bitmask = self._get_backend().allocate_bitmask(len(rows))  # [rows, W]
+        row = 0
+        for req_id in req_ids:
+            row = self._grammar(req_id).fill_bitmasks(bitmask, row, drafts.get(req_id, ()))
+        return pack_grammar_bitmask(rows, bitmask)
 
     def accept_tokens(self, request_id: str, token_ids: Sequence[int]) -> bool:
         """Advance the request's grammar over sampled tokens; False if one is not allowed."""
         return self._grammar(request_id).accept_tokens(token_ids)
+
+    def validate_tokens(self, request_id: str, token_ids: Sequence[int]) -> list[int]:
+        """The longest prefix of `token_ids` the request's grammar allows from where it is
+        now; the grammar itself does not move."""
+        return self._grammar(request_id).validate_tokens(token_ids)
 
     def is_terminated(self, request_id: str) -> bool:
         """True once the request's grammar is complete and has accepted a stop token."""

@@ -202,19 +202,52 @@ class Grammar:
     """
 
     def __init__(self, compiled: xgr.CompiledGrammar, stop_token_ids: Sequence[int]) -> None:
-        self._matcher = xgr.GrammarMatcher(compiled)
+        # Unlimited rollback: speculative drafts are accepted tentatively, then undone.
+        self._matcher = xgr.GrammarMatcher(compiled, max_rollback_tokens=-1)
         self._stop_token_ids = frozenset(stop_token_ids)
 
     def accept_tokens(self, token_ids: Sequence[int]) -> bool:
         """Advance over `token_ids`; False at the first token the grammar does not allow
         (the tokens before it stay accepted). After termination only stop tokens are."""
-        for token_id in token_ids:
+        return self._advance(token_ids)[0] == len(token_ids)
+
+    def validate_tokens(self, token_ids: Sequence[int]) -> list[int]:
+        """The longest prefix of `token_ids` allowed from here; the state does not change."""
+        num_valid, num_moved = self._advance(token_ids)
+        self._rollback(num_moved)
+        return list(token_ids[:num_valid])
+
+    def fill_bitmasks(self, bitmask: torch.Tensor, row: int, drafts: Sequence[int]) -> int:
+        """Fill rows row..row + len(drafts) with the allowed tokens before each draft and
+        after the last; the state does not change. Returns the next free row. A draft the
+        grammar refuses leaves the rows after it masked as at the refusal."""
+        num_moved, refused = 0, False
+        for i in range(len(drafts) + 1):
+            self.fill_bitmask(bitmask, row + i)
+            if i < len(drafts) and not refused:
+                num_valid, moved = self._advance(drafts[i : i + 1])
+                num_moved += moved
+                refused = num_valid == 0
+        self._rollback(num_moved)
+        return row + len(drafts) + 1
+
+    def _advance(self, token_ids: Sequence[int]) -> tuple[int, int]:
+        """Accept tokens up to the first refused one: (how many were accepted, how many of
+        them moved the matcher). A stop token after termination is accepted in place."""
+        num_moved = 0
+        for count, token_id in enumerate(token_ids):
             if self._matcher.is_terminated():
                 if token_id not in self._stop_token_ids:
-                    return False
-            elif not self._matcher.accept_token(token_id):
-                return False
-        return True
+                    return count, num_moved
+            elif self._matcher.accept_token(token_id):
+                num_moved += 1
+            else:
+                return count, num_moved
+        return len(token_ids), num_moved
+
+    def _rollback(self, num_moved: int) -> None:
+        if num_moved:
+            self._matcher.rollback(num_moved)
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         """Write the allowed next tokens into `bitmask[row]` (int32 [R, W] on the CPU).

@@ -35,8 +35,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="KIND:NAME",
         dest="core_conformance",
         help="run the conformance kit for one component instead of the collected tests: "
-        "KIND is platform, attention, sampler, quantization, kv_connector or model; NAME an "
-        "entry name of that kind's entry-point group or an importable module.path:Attr "
+        "KIND is platform, attention, sampler, quantization, kv_connector, model, "
+        "spec_proposer or rejection_sampler; NAME an entry name of that kind's entry-point "
+        "group (rejection_sampler has none) or an importable module.path:Attr "
         "reference (`python -m pytest` puts the current directory on sys.path); "
         "repeatable, or comma-separated",
     )

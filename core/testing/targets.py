@@ -10,15 +10,19 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-KINDS: dict[str, tuple[str, str | None]] = {
+KINDS: dict[str, tuple[str | None, str | None]] = {
     "platform": ("core.platforms", None),
     "attention": ("core.attention_backends", "core.attention.interface:AttentionBackend"),
     "sampler": ("core.samplers", "core.sample.interface:Sampler"),
     "quantization": ("core.quantization", "core.quantization.interface:QuantizationConfig"),
     "kv_connector": ("core.kv_connectors", "core.kv_transfer.interface:KVConnector"),
     "model": ("core.models", "torch.nn:Module"),
+    "spec_proposer": ("core.spec_proposers", "core.spec_decode.interface:Proposer"),
+    # Core's own, behind an ABC so a platform can bring a fused kernel: no plugin group.
+    "rejection_sampler": (None, "core.spec_decode.interface:RejectionSampler"),
 }
-"""kind -> (entry-point group, base class the value must subclass; None: any callable)."""
+"""kind -> (entry-point group, None for a kind named only by reference; base class the
+value must subclass, None: any callable)."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,11 @@ def parse_targets(options: list[str]) -> list[TargetSpec]:
                     f"--core-conformance {item!r}: unknown kind {kind!r}; kinds: {', '.join(KINDS)}"
                 )
             spec = TargetSpec(kind, name)
+            if KINDS[kind][0] is None and not spec.is_reference:
+                raise ValueError(
+                    f"--core-conformance {item!r}: {kind} components have no entry-point "
+                    "group; name one as module.path:Attr"
+                )
             if spec not in specs:
                 specs.append(spec)
     return specs

@@ -5,7 +5,9 @@ processed logits and equal the reference sampler's tokens, for every processor; 
 processors run in DESIGN.md's order (checked on hand-made logits whose expected token
 is worked out here, not taken from any sampler); seeded rows are reproducible and
 independent of their batch; random rows follow the distribution that temperature,
-top-k and top-p leave; logprobs describe the raw logits; inputs are left unchanged.
+top-k and top-p leave; logprobs describe the raw logits; inputs are left unchanged;
+`process_logits`, where implemented (speculative decoding needs it), agrees with the
+reference: the same argmax on greedy rows, the same distribution on random rows.
 Random draws are compared as distributions, never token by token: two correct samplers
 may consume their random numbers differently.
 """
@@ -60,21 +62,41 @@ def sample(
     eos_token_id: int | None = None,
 ) -> SamplerOutput:
     """One sampler call; seeded rows get a fresh generator seeded with their seed."""
+    metadata = batch_metadata(
+        params,
+        logits.shape[-1],
+        device,
+        output_token_ids=output_token_ids,
+        prompt_token_ids=prompt_token_ids,
+        eos_token_id=eos_token_id,
+    )
+    return sampler(logits.to(device), metadata)
+
+
+def batch_metadata(
+    params: list[SamplingParams],
+    vocab_size: int,
+    device: torch.device,
+    *,
+    output_token_ids: list[list[int]] | None = None,
+    prompt_token_ids: list[list[int]] | None = None,
+    eos_token_id: int | None = None,
+) -> SamplingMetadata:
+    """The metadata of one row per params; seeded rows get a fresh generator."""
     generators = {
         row: torch.Generator(device).manual_seed(p.seed)
         for row, p in enumerate(params)
         if p.seed is not None and p.temperature > 0
     }
-    metadata = SamplingMetadata.from_params(
+    return SamplingMetadata.from_params(
         params,
         output_token_ids=output_token_ids or [[] for _ in params],
         prompt_token_ids=prompt_token_ids or [[] for _ in params],
-        vocab_size=logits.shape[-1],
+        vocab_size=vocab_size,
         generators=generators,
         eos_token_id=eos_token_id,
         device=device,
     )
-    return sampler(logits.to(device), metadata)
 
 
 def tokens(output: SamplerOutput) -> list[int]:
@@ -249,3 +271,34 @@ def test_inputs_are_left_unchanged(sampler: Sampler, core_conformance_device) ->
     sample(sampler, logits, params, core_conformance_device, output_token_ids=history)
     assert torch.equal(logits, before)
     assert history == [[1, 2]] * NUM_ROWS
+
+
+# -- process_logits: what speculative decoding verifies drafts against --------------------
+
+
+def test_processed_logits_match_the_reference(sampler: Sampler, core_conformance_device) -> None:
+    """Greedy rows: the same argmax; random rows: the same distribution (softmax)."""
+    logits = random_logits(10)
+    params = [
+        SamplingParams(
+            temperature=0.0 if row % 2 else 0.8,
+            top_k=0 if row % 4 else 12,
+            top_p=0.9,
+            min_p=0.05,
+            presence_penalty=0.5,
+            logit_bias={3: 2.0},
+            seed=row,
+        )
+        for row in range(NUM_ROWS)
+    ]
+    history = [[int(logits[r].argmax()), 1] for r in range(NUM_ROWS)]
+    metadata = batch_metadata(params, VOCAB, core_conformance_device, output_token_ids=history)
+    try:
+        got = sampler.process_logits(logits.to(core_conformance_device), metadata).cpu()
+    except NotImplementedError:
+        pytest.skip(f"{type(sampler).__name__} does not implement process_logits")
+    reference = batch_metadata(params, VOCAB, torch.device("cpu"), output_token_ids=history)
+    want = DefaultSampler().process_logits(logits, reference)
+    assert got.dtype == torch.float32
+    assert torch.equal(got[1::2].argmax(-1), want[1::2].argmax(-1))
+    torch.testing.assert_close(got[::2].softmax(-1), want[::2].softmax(-1), atol=1e-5, rtol=1e-5)

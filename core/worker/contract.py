@@ -11,11 +11,14 @@ may import: it depends on nothing heavier than msgspec and SamplingParams.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from core.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from core.sample.logprobs import LogprobsTensors
 
 __all__ = [
     "BITS_PER_WORD",
@@ -60,7 +63,9 @@ class GrammarBitmask(msgspec.Struct, kw_only=True):
 
     `data` holds len(req_ids) rows of `words_per_row` little-endian int32 words: bit j of
     word j // 32 (bit 0 the least significant) allows token j, so the bytes of a row read
-    least significant bit first are the token ids in order.
+    least significant bit first are the token ids in order. A request with n drafts has
+    n + 1 rows, listed consecutively: the i-th occurrence of its id masks its i-th verified
+    position (the grammar advanced over the drafts before it).
     """
 
     req_ids: list[str]
@@ -76,6 +81,9 @@ class SchedulerOutput(msgspec.Struct, kw_only=True):
     num_scheduled_tokens: dict[str, int] = msgspec.field(default_factory=dict)
     total_num_scheduled_tokens: int = 0
     finished_req_ids: set[str] = msgspec.field(default_factory=set)  # workers drop their state
+    # Drafts to verify this step, per request that has any; a request's scheduled tokens
+    # count them (its known tokens, then these).
+    scheduled_spec_decode_tokens: dict[str, list[int]] = msgspec.field(default_factory=dict)
     grammar_bitmask: GrammarBitmask | None = None
     kv_connector_metadata: Any = None  # a KVConnectorMetadata of the configured connector
 
@@ -91,14 +99,29 @@ class LogprobsLists(msgspec.Struct, kw_only=True):
     logprobs: list[list[float]]
     ranks: list[int]
 
+    @classmethod
+    def from_tensors(
+        cls, tensors: LogprobsTensors, start: int, end: int, k: int | None
+    ) -> LogprobsLists:
+        """Rows [start, end) of `tensors` as lists, each cut to a request's own k + 1 columns."""
+        width = (k or 0) + 1
+        return cls(
+            logprob_token_ids=tensors.logprob_token_ids[start:end, :width].tolist(),
+            logprobs=tensors.logprobs[start:end, :width].tolist(),
+            ranks=tensors.selected_token_ranks[start:end].tolist(),
+        )
+
 
 class ModelRunnerOutput(msgspec.Struct, kw_only=True):
     """What the workers computed in one step."""
 
     req_ids: list[str]  # every request scheduled this step, in batch order
-    # One list per request: the token sampled this step, or empty when the request did
-    # not reach the end of its known tokens (a partial prefill chunk).
+    # One list per request: the tokens emitted this step (one, or with drafts the accepted
+    # drafts and the target's own token), or empty when the request did not reach the end
+    # of its known tokens (a partial prefill chunk).
     sampled_token_ids: list[list[int]]
+    # With speculative decoding: drafts for the next step, one list per request (maybe empty).
+    spec_token_ids: list[list[int]] | None = None
     logprobs: dict[str, LogprobsLists] = msgspec.field(default_factory=dict)
     # Logprobs of the prompt tokens covered this step (a prefill chunk), per request.
     prompt_logprobs: dict[str, LogprobsLists] = msgspec.field(default_factory=dict)

@@ -49,15 +49,30 @@ def apply_grammar_bitmask(
 ) -> None:
     """Set to -inf, in place, every token a request's grammar does not allow.
 
-    `logits` [N, V] holds one row per request of `sample_req_ids`, in that order. Only the
-    rows of requests named in `bitmask` change; a bitmask row whose request does not sample
-    here is ignored.
+    `logits` [N, V] holds one row per entry of `sample_req_ids`, in that order; a request
+    verifying drafts has one entry per verified position, and its i-th logits row takes
+    its i-th bitmask row. Only the rows of requests named in `bitmask` change; bitmask rows
+    with no logits row are ignored.
     """
-    row_of = {req_id: row for row, req_id in enumerate(sample_req_ids)}
-    pairs = [(row_of[r], i) for i, r in enumerate(bitmask.req_ids) if r in row_of]
+    row_of = _occurrences(sample_req_ids)
+    pairs = [(row_of[key], i) for i, key in enumerate(_keyed(bitmask.req_ids)) if key in row_of]
     if not pairs:
         return
     rows = torch.tensor([row for row, _ in pairs], device=logits.device)
     words = grammar_bitmask_tensor(bitmask)[[i for _, i in pairs]]  # [R, W]
     allowed = allowed_token_mask(words.to(logits.device), logits.shape[-1])  # [R, V]
     logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
+
+
+def _keyed(req_ids: Sequence[str]) -> list[tuple[str, int]]:
+    """(request id, how many times it occurred before) of each entry."""
+    seen: dict[str, int] = {}
+    keys = []
+    for req_id in req_ids:
+        keys.append((req_id, seen.get(req_id, 0)))
+        seen[req_id] = keys[-1][1] + 1
+    return keys
+
+
+def _occurrences(req_ids: Sequence[str]) -> dict[tuple[str, int], int]:
+    return {key: row for row, key in enumerate(_keyed(req_ids))}

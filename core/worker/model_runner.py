@@ -6,6 +6,11 @@ query_start_loc and seq_lens for the scheduled tokens only, (3) builds each KV-c
 group's attention metadata, (4) runs the model inside the forward context, and
 (5) computes logits only for the rows that sample (and prompt positions whose logprobs
 were asked), then samples.
+
+With speculative decoding (`speculator` given), a request's scheduled tokens end with its
+drafts: logits are computed at each of its verified positions and the rejection sampler
+keeps what the target agrees with (core.worker.verification); then the proposer drafts
+for the next step, looking at the batch with the accepted tokens appended.
 """
 
 from __future__ import annotations
@@ -21,15 +26,18 @@ from core.attention.interface import AttentionMetadataBuilder, CommonAttentionMe
 from core.forward_context import ForwardContext, set_forward_context
 from core.kv_cache.layout import KVCacheConfig
 from core.sample.interface import Sampler
-from core.sample.logprobs import LogprobsTensors, compute_prompt_logprobs
+from core.sample.logprobs import compute_prompt_logprobs
 from core.sample.metadata import SamplingMetadata
+from core.spec_decode.interface import ProposalBatch
 from core.worker.contract import GrammarBitmask, LogprobsLists, ModelRunnerOutput, SchedulerOutput
 from core.worker.grammar_bitmask import apply_grammar_bitmask
 from core.worker.input_batch import CachedRequestState, InputBatch
+from core.worker.speculator import Speculator
 
 
 @dataclass
 class _StepInputs:
+    req_rows: np.ndarray  # [num_reqs] batch rows in this forward, ascending
     rows: np.ndarray  # [T] batch row of each token
     positions: np.ndarray  # [T]
     query_start_loc: np.ndarray  # [num_reqs + 1]
@@ -47,9 +55,11 @@ class ModelRunner:
         max_num_batched_tokens: int,
         vocab_size: int,
         eos_token_id: int | None,
+        speculator: Speculator | None = None,
     ) -> None:
         self.model = model
         self.sampler = sampler
+        self.speculator = speculator
         self.device = device
         self.max_num_reqs = max_num_reqs
         self.max_model_len = max_model_len
@@ -130,31 +140,50 @@ class ModelRunner:
             [so.num_scheduled_tokens[state.req_id] for state in batch.rows[:num_reqs]],
             dtype=np.int64,
         )
-        query_start_loc = np.zeros(num_reqs + 1, dtype=np.int64)
+        inputs = self._step_inputs(
+            self._arange[:num_reqs], counts, batch.num_computed_tokens[:num_reqs]
+        )
+        known = batch.num_tokens[:num_reqs] + self._num_drafts(so)
+        if np.any(inputs.seq_lens > known):
+            raise ValueError("scheduled tokens beyond a request's known tokens and drafts")
+        return inputs
+
+    def _step_inputs(
+        self, req_rows: np.ndarray, counts: np.ndarray, starts: np.ndarray
+    ) -> _StepInputs:
+        """Inputs of a forward over `counts[i]` tokens of batch row `req_rows[i]` from
+        position `starts[i]` on."""
+        query_start_loc = np.zeros(len(req_rows) + 1, dtype=np.int64)
         np.cumsum(counts, out=query_start_loc[1:])
         total = int(query_start_loc[-1])
-        rows = np.repeat(self._arange[:num_reqs], counts)  # [T]
-        offsets = self._arange[:total] - query_start_loc[rows]  # [T] index within the request
-        positions = batch.num_computed_tokens[rows] + offsets
-        seq_lens = batch.num_computed_tokens[:num_reqs] + counts
-        if np.any(seq_lens > batch.num_tokens[:num_reqs]):
-            raise ValueError("scheduled tokens beyond a request's known tokens")
-        return _StepInputs(rows, positions, query_start_loc, seq_lens)
+        local = np.repeat(self._arange[: len(req_rows)], counts)  # [T]
+        offsets = self._arange[:total] - query_start_loc[local]  # [T] index within the request
+        positions = starts[local] + offsets
+        return _StepInputs(req_rows, req_rows[local], positions, query_start_loc, starts + counts)
+
+    def forward_context(self, rows: np.ndarray, positions: np.ndarray) -> ForwardContext:
+        """The context of a forward over tokens at (`rows`, `positions`): rows ascending,
+        each row's positions consecutive (what a proposer runs; see ProposalBatch)."""
+        req_rows, first, counts = np.unique(rows, return_index=True, return_counts=True)
+        inputs = self._step_inputs(req_rows, counts, positions[first])
+        return ForwardContext(self._attention_metadata(inputs), len(rows))
 
     def _attention_metadata(self, inputs: _StepInputs) -> dict[str, Any]:
-        batch = self._require_batch()
         num_reqs = len(inputs.seq_lens)
+        query_lens = np.diff(inputs.query_start_loc)
         per_layer: dict[str, Any] = {}
-        for (builder, layer_names), table in zip(self._builders, batch.block_tables, strict=True):
+        for (builder, layer_names), table in zip(
+            self._builders, self._require_batch().block_tables, strict=True
+        ):
             common = CommonAttentionMetadata(
                 query_start_loc=self._tensor(inputs.query_start_loc, torch.int32),
                 seq_lens=self._tensor(inputs.seq_lens, torch.int32),
-                num_computed_tokens=self._tensor(batch.num_computed_tokens[:num_reqs], torch.int32),
-                block_table=table.tensor[:num_reqs].to(self.device),
+                num_computed_tokens=self._tensor(inputs.seq_lens - query_lens, torch.int32),
+                block_table=_select_rows(table.tensor, inputs.req_rows).to(self.device),
                 slot_mapping=self._tensor(table.slot_mapping(inputs.rows, inputs.positions)),
                 num_reqs=num_reqs,
                 num_actual_tokens=len(inputs.rows),
-                max_query_len=int(np.diff(inputs.query_start_loc).max(initial=0)),
+                max_query_len=int(query_lens.max(initial=0)),
                 max_seq_len=int(inputs.seq_lens.max(initial=0)),
             )
             metadata = builder.build(common)
@@ -172,22 +201,113 @@ class ModelRunner:
         batch = self._require_batch()
         if so.total_num_scheduled_tokens == 0 or batch.num_reqs == 0:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
+        if self.speculator is not None:
+            self.speculator.forget(so.finished_req_ids)
+        self._write_drafts(so)
         inputs = self._prepare_inputs(so)
         input_ids = self._tensor(batch.token_ids[inputs.rows, inputs.positions])
         context = ForwardContext(self._attention_metadata(inputs), len(inputs.rows))
         with set_forward_context(context):
             hidden = self.model(input_ids, self._tensor(inputs.positions))  # [T, H]
-        sample_rows = np.flatnonzero(inputs.seq_lens == batch.num_tokens[: batch.num_reqs])
+        num_drafts = self._num_drafts(so)
+        known = batch.num_tokens[: batch.num_reqs] + num_drafts
+        sample_rows = np.flatnonzero(inputs.seq_lens == known)
         prompt_rows, prompt_index, prompt_targets = self._prompt_logprob_positions(inputs)
-        last_index = inputs.query_start_loc[sample_rows + 1] - 1
-        logits = self.model.compute_logits(
-            hidden[self._tensor(np.concatenate([last_index, prompt_index]))]
-        )  # [num_sample + num_prompt_positions, V]
-        output = self._sample(logits[: len(sample_rows)], sample_rows, so.grammar_bitmask)
-        output.prompt_logprobs = self._prompt_logprobs(
-            logits[len(sample_rows) :], prompt_rows, prompt_targets
+        # Each sampling row's last n + 1 positions: its drafts' and the one after them.
+        sample_counts = num_drafts[sample_rows] + 1
+        sample_index = np.repeat(inputs.query_start_loc[sample_rows + 1], sample_counts) - (
+            _reverse_offsets(sample_counts) + 1
         )
+        logits = self.model.compute_logits(
+            hidden[self._tensor(np.concatenate([sample_index, prompt_index]))]
+        )  # [num_sample_positions + num_prompt_positions, V]
+        sample_logits = logits[: len(sample_index)]
+        if self.speculator is not None and num_drafts.any():
+            output = self._verify(sample_logits, sample_rows, so)
+        else:
+            output = self._sample(sample_logits, sample_rows, so.grammar_bitmask)
+        output.prompt_logprobs = self._prompt_logprobs(
+            logits[len(sample_index) :], prompt_rows, prompt_targets
+        )
+        if self.speculator is not None:
+            committed = np.where(
+                inputs.seq_lens == known, batch.num_tokens[: batch.num_reqs], inputs.seq_lens
+            )
+            output.spec_token_ids = self.speculator.propose(
+                self._proposal_batch(sample_rows, committed)
+            )
         return output
+
+    def _num_drafts(self, so: SchedulerOutput) -> np.ndarray:
+        """[num_reqs] drafts scheduled for each batch row."""
+        batch = self._require_batch()
+        drafts = so.scheduled_spec_decode_tokens
+        return np.array(
+            [len(drafts.get(state.req_id, ())) for state in batch.rows[: batch.num_reqs]],
+            dtype=np.int64,
+        )
+
+    def _write_drafts(self, so: SchedulerOutput) -> None:
+        """Put each request's drafts after its known tokens, where the forward reads them."""
+        batch = self._require_batch()
+        for req_id, drafts in so.scheduled_spec_decode_tokens.items():
+            row, count = batch.req_id_to_row[req_id], len(drafts)
+            start = int(batch.num_tokens[row])
+            batch.token_ids[row, start : start + count] = drafts
+
+    def _verify(
+        self, logits: torch.Tensor, sample_rows: np.ndarray, so: SchedulerOutput
+    ) -> ModelRunnerOutput:
+        """Rejection-sample the drafts of `sample_rows` ([sum(n + 1), V] logits) and append
+        what each request emits to the batch."""
+        assert self.speculator is not None  # only called with speculation on
+        batch = self._require_batch()
+        states = [batch.rows[row] for row in sample_rows]
+        drafts = [so.scheduled_spec_decode_tokens.get(s.req_id, []) for s in states]
+        emitted, logprobs = self.speculator.verify(
+            self.sampler, logits, states, drafts, so.grammar_bitmask, self._metadata
+        )
+        sampled: list[list[int]] = [[] for _ in range(batch.num_reqs)]
+        for row, tokens in zip(sample_rows, emitted, strict=True):
+            sampled[row] = tokens
+            for token_id in tokens:
+                batch.append_token(int(row), token_id)
+        return ModelRunnerOutput(
+            req_ids=batch.req_ids, sampled_token_ids=sampled, logprobs=logprobs
+        )
+
+    def _metadata(
+        self,
+        states: list[CachedRequestState],
+        output_token_ids: list[list[int]],
+    ) -> SamplingMetadata:
+        """Sampling metadata with row i from `states[i]` and `output_token_ids[i]`."""
+        generators = {i: s.generator for i, s in enumerate(states) if s.generator is not None}
+        return SamplingMetadata.from_params(
+            [s.sampling_params for s in states],
+            output_token_ids=output_token_ids,
+            prompt_token_ids=[s.prompt_token_ids for s in states],
+            vocab_size=self.vocab_size,
+            generators=generators,
+            eos_token_id=self.eos_token_id,
+            device=self.device,
+        )
+
+    def _proposal_batch(self, sample_rows: np.ndarray, committed: np.ndarray) -> ProposalBatch:
+        batch = self._require_batch()
+        num_reqs = batch.num_reqs
+        states = [batch.rows[row] for row in range(num_reqs)]
+        return ProposalBatch(
+            req_ids=[s.req_id for s in states],
+            token_ids=batch.token_ids[:num_reqs],
+            num_tokens=batch.num_tokens[:num_reqs],
+            num_computed_tokens=batch.num_computed_tokens[:num_reqs],
+            num_committed_tokens=committed,
+            propose_rows=sample_rows,
+            sampling_params=[s.sampling_params for s in states],
+            num_speculative_tokens=0,  # the speculator sets its own k
+            forward_context=self.forward_context,
+        )
 
     def _sample(
         self, logits: torch.Tensor, sample_rows: np.ndarray, bitmask: GrammarBitmask | None
@@ -202,15 +322,7 @@ class ModelRunner:
         chosen = [states[row] for row in sample_rows]
         if bitmask is not None:  # structured output: forbidden tokens get -inf
             apply_grammar_bitmask(logits, [s.req_id for s in chosen], bitmask)
-        metadata = SamplingMetadata.from_params(
-            [s.sampling_params for s in chosen],
-            output_token_ids=[s.output_token_ids for s in chosen],
-            prompt_token_ids=[s.prompt_token_ids for s in chosen],
-            vocab_size=self.vocab_size,
-            generators={i: s.generator for i, s in enumerate(chosen) if s.generator is not None},
-            eos_token_id=self.eos_token_id,
-            device=self.device,
-        )
+        metadata = self._metadata(chosen, [s.output_token_ids for s in chosen])
         result = self.sampler(logits, metadata)
         token_ids = result.sampled_token_ids.tolist()
         for i, row in enumerate(sample_rows):
@@ -218,7 +330,9 @@ class ModelRunner:
             batch.append_token(int(row), token_ids[i])
             if chosen[i].sampling_params.logprobs is not None and result.logprobs is not None:
                 k = chosen[i].sampling_params.logprobs
-                logprobs[chosen[i].req_id] = _lists(result.logprobs, i, i + 1, k)
+                logprobs[chosen[i].req_id] = LogprobsLists.from_tensors(
+                    result.logprobs, i, i + 1, k
+                )
         return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled, logprobs=logprobs)
 
     def _prompt_logprob_positions(
@@ -254,7 +368,7 @@ class ModelRunner:
         tensors = compute_prompt_logprobs(logits, self._tensor(targets), k)
         params = {req_id: self.requests[req_id].sampling_params for req_id, *_ in spans}
         return {
-            req_id: _lists(tensors, start, end, params[req_id].prompt_logprobs)
+            req_id: LogprobsLists.from_tensors(tensors, start, end, params[req_id].prompt_logprobs)
             for req_id, start, end in spans
         }
 
@@ -264,11 +378,14 @@ class ModelRunner:
         return self.batch
 
 
-def _lists(tensors: LogprobsTensors, start: int, end: int, k: int | None) -> LogprobsLists:
-    """Rows [start, end) of `tensors`, each cut to the request's own k + 1 columns."""
-    width = (k or 0) + 1
-    return LogprobsLists(
-        logprob_token_ids=tensors.logprob_token_ids[start:end, :width].tolist(),
-        logprobs=tensors.logprobs[start:end, :width].tolist(),
-        ranks=tensors.selected_token_ranks[start:end].tolist(),
-    )
+def _select_rows(table: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
+    """table[rows]; a view when rows are 0..n-1 (every step's main forward)."""
+    if len(rows) == 0 or (rows[0] == 0 and rows[-1] == len(rows) - 1):
+        return table[: len(rows)]
+    return table[torch.from_numpy(rows)]
+
+
+def _reverse_offsets(counts: np.ndarray) -> np.ndarray:
+    """For runs of `counts`, each element's distance to its run's end: [2, 1] -> [1, 0, 0]."""
+    ends = np.repeat(np.cumsum(counts), counts)
+    return ends - np.arange(int(counts.sum())) - 1

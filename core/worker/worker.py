@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from core.attention.interface import AttentionRequirements
-from core.attention.layer import Attention
+from core.attention.layer import Attention, prefix_layer_names
 from core.attention.selector import select_attention_backend
 from core.config import EngineConfig
 from core.kv_cache.layout import KVCacheConfig, create_kv_cache_view
@@ -17,9 +17,14 @@ from core.model_loader import Checkpoint, resolve_model
 from core.models.arch_config import ArchConfig
 from core.models.registry import resolve_model_class
 from core.platforms.interface import Platform
+from core.sample.interface import Sampler
 from core.sample.selector import build_sampler
+from core.spec_decode.interface import ProposerContext
+from core.spec_decode.rejection_sampler import StandardRejectionSampler
+from core.spec_decode.selector import check_speculative_config
 from core.worker.contract import ModelRunnerOutput, SchedulerOutput
 from core.worker.model_runner import ModelRunner
+from core.worker.speculator import Speculator
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +41,7 @@ class Worker:
         self.device = platform.torch_device(local_rank)
         self.dtype = config.model.torch_dtype(platform.default_dtype)
         self.model: nn.Module | None = None
+        self.speculator: Speculator | None = None
         self.runner: ModelRunner | None = None
         self.arch: ArchConfig | None = None
 
@@ -44,22 +50,19 @@ class Worker:
         torch.manual_seed(self.config.model.seed)
 
     def load_model(self, checkpoint: Checkpoint | None = None) -> None:
-        """Build the model from `checkpoint` (resolved from the config by default)."""
+        """Build the model from `checkpoint` (resolved from the config by default), and the
+        speculative proposer when one is configured."""
         checkpoint = checkpoint or resolve_model(self.config.model.model)
-        self.arch = ArchConfig.from_hf(checkpoint.hf_config)
-        model_cls = resolve_model_class(self.arch.architectures)
-        with torch.device(self.device):
-            model = model_cls(self.arch, quant_config=None, dtype=self.dtype)
-        model.load_weights(checkpoint.iter_weights(self.dtype))
-        self.model = model.eval()
-        self._bind_attention_backend(model)
+        self.model, self.arch = self._build_model(checkpoint)
         sampler = build_sampler(
             self.platform, self.config.components.sampler, self.config.components.sampler_config
         )
+        self.speculator = self._build_speculator(sampler)
+        self._bind_attention_backend()
         scheduler = self.config.scheduler
         max_model_len = self.max_model_len
         self.runner = ModelRunner(
-            model=model,
+            model=self.model,
             sampler=sampler,
             device=self.device,
             max_num_reqs=scheduler.max_num_seqs,
@@ -67,14 +70,49 @@ class Worker:
             max_num_batched_tokens=scheduler.max_num_batched_tokens or max_model_len,
             vocab_size=self.arch.vocab_size,
             eos_token_id=self.arch.eos_token_id,
+            speculator=self.speculator,
         )
+
+    def _build_model(
+        self, checkpoint: Checkpoint, prefix: str = ""
+    ) -> tuple[nn.Module, ArchConfig]:
+        """A model with its weights, on this worker's device and dtype; a `prefix` renames
+        its attention layers (a second model beside the target)."""
+        arch = ArchConfig.from_hf(checkpoint.hf_config)
+        model_cls = resolve_model_class(arch.architectures)
+        with torch.device(self.device):
+            model = model_cls(arch, quant_config=None, dtype=self.dtype)
+        model.load_weights(checkpoint.iter_weights(self.dtype))
+        if prefix:
+            prefix_layer_names(model, prefix)
+        return model.eval(), arch
+
+    def _build_speculator(self, sampler: Sampler) -> Speculator | None:
+        spec = self.config.speculative
+        if spec is None:
+            return None
+        if type(sampler).process_logits is Sampler.process_logits:
+            raise ValueError(
+                f"speculative_config: sampler {type(sampler).__name__} cannot verify drafts "
+                "(it does not implement process_logits); use the default sampler"
+            )
+        context = ProposerContext(
+            engine_config=self.config,
+            target_model=self._require(self.model),
+            target_arch=self._require(self.arch),
+            device=self.device,
+            dtype=self.dtype,
+            load_model=lambda path, prefix: self._build_model(resolve_model(path), prefix),
+        )
+        proposer = check_speculative_config(spec)(spec, context)
+        return Speculator(proposer, StandardRejectionSampler(), spec.num_speculative_tokens)
 
     @property
     def max_model_len(self) -> int:
         arch = self._require(self.arch)
         return self.config.model.max_model_len or arch.max_position_embeddings
 
-    def _bind_attention_backend(self, model: nn.Module) -> None:
+    def _bind_attention_backend(self) -> None:
         layers = self.attention_layers()
         req = AttentionRequirements(
             dtype=self.dtype,
@@ -90,15 +128,23 @@ class Worker:
             layer.bind_backend(choice.backend, self.config.components.attention_backend_config)
 
     def attention_layers(self) -> list[Attention]:
+        """The target's attention layers, then those of the proposer's draft, if any."""
         model = self._require(self.model)
-        return [m for m in model.modules() if isinstance(m, Attention)]
+        layers = [m for m in model.modules() if isinstance(m, Attention)]
+        if self.speculator is not None:
+            layers += self.speculator.proposer.attention_layers()
+        return layers
 
     def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
         block_size = self.config.cache.block_size
-        return {
-            layer.layer_name: layer.kv_cache_spec(block_size, self.dtype)
-            for layer in self.attention_layers()
+        specs = {
+            m.layer_name: m.kv_cache_spec(block_size, self.dtype)
+            for m in self._require(self.model).modules()
+            if isinstance(m, Attention)
         }
+        if self.speculator is not None:
+            specs |= self.speculator.proposer.kv_cache_spec(block_size, self.dtype)
+        return specs
 
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
         """Allocate each KVCacheTensor and bind every layer to its view."""

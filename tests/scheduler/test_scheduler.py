@@ -209,7 +209,7 @@ class SlowGrammars:
     def error(self, request_id):
         return self.failed.get(request_id)
 
-    def build_bitmask(self, request_ids):
+    def build_bitmask(self, request_ids, drafts=None):
         return None
 
     def accept_tokens(self, request_id, ids) -> bool:

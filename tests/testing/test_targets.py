@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from core.sample.sampler import DefaultSampler
+from core.spec_decode.rejection_sampler import StandardRejectionSampler
 from core.testing.targets import TargetSpec, parse_targets, resolve
 
 
@@ -57,3 +58,11 @@ def test_reference_to_a_component_of_another_kind_is_refused():
 def test_reference_that_does_not_import_is_refused():
     with pytest.raises(ValueError, match="'no_such_module:Thing' cannot be imported"):
         resolve(TargetSpec("sampler", "no_such_module:Thing"))
+
+
+def test_a_kind_without_an_entry_point_group_is_named_only_by_reference():
+    with pytest.raises(ValueError, match="'rejection_sampler:standard': rejection_sampler comp"):
+        parse_targets(["rejection_sampler:standard"])
+    reference = "core.spec_decode.rejection_sampler:StandardRejectionSampler"
+    (spec,) = parse_targets([f"rejection_sampler:{reference}"])
+    assert resolve(spec).value is StandardRejectionSampler
