@@ -1,6 +1,8 @@
-"""Speculative decoding for core (not implemented yet).
+"""Speculative decoding for core: proposers of draft tokens (`core.spec_proposers`).
 
-Registers no entry points until it has a component it can honour.
+`ngram` (prompt lookup, `core_spec_decode.ngram`) drafts the tokens that followed an
+earlier copy of a request's last tokens. Verification is core's rejection sampler.
+Importing this package imports nothing heavy: core reads CORE_PLUGIN_API first.
 """
 
 CORE_PLUGIN_API = ">=1.0,<2"
