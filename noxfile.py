@@ -25,8 +25,8 @@ SHARED_ENV = Path(".nox/shared")
 # A third-party plugin kept as an example: its own distribution, outside core and plugins/.
 EXAMPLE_PLUGIN = "tests/plugins/example_plugin"
 # The components the conformance kit checks in CI: core's built-ins, core-cpu-kernels'
-# backend, core-spec-decode's n-gram proposer and the example plugin's (its platform
-# probes unavailable here: see below).
+# backend, core-spec-decode's proposers and the example plugin's (its platform probes
+# unavailable here: see below).
 CONFORMANCE = [
     "attention:torch_ref",
     "attention:cpu_paged",
@@ -44,6 +44,15 @@ CONFORMANCE = [
     "model:Qwen2ForCausalLM",
     "model:Qwen3ForCausalLM",
     "spec_proposer:ngram",
+    "spec_proposer:draft_model",
+    "spec_proposer:layer_skip",
+]
+# Method options of the proposers' engine runs: lookups short enough to hit on the kit's
+# random model, the target as its own draft, the target's first layer.
+SPEC_OPTIONS = [
+    'ngram={"prompt_lookup_min": 1, "prompt_lookup_max": 3}',
+    'draft_model={"model": "{target}"}',
+    'layer_skip={"num_layers": 1}',
 ]
 
 
@@ -106,6 +115,7 @@ def conformance(session: nox.Session) -> None:
     """The plugin conformance kit (core.testing) over the CONFORMANCE components."""
     pytest = str(shared_env(session) / "pytest")
     targets = [f"--core-conformance={target}" for target in CONFORMANCE]
+    targets += [f"--core-conformance-spec-options={options}" for options in SPEC_OPTIONS]
     session.run(pytest, *targets, *session.posargs, external=True)
     # The example platform is available only when asked for; check its class that way too.
     session.run(

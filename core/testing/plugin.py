@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 KIT_DIR = Path(__file__).parent
 _TARGETS = pytest.StashKey["dict[str, list[Target]]"]()
 _QUANT_CONFIGS = pytest.StashKey["list[dict]"]()
+_SPEC_OPTIONS = pytest.StashKey["dict[str, str]"]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -51,6 +52,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         'from (repeatable); default: {"quant_method": NAME}',
     )
     group.addoption(
+        "--core-conformance-spec-options",
+        action="append",
+        default=[],
+        metavar="NAME=JSON",
+        dest="core_conformance_spec_options",
+        help="the method's own speculative_config keys for proposer NAME in the kit's "
+        'engine runs, where "{target}" stands for the target checkpoint\'s directory '
+        '(e.g. draft_model={"model": "{target}"}); repeatable; default: {}',
+    )
+    group.addoption(
         "--core-conformance-device",
         default="cpu",
         metavar="DEVICE",
@@ -73,6 +84,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[_QUANT_CONFIGS] = [
             parse_json_object(flag, raw) for raw in config.getoption(raw_configs)
         ]
+        config.stash[_SPEC_OPTIONS] = _named_json(config.getoption("core_conformance_spec_options"))
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from exc
     by_kind: dict[str, list[Target]] = {}
@@ -103,6 +115,17 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Mod
     return pytest.Module.from_parent(parent, path=file_path)
 
 
+def _named_json(items: list[str]) -> dict[str, str]:
+    """{NAME: JSON text} of `NAME=JSON` items; the JSON is parsed after "{target}" is filled."""
+    named = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--core-conformance-spec-options {item!r}: expected NAME=JSON")
+        named[name] = text
+    return named
+
+
 def _module_name(kind: str) -> str:
     return f"test_{kind}.py"
 
@@ -119,6 +142,17 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 def targets_of(config: pytest.Config, kind: str) -> list[Target]:
     """The components of `kind` named on the command line (none without the option)."""
     return config.stash.get(_TARGETS, {}).get(kind, [])
+
+
+def spec_options_of(config: pytest.Config, name: str, target_dir: str) -> dict:
+    """Proposer `name`'s --core-conformance-spec-options, "{target}" replaced by
+    `target_dir` ({} when none were given)."""
+    from core.plugins.components import parse_json_object
+
+    text = config.stash.get(_SPEC_OPTIONS, {}).get(name, "{}")
+    return parse_json_object(
+        "--core-conformance-spec-options", text.replace("{target}", target_dir)
+    )
 
 
 def quant_configs_of(config: pytest.Config) -> list[dict]:

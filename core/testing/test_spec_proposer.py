@@ -10,9 +10,19 @@ The Proposer contract (core.spec_decode.interface), in groups:
   past a row's `num_tokens` are out-of-vocabulary garbage here, so reading them shows);
   empty `propose_rows` gives []; the same batch gives the same drafts, from the same
   instance or a fresh one; the batch's arrays are left unchanged; it runs no forward.
+- Engine runs, for every installed proposer (by entry name), with its method options from
+  `--core-conformance-spec-options NAME=JSON`: on a tiny random 4-layer llama (written
+  here by transformers) and a batch that mixes prompt lengths, chunked prefills, shared
+  prefixes (prefix-cache hits) and more KV than fits (preemptions), greedy outputs with
+  speculation are those without, token for token, and drafts were verified; seeded
+  sampled outputs are those without speculation too (core's rejection sampler keeps a
+  seeded request's randomness whatever its drafts).
 """
 
 from __future__ import annotations
+
+import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,7 +35,9 @@ from core.models.arch_config import ArchConfig
 from core.sampling_params import SamplingParams
 from core.spec_decode.interface import ProposalBatch, Proposer, ProposerContext
 from core.spec_decode.selector import validate_options
-from core.testing.plugin import targets_of
+from core.testing.plugin import spec_options_of, targets_of
+from core.testing.tiny_checkpoint import VOCAB as TINY_VOCAB
+from core.testing.tiny_checkpoint import reference_model, write_tiny_checkpoint
 
 VOCAB = 16
 GARBAGE = VOCAB + 1000  # what lies past a row's num_tokens: never a valid draft
@@ -170,3 +182,103 @@ def test_the_batch_is_left_unchanged(build) -> None:
     build(4).propose(batch)
     for name in arrays:
         np.testing.assert_array_equal(getattr(batch, name), before[name], err_msg=name)
+
+
+# -- engine runs: every installed proposer -------------------------------------------------
+
+ENGINE_K = 3
+ENGINE_MAX_MODEL_LEN = 96
+GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+
+
+def write_target(directory: Path) -> Path:
+    """The target: the tiny checkpoint's vocabulary and tokenizer, 4 random layers."""
+    return write_tiny_checkpoint(
+        directory, reference_model(num_hidden_layers=4, max_position_embeddings=128, seed=1)
+    )
+
+
+def mixed_prompts() -> list[dict]:
+    """Eight token-id prompts of 2..30 tokens; the first three share a 20-token prefix."""
+    rng = random.Random(0)
+    words = [TINY_VOCAB[f"w{i}"] for i in range(45)]
+    shared = [rng.choice(words) for _ in range(20)]
+    prompts = [shared + [rng.choice(words) for _ in range(n)] for n in (3, 9, 1)]
+    prompts += [[rng.choice(words) for _ in range(n)] for n in (5, 30, 12, 2, 17)]
+    return [{"prompt_token_ids": p} for p in prompts]
+
+
+def engine(target: Path, speculative_config: dict | None, **kwargs: object):
+    """An LLM on `target` whose batch of `mixed_prompts` must chunk, hit and preempt."""
+    from core import LLM
+
+    settings = dict(
+        dtype="float32",
+        max_model_len=ENGINE_MAX_MODEL_LEN,
+        kv_cache_memory="160KiB",  # about 10 blocks per group: the batch must preempt
+        max_num_batched_tokens=48,  # long prompts are chunked
+        seed=0,
+    )
+    return LLM(str(target), speculative_config=speculative_config, **{**settings, **kwargs})
+
+
+def generate_tokens(llm, params, prompts: list[dict] | None = None) -> list[list[int]]:
+    outputs = llm.generate(prompts or mixed_prompts(), params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def engine_stats(llm):
+    """The engine core's cumulative SchedulerStats (an in-process engine)."""
+    return llm.engine.core.scheduler.make_stats()
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory) -> Path:
+    pytest.importorskip("transformers", reason="the kit writes its target with transformers")
+    return write_target(tmp_path_factory.mktemp("spec-target"))
+
+
+@pytest.fixture
+def spec_config(proposer_target, target_dir, request) -> dict:
+    """The proposer's speculative_config for the engine runs; skips one the engine cannot
+    find by name (a module:Attr reference)."""
+    from core.plugins import get_registry
+    from core.plugins.groups import SPEC_PROPOSERS
+
+    cls, name = proposer_target
+    if get_registry().get(SPEC_PROPOSERS, name) is None:
+        pytest.skip(f"{name}: the engine finds proposers by entry name; install it as one")
+    options = spec_options_of(request.config, name, str(target_dir))
+    return {"method": name, "num_speculative_tokens": ENGINE_K, **options}
+
+
+@pytest.fixture(scope="module")
+def greedy_without_speculation(target_dir) -> list[list[int]]:
+    llm = engine(target_dir, None)
+    tokens = generate_tokens(llm, GREEDY)
+    stats = engine_stats(llm)
+    assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0, "the batch is too easy"
+    return tokens
+
+
+def test_greedy_outputs_are_the_same_with_speculation(
+    spec_config, target_dir, greedy_without_speculation
+) -> None:
+    llm = engine(target_dir, spec_config)
+    assert generate_tokens(llm, GREEDY) == greedy_without_speculation
+    stats = engine_stats(llm)
+    assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0
+    assert stats.spec_decoding.num_draft_tokens > 0, "no draft was ever verified"
+
+
+def test_seeded_outputs_are_the_same_with_speculation(spec_config, target_dir) -> None:
+    params = [
+        SamplingParams(temperature=1.0, top_p=0.9, seed=100 + i, max_tokens=30, ignore_eos=True)
+        for i in range(len(mixed_prompts()))
+    ]
+    plain = generate_tokens(engine(target_dir, None), params)
+    llm = engine(target_dir, spec_config)
+    # Reversed, the batch schedules (and preempts) differently: seeds must not care.
+    reversed_tokens = generate_tokens(llm, params[::-1], mixed_prompts()[::-1])
+    assert reversed_tokens[::-1] == plain
+    assert engine_stats(llm).spec_decoding.num_draft_tokens > 0

@@ -24,8 +24,10 @@ BROKEN = {
 def run_kit(*targets: str) -> subprocess.CompletedProcess:
     path = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
     options = [f"--core-conformance=spec_proposer:{target}" for target in targets]
+    # The engine runs (the nox conformance session's business) would only add minutes here.
+    unit_checks = ["-k", "not same_with_speculation"]
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", *options],
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", *unit_checks, *options],
         cwd=HERE,
         env={**os.environ, "PYTHONPATH": path},
         capture_output=True,
