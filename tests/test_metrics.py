@@ -7,7 +7,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from core import metrics as metrics_module
-from core.engine.protocol import SchedulerStats
+from core.engine.protocol import SchedulerStats, SpecDecodingStats
 from core.metrics import METRICS_PREFIX, EngineMetrics
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -139,3 +139,26 @@ def test_two_instances_keep_separate_registries():
     first.record_request_finished("stop", 1, 1, 0.1, 0.1)
     assert value(first, "core:request_success_total", finished_reason="stop") == 1
     assert value(second, "core:request_success_total", finished_reason="stop") == 0
+
+
+def spec_stats(drafts: int, tokens: int, accepted: int, per_pos: list[int]) -> SchedulerStats:
+    snapshot = stats()
+    snapshot.spec_decoding = SpecDecodingStats(
+        num_drafts=drafts,
+        num_draft_tokens=tokens,
+        num_accepted_tokens=accepted,
+        num_accepted_tokens_per_pos=per_pos,
+    )
+    return snapshot
+
+
+def test_speculative_decoding_counters_appear_with_the_first_speculative_stats(metrics):
+    metrics.record_scheduler_stats(stats())
+    assert not any("spec_decode" in name for name in sample_names(metrics))
+    metrics.record_scheduler_stats(spec_stats(2, 6, 4, [2, 1, 1]))
+    metrics.record_scheduler_stats(spec_stats(5, 15, 7, [4, 2, 1]))
+    assert value(metrics, "core:spec_decode_num_drafts_total") == 5
+    assert value(metrics, "core:spec_decode_num_draft_tokens_total") == 15
+    assert value(metrics, "core:spec_decode_num_accepted_tokens_total") == 7
+    per_pos = "core:spec_decode_num_accepted_tokens_per_pos_total"
+    assert [value(metrics, per_pos, position=str(i)) for i in range(3)] == [4, 2, 1]
