@@ -36,6 +36,7 @@ from core.sampling_params import SamplingParams
 from core.spec_decode.interface import ProposalBatch, Proposer, ProposerContext
 from core.spec_decode.selector import validate_options
 from core.testing.plugin import spec_options_of, targets_of
+from core.testing.test_model import TINY
 from core.testing.tiny_checkpoint import VOCAB as TINY_VOCAB
 from core.testing.tiny_checkpoint import reference_model, write_tiny_checkpoint
 
@@ -81,19 +82,8 @@ def _no_model(path: str, prefix: str) -> tuple[nn.Module, ArchConfig]:
 
 def _context(device: torch.device) -> ProposerContext:
     """A target that model-free proposers may read the vocabulary of, and never run."""
-    arch = ArchConfig(
-        architectures=("LlamaForCausalLM",),
-        vocab_size=VOCAB,
-        hidden_size=8,
-        intermediate_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=4,
-        rms_norm_eps=1e-6,
-        rope_theta=10000.0,
-        max_position_embeddings=256,
-    )
+    tiny = {**TINY, "vocab_size": VOCAB, "rope_theta": 10000.0}
+    arch = ArchConfig(architectures=("LlamaForCausalLM",), **tiny)
     return ProposerContext(EngineConfig(), nn.Module(), arch, device, torch.float32, _no_model)
 
 

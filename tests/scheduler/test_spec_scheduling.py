@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from core.config import EngineConfig, SchedulerConfig, SpeculativeConfig
@@ -94,26 +95,23 @@ def test_all_drafts_accepted_plus_a_bonus_token():
     assert scheduler.make_stats().spec_decoding.num_accepted_tokens_per_pos == [1, 1, 1]
 
 
-def test_drafts_that_the_budget_cuts_off_are_dropped():
-    scheduler = make_scheduler(max_num_batched_tokens=8)
+@pytest.mark.parametrize(
+    ("budget", "scheduled", "drafts"),
+    [
+        (8, {"a": 4, "b": 4}, {"a": [1, 2, 3], "b": [4, 5, 6]}),
+        (6, {"a": 4, "b": 2}, {"a": [1, 2, 3], "b": [4]}),  # b keeps the draft that fits
+    ],
+)
+def test_drafts_that_the_budget_cuts_off_are_dropped(budget, scheduled, drafts):
+    scheduler = make_scheduler(max_num_batched_tokens=budget)
     add(scheduler, "a", 2)
     b = add(scheduler, "b", 2)
-    finish_step(
-        scheduler, scheduler.schedule(), {"a": [9], "b": [9]}, {"a": [1, 2, 3], "b": [4, 5, 6]}
-    )
+    first = scheduler.schedule()
+    finish_step(scheduler, first, {"a": [9], "b": [9]}, {"a": [1, 2, 3], "b": [4, 5, 6]})
     so = scheduler.schedule()
-    assert so.num_scheduled_tokens == {"a": 4, "b": 4}
-    assert so.total_num_scheduled_tokens <= 8
-    scheduler2 = make_scheduler(max_num_batched_tokens=6)
-    add(scheduler2, "a", 2)
-    b = add(scheduler2, "b", 2)
-    finish_step(
-        scheduler2, scheduler2.schedule(), {"a": [9], "b": [9]}, {"a": [1, 2, 3], "b": [4, 5, 6]}
-    )
-    so = scheduler2.schedule()
-    assert so.num_scheduled_tokens == {"a": 4, "b": 2}
-    assert so.scheduled_spec_decode_tokens == {"a": [1, 2, 3], "b": [4]}
-    assert b.spec_token_ids == [4]
+    assert so.num_scheduled_tokens == scheduled
+    assert so.scheduled_spec_decode_tokens == drafts
+    assert b.spec_token_ids == drafts["b"]
 
 
 def test_drafts_are_trimmed_so_max_tokens_cannot_be_passed():
