@@ -107,3 +107,17 @@ def test_malformed_bitmask_raises_value_error(bitmask):
 def test_pack_rejects_a_row_count_that_does_not_match_the_ids():
     with pytest.raises(ValueError, match="2 rows for 1 request ids"):
         pack_grammar_bitmask(["a"], torch.zeros((2, 3), dtype=torch.int32))
+
+
+def test_apply_gives_a_request_verifying_drafts_its_rows_in_order():
+    # Request "a" verifies two drafts (three positions); "b" samples once. Bitmask rows:
+    # a's three, then b's; logits rows: b first, then a's three.
+    vocab_size = 40
+    rows = torch.zeros(4, 2, dtype=torch.int32)
+    for row, token_id in enumerate([1, 2, 3, 4]):  # each row allows one token
+        rows[row, token_id // 32] = 1 << token_id % 32
+    bitmask = pack_grammar_bitmask(["a", "a", "a", "b"], rows)
+    logits = torch.zeros(4, vocab_size)
+    apply_grammar_bitmask(logits, ["b", "a", "a", "a"], bitmask)
+    allowed = [(row > float("-inf")).nonzero().flatten().tolist() for row in logits]
+    assert allowed == [[4], [1], [2], [3]]

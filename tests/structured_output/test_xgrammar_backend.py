@@ -269,3 +269,40 @@ def test_grammars_of_one_compile_advance_independently(smollm2_backend, smollm2_
     first, second = smollm2_backend.compile(params), smollm2_backend.compile(params)
     assert first.accept_tokens(smollm2_tokenizer.encode("ab", add_special_tokens=False))
     assert second.accept_tokens(smollm2_tokenizer.encode("cd", add_special_tokens=False))
+
+
+# --- speculative drafts: rows per draft position, state untouched ------------------------
+
+
+def _person_prefix(tokenizer) -> list[int]:
+    return tokenizer.encode('{"name": "Al", "age": 4', add_special_tokens=False)
+
+
+def test_validate_tokens_keeps_the_longest_allowed_prefix_and_does_not_move(
+    smollm2_backend, smollm2_tokenizer
+):
+    grammar = smollm2_backend.compile(StructuredOutputsParams(json=PERSON_SCHEMA))
+    good = _person_prefix(smollm2_tokenizer)
+    bad = smollm2_tokenizer.encode("]]", add_special_tokens=False)
+    before = _allowed_ids(grammar, smollm2_backend)
+    assert grammar.validate_tokens(good + bad + good) == good
+    assert _allowed_ids(grammar, smollm2_backend) == before  # rolled back
+    assert grammar.accept_tokens(good)  # and still at the start
+
+
+def test_fill_bitmasks_gives_each_draft_position_the_mask_stepping_would(
+    smollm2_backend, smollm2_tokenizer
+):
+    drafts = _person_prefix(smollm2_tokenizer)
+    grammar = smollm2_backend.compile(StructuredOutputsParams(json=PERSON_SCHEMA))
+    stepped = smollm2_backend.compile(StructuredOutputsParams(json=PERSON_SCHEMA))
+    bitmask = smollm2_backend.allocate_bitmask(len(drafts) + 2)
+    assert grammar.fill_bitmasks(bitmask, 1, drafts) == len(drafts) + 2
+    allowed = allowed_token_mask(bitmask, smollm2_backend.vocab_size)
+    for i, token_id in enumerate([*drafts, None]):
+        expected = _allowed_ids(stepped, smollm2_backend)
+        assert set(allowed[1 + i].nonzero().flatten().tolist()) == expected, i
+        if token_id is not None:
+            assert stepped.accept_tokens([token_id])
+    # The grammar itself is where it was: the first draft is still what it allows.
+    assert _allowed_ids(grammar, smollm2_backend) == set(allowed[1].nonzero().flatten().tolist())

@@ -78,6 +78,13 @@ def test_greedy_output_is_the_same_with_speculation(
     assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0
     assert spec.num_drafts > 0 and spec.num_draft_tokens > 0
     assert spec.num_accepted_tokens_per_pos[0] >= spec.num_accepted_tokens_per_pos[-1]
+    if method.startswith("draft_model"):
+        # The draft's layers have a KV-cache group of their own beside the target's.
+        groups = llm.engine.core.kv.coordinator.managers
+        assert [type(g.spec).__name__ for g in groups] == [
+            "FullAttentionSpec",
+            "DraftAttentionSpec",
+        ]
     if method == "draft_model_self":
         assert spec.num_accepted_tokens == spec.num_draft_tokens  # the target agrees with itself
     elif method == "draft_model_truncated":
