@@ -1,6 +1,6 @@
 """Side-by-side benchmarks: the same workloads on core and its peers in one run, with ratios.
 
-    python -m benchmarks [--workloads W1,W2,W3,W4] [--peers core,transformers,llama.cpp]
+    python -m benchmarks [--workloads W1,W2,W3,W4,W5] [--peers core,transformers,llama.cpp]
                          [--quick] [--threads N] [--output-json PATH] [--results-md PATH]
 
 README.md in this folder says what each workload is and how each engine runs it.
@@ -20,12 +20,13 @@ from typing import Any
 
 import torch
 
-from benchmarks import ceilings, llama_cpp_build, report, step_anatomy, workloads
+from benchmarks import ceilings, llama_cpp_build, report, speculative, step_anatomy, workloads
 from benchmarks.workloads import Metrics, Prompts, Sizes
 
-WORKLOADS = ("W1", "W2", "W3", "W4")
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5")
 ENGINES = ("core", "core-fp32", "transformers", "llama.cpp")
-# Which workloads each engine takes part in (W4 measures core's own prefix cache).
+# Which workloads each engine takes part in (W4 and W5 measure core's own prefix cache and
+# speculative decoding).
 # "core" runs at the platform's default dtype (bfloat16 on AMX CPUs); "core-fp32" repeats
 # the offline workloads in float32, the peers' precision, for a like-for-like comparison.
 ENGINE_WORKLOADS = {
@@ -122,7 +123,7 @@ def ensure_llama_server() -> None:
 @dataclass(frozen=True)
 class Inputs:
     """What every engine shares: the GGUF, and prompts as token ids from core's tokenizer
-    (W4's prompts are drawn inside core's W4, from the same tokenizer)."""
+    (W4's and W5's prompts are drawn inside core's runs, from the same tokenizer)."""
 
     gguf: Path
     tokenizer: Any
@@ -146,6 +147,8 @@ def run_core(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
                              args.threads)  # fmt: skip
     if "W4" in selected:
         found["W4"] = _timed("core W4", workloads.core_w4, inputs.gguf, inputs.tokenizer, sizes)
+    if "W5" in selected:
+        found["W5"] = _timed("core W5", speculative.core_w5, inputs.gguf, inputs.tokenizer, sizes)
     return found
 
 

@@ -13,6 +13,7 @@ import os
 import platform
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from statistics import median
 from typing import Any
 
@@ -150,6 +151,48 @@ def step_anatomy_section(by_engine: dict[str, dict[str, Any]]) -> str:
     return f"## Step anatomy\n\n{note}\n\n" + markdown_table(["phase", *engines], rows)
 
 
+def w5_section(core: dict[str, Any]) -> str:
+    methods, n = core["methods"], core["num_streams"]
+    rows = [_w5_row(name, m, methods["none"]) for name, m in methods.items()]
+    headers = ["method", "options", "W5 1 stream decode tok/s", "vs none",
+               f"W5 {n} streams output tok/s", "vs none", f"acceptance rate (1 / {n} streams)",
+               f"mean accepted length (1 / {n} streams)",
+               "W2 decode tok/s", "vs none", "W2 acceptance rate"]  # fmt: skip
+    note = (f"core only, {core['how']}. W2: its random prose one request at a time on the "
+            "same engine. draft_model drafts with the target GGUF itself (no smaller sibling "
+            "ships): its drafts should all be accepted, so its row shows the draft model's "
+            "overhead, not a realistic speed-up.")  # fmt: skip
+    return f"## W5: copy-heavy, speculative decoding\n\n{note}\n\n" + markdown_table(headers, rows)
+
+
+def _w5_row(name: str, m: dict[str, Any], none: dict[str, Any]) -> list[str]:
+    single, streams, w2 = m["w5_single"], m["w5_streams"], m["w2"]
+    rate, length = "acceptance_rate", "mean_accepted_length"
+    return [name, _options_text(m["speculative_config"]),
+            *_with_ratio(single, none["w5_single"], "decode_tokens_per_s"),
+            *_with_ratio(streams, none["w5_streams"], "output_tokens_per_s"),
+            f"{_share(single[rate])} / {_share(streams[rate])}",
+            f"{fmt(single[length])} / {fmt(streams[length])}",
+            *_with_ratio(w2, none["w2"], "decode_tokens_per_s"), _share(w2[rate])]  # fmt: skip
+
+
+def _options_text(config: dict[str, Any] | None) -> str:
+    """A speculative config's settings, the draft model by file name; "—" when off."""
+    if config is None:
+        return "—"
+    shown = {k: Path(v).name if k == "model" else v for k, v in config.items() if k != "method"}
+    return ", ".join(f"{k}={v}" for k, v in shown.items())
+
+
+def _with_ratio(m: dict[str, Any], base: dict[str, Any], key: str) -> list[str]:
+    """The figure, and it over the same figure without speculation."""
+    return [fmt(m[key]), f"{m[key] / base[key]:.2f}x"]
+
+
+def _share(value: float | None) -> str:
+    return "—" if value is None else f"{value:.0%}"
+
+
 SECTIONS: dict[str, Callable[..., str]] = {"W1": w1_section, "W2": w2_section, "W3": w3_section}
 
 
@@ -159,6 +202,8 @@ def workload_sections(results: Results, c: Ceilings) -> list[str]:
         sections.insert(1, step_anatomy_section(results["W1"]))
     if results.get("W4", {}).get("core"):
         sections.append(w4_section(results["W4"]["core"]))
+    if results.get("W5", {}).get("core"):
+        sections.append(w5_section(results["W5"]["core"]))
     return sections
 
 
@@ -253,6 +298,29 @@ def prefix_targets(results: Results) -> list[Target]:
     ]  # fmt: skip
 
 
+# The issue's speculative decoding targets: (method, run, figure, least ratio to no speculation).
+SPECULATIVE_TARGETS = (
+    ("ngram", "w5_single", "W5 single-stream decode tok/s", 1.8),
+    ("ngram", "w2", "W2 decode tok/s", 0.95),
+    ("layer_skip", "w2", "W2 decode tok/s", 0.95),
+)
+
+
+def speculative_targets(results: Results) -> list[Target]:
+    core = results.get("W5", {}).get("core")
+    if not core:
+        return []
+    methods = core["methods"]
+    targets = []
+    for method, run, figure, goal in SPECULATIVE_TARGETS:
+        key = "decode_tokens_per_s"
+        value, base = methods[method][run][key], methods["none"][run][key]
+        targets.append(Target(f"core {figure}, {method} vs no speculation",
+                              f"{fmt(value)} / {fmt(base)}", value / base, f">= {goal}",
+                              value >= goal * base))  # fmt: skip
+    return targets
+
+
 def spread_text(on: Sequence[dict[str, Any]], off: Sequence[dict[str, Any]]) -> str:
     key = "unshared_requests_per_s"
     return (f"{spread([r[key] for r in on]):.1%} on, "
@@ -265,6 +333,7 @@ def targets(results: Results, c: Ceilings) -> list[Target]:
         *offline_targets(results, c, "core-fp32"),
         *serving_targets(results),
         *prefix_targets(results),
+        *speculative_targets(results),
     ]
 
 

@@ -56,6 +56,10 @@ class Sizes:
     w4_output_len: int
     w4_num_ttft_probes: int
     w4_repeats: int
+    w5_copy_len: int  # tokens of material each W5 prompt asks to repeat
+    w5_output_len: int
+    w5_num_iters: int  # single-stream prompts timed, after one warm-up
+    w5_num_streams: int
     transformers_batch_sizes: tuple[int, ...]
     server_slots: int
 
@@ -66,6 +70,7 @@ FULL = Sizes(
     w3_max_concurrency=32,
     w4_num_prompts=64, w4_prefix_len=1024, w4_question_len=64, w4_output_len=32,
     w4_num_ttft_probes=8, w4_repeats=2,
+    w5_copy_len=256, w5_output_len=256, w5_num_iters=4, w5_num_streams=8,
     transformers_batch_sizes=(16, 64), server_slots=32,
 )  # fmt: skip
 QUICK = Sizes(
@@ -74,6 +79,7 @@ QUICK = Sizes(
     w3_max_concurrency=4,
     w4_num_prompts=8, w4_prefix_len=256, w4_question_len=16, w4_output_len=4,
     w4_num_ttft_probes=2, w4_repeats=2,
+    w5_copy_len=32, w5_output_len=16, w5_num_iters=2, w5_num_streams=2,
     transformers_batch_sizes=(4, 8), server_slots=4,
 )  # fmt: skip
 

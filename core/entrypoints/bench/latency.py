@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from core.engine.output_processor import RequestOutputKind
 from core.entrypoints.bench.datasets import synthetic_prompts
 from core.entrypoints.bench.results import LatencyResult, Percentiles
+from core.entrypoints.bench.speculation import SpeculationMeter
 from core.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -44,30 +46,51 @@ def benchmark_latency(
     """Run `warmup` untimed then `num_iters` timed batches of `batch_size` requests.
 
     Each batch has fresh synthetic prompts (the iteration is the seed), so no prefix-cache
-    hit flatters TTFT. A token's time is when `engine.step()` returns it, so TTFT includes
-    queueing and prefill, and TPOT is (last token - first token) / (tokens - 1).
+    hit flatters TTFT. Timing as in `benchmark_latency_batches`.
     """
     for name, value, least in (("batch_size", batch_size, 1), ("num_iters", num_iters, 1),
-                               ("warmup", warmup, 0), ("output_len", output_len, 1)):  # fmt: skip
+                               ("warmup", warmup, 0)):  # fmt: skip
         if value < least:
             raise ValueError(f"{name} must be >= {least}, got {value}")
-    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
     tokenizer = llm.get_tokenizer()
-    timings: list[_Timing] = []
-    for iteration in range(warmup + num_iters):
-        prompts = synthetic_prompts(tokenizer, batch_size, input_len, seed=iteration)
-        batch = _run_batch(llm.engine, prompts, params)
-        if iteration >= warmup:
-            timings += batch
+    batches = [
+        synthetic_prompts(tokenizer, batch_size, input_len, seed=iteration)
+        for iteration in range(warmup + num_iters)
+    ]
+    return benchmark_latency_batches(llm, batches, output_len, warmup)
+
+
+def benchmark_latency_batches(
+    llm: LLM, batches: Sequence[list[list[int]]], output_len: int, warmup: int = 1
+) -> LatencyResult:
+    """Run `batches` of token-id prompts one batch at a time, the first `warmup` untimed.
+
+    A token's time is when `engine.step()` returns it, so TTFT includes queueing and
+    prefill, and TPOT is (last token - first token) / (tokens - 1). The result's input_len
+    is the timed prompts' mean length (rounded), its batch_size the first timed batch's.
+    With speculative decoding on, the acceptance figures count the timed batches' drafts.
+    """
+    if output_len < 1:
+        raise ValueError(f"output_len must be >= 1, got {output_len}")
+    if not 0 <= warmup < len(batches) or not all(batches):
+        raise ValueError(f"need non-empty batches, more of them than warmup ({warmup})")
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    for batch in batches[:warmup]:
+        _run_batch(llm.engine, batch, params)
+    meter = SpeculationMeter(llm)
+    timed = batches[warmup:]
+    timings = [timing for batch in timed for timing in _run_batch(llm.engine, batch, params)]
     tpots = [t for t in (timing.tpot_ms() for timing in timings) if t is not None]
+    prompt_lens = [len(prompt) for batch in timed for prompt in batch]
     return LatencyResult(
-        batch_size=batch_size,
-        input_len=input_len,
+        batch_size=len(timed[0]),
+        input_len=round(sum(prompt_lens) / len(prompt_lens)),
         output_len=output_len,
-        num_iters=num_iters,
+        num_iters=len(timed),
         ttft_ms=Percentiles.of([t.ttft_ms() for t in timings]),
         tpot_ms=Percentiles.of(tpots),
         e2e_ms=Percentiles.of([t.finish_time * 1000.0 for t in timings]),
+        **meter.figures(),
     )
 
 
@@ -91,4 +114,4 @@ def _run_batch(
     return [_Timing(token_times[r], finish_times[r]) for r in request_ids]
 
 
-__all__ = ["benchmark_latency"]
+__all__ = ["benchmark_latency", "benchmark_latency_batches"]

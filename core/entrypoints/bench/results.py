@@ -93,6 +93,9 @@ class ThroughputResult(_Report):
     output_tokens: int = _labelled("output tokens")
     output_tokens_per_s: float = _labelled("output tokens/s")
     total_tokens_per_s: float = _labelled("total tokens/s")
+    # Speculative decoding over the measured requests (None: speculation is off).
+    acceptance_rate: float | None = _labelled("draft acceptance rate", default=None)
+    mean_accepted_length: float | None = _labelled("mean accepted length", default=None)
 
 
 @dataclass
@@ -107,6 +110,9 @@ class LatencyResult(_Report):
     ttft_ms: Percentiles = _labelled("TTFT (ms)")
     tpot_ms: Percentiles = _labelled("TPOT (ms)")
     e2e_ms: Percentiles = _labelled("E2E (ms)")
+    # Speculative decoding over the measured requests (None: speculation is off).
+    acceptance_rate: float | None = _labelled("draft acceptance rate", default=None)
+    mean_accepted_length: float | None = _labelled("mean accepted length", default=None)
 
 
 @dataclass

@@ -6,6 +6,7 @@ import time
 from typing import TYPE_CHECKING
 
 from core.entrypoints.bench.results import ThroughputResult
+from core.entrypoints.bench.speculation import SpeculationMeter
 from core.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -29,7 +30,8 @@ def benchmark_throughput(
 
     One warm-up request runs first, untimed: the first prompt reversed, so it shares no
     prefix-cache block with the timed prompts. Output tokens are those actually produced
-    (fewer than asked when `ignore_eos` is off and a request stops early).
+    (fewer than asked when `ignore_eos` is off and a request stops early). With speculative
+    decoding on, the acceptance figures count the timed requests' drafts only.
     """
     if not prompts:
         raise ValueError("prompts must not be empty")
@@ -38,6 +40,7 @@ def benchmark_throughput(
         for n in output_lens_for(prompts, output_len)
     ]
     llm.generate([prompts[0][::-1]], params[0], use_tqdm=False)
+    meter = SpeculationMeter(llm)
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     duration = time.perf_counter() - start
@@ -51,6 +54,7 @@ def benchmark_throughput(
         output_tokens=output_tokens,
         output_tokens_per_s=output_tokens / duration,
         total_tokens_per_s=(prompt_tokens + output_tokens) / duration,
+        **meter.figures(),
     )
 
 

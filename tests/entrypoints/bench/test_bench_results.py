@@ -66,5 +66,14 @@ def test_throughput_to_dict_holds_every_field():
     assert result.to_dict() == {
         "num_requests": 4, "duration_s": 2.0, "requests_per_s": 2.0, "prompt_tokens": 64,
         "output_tokens": 32, "output_tokens_per_s": 16.0, "total_tokens_per_s": 48.0,
+        "acceptance_rate": None, "mean_accepted_length": None,
     }  # fmt: skip
     assert "total tokens/s" in result.table() and "48.00" in result.table()
+    assert "acceptance" not in result.table()  # speculation off: no such rows
+
+
+def test_tables_show_the_speculation_figures_when_present():
+    result = ThroughputResult(4, 2.0, 2.0, 64, 32, 16.0, 48.0, 0.75, 3.5)
+    table = result.table()
+    assert "draft acceptance rate" in table and "0.75" in table
+    assert "mean accepted length" in table and "3.50" in table
