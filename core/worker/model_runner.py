@@ -68,7 +68,9 @@ class ModelRunner:
         self.requests: dict[str, CachedRequestState] = {}
         self.batch: InputBatch | None = None
         self._builders: list[tuple[AttentionMetadataBuilder, tuple[str, ...]]] = []
-        self._arange = np.arange(max(max_num_batched_tokens, max_num_reqs) + 1, dtype=np.int64)
+        # A step's forward has at most the token budget; a proposer's catch-up forward
+        # also covers each sampling row's new token: one more per request.
+        self._arange = np.arange(max_num_batched_tokens + max_num_reqs + 1, dtype=np.int64)
 
     def initialize_kv_cache(
         self, config: KVCacheConfig, builders: list[AttentionMetadataBuilder]

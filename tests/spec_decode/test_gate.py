@@ -61,3 +61,15 @@ def test_steps_without_drafts_change_nothing_and_requests_are_independent():
 def test_threshold_outside_zero_one_is_refused():
     with pytest.raises(ValueError, match="min_acceptance_rate"):
         AcceptanceGate(1.5)
+
+
+def test_a_new_request_starts_paused_where_drafts_have_lately_failed():
+    gate = AcceptanceGate(0.5)
+    for i in range(4):
+        gate.observe(f"old-{i}", 4, 0)  # engine-wide average: 1 -> 0.8 -> ... -> 0.41
+    assert paused_steps(gate, "new") == 16
+    gate.observe("new", 4, 4)  # its probe succeeds: it drafts, and so will the next ones
+    assert gate.allows("new")
+    for i in range(8):
+        gate.observe(f"good-{i}", 4, 4)
+    assert paused_steps(gate, "newer") == 0

@@ -131,3 +131,17 @@ def test_seeded_sampling_is_reproducible_with_a_draft_often_rejected(checkpoints
     # Deterministic drafts leave a seeded request's randomness as it is without drafts.
     plain = engine(checkpoints["target"], None).generate(mixed_prompts(), params, use_tqdm=False)
     assert [list(o.outputs[0].token_ids) for o in plain] == first
+
+
+def test_a_draft_catches_up_a_full_budget_plus_each_new_token(checkpoints):
+    # Two 8-token prompts fill a 16-token budget and both sample: the draft's catch-up
+    # forward then covers 18 tokens, more than any step of the target.
+    prompts = [{"prompt_token_ids": p["prompt_token_ids"][:8]} for p in mixed_prompts()[:2]]
+    config = {
+        "method": "draft_model",
+        "model": str(checkpoints["target"]),
+        "num_speculative_tokens": K,
+    }
+    plain = generate_tokens(engine(checkpoints["target"], None), GREEDY, prompts)
+    llm = engine(checkpoints["target"], config, max_num_batched_tokens=16, max_num_seqs=2)
+    assert generate_tokens(llm, GREEDY, prompts) == plain
