@@ -156,3 +156,13 @@ def test_no_drafts_are_kept_for_a_finished_request():
     request = add(scheduler, "a", 5, max_tokens=1)
     finish_step(scheduler, scheduler.schedule(), {"a": [9]}, {"a": [10, 11]})
     assert request.is_finished and request.spec_token_ids == []
+
+
+def test_block_hashes_cover_verified_tokens_only():
+    scheduler = make_scheduler()
+    request = add(scheduler, "a", 5)
+    finish_step(scheduler, scheduler.schedule(), {"a": [9]}, {"a": [10, 11, 12]})
+    scheduler.schedule()
+    # 6 known tokens and 3 drafts: 9 with drafts would fill two blocks of 4; one is hashed.
+    assert request.num_tokens_with_spec == 9
+    assert len(request.block_hashes) == 1
