@@ -216,10 +216,7 @@ class ModelRunner:
         sample_rows = np.flatnonzero(inputs.seq_lens == known)
         prompt_rows, prompt_index, prompt_targets = self._prompt_logprob_positions(inputs)
         # Each sampling row's last n + 1 positions: its drafts' and the one after them.
-        sample_counts = num_drafts[sample_rows] + 1
-        sample_index = np.repeat(inputs.query_start_loc[sample_rows + 1], sample_counts) - (
-            _reverse_offsets(sample_counts) + 1
-        )
+        sample_index = _last_positions(inputs.query_start_loc, sample_rows, num_drafts + 1)
         logits = self.model.compute_logits(
             hidden[self._tensor(np.concatenate([sample_index, prompt_index]))]
         )  # [num_sample_positions + num_prompt_positions, V]
@@ -232,11 +229,8 @@ class ModelRunner:
             logits[len(sample_index) :], prompt_rows, prompt_targets
         )
         if self.speculator is not None:
-            committed = np.where(
-                inputs.seq_lens == known, batch.num_tokens[: batch.num_reqs], inputs.seq_lens
-            )
             output.spec_token_ids = self.speculator.propose(
-                self._proposal_batch(sample_rows, committed)
+                self._proposal_batch(sample_rows, inputs.seq_lens)
             )
         return output
 
@@ -295,9 +289,13 @@ class ModelRunner:
             device=self.device,
         )
 
-    def _proposal_batch(self, sample_rows: np.ndarray, committed: np.ndarray) -> ProposalBatch:
+    def _proposal_batch(self, sample_rows: np.ndarray, seq_lens: np.ndarray) -> ProposalBatch:
+        """The batch after this step for the proposer: a row that sampled committed all its
+        tokens; the others (prefill chunks) what the forward computed."""
         batch = self._require_batch()
         num_reqs = batch.num_reqs
+        committed = seq_lens.copy()
+        committed[sample_rows] = batch.num_tokens[sample_rows]
         states = [batch.rows[row] for row in range(num_reqs)]
         return ProposalBatch(
             req_ids=[s.req_id for s in states],
@@ -387,7 +385,12 @@ def _select_rows(table: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
     return table[torch.from_numpy(rows)]
 
 
-def _reverse_offsets(counts: np.ndarray) -> np.ndarray:
-    """For runs of `counts`, each element's distance to its run's end: [2, 1] -> [1, 0, 0]."""
-    ends = np.repeat(np.cumsum(counts), counts)
-    return ends - np.arange(int(counts.sum())) - 1
+def _last_positions(
+    query_start_loc: np.ndarray, rows: np.ndarray, counts: np.ndarray
+) -> np.ndarray:
+    """Token indices of the last counts[r] tokens of each of `rows`, in order:
+    query_start_loc [0, 3, 5], rows [0, 1], counts [2, 1] -> [1, 2, 4]."""
+    counts = counts[rows]
+    ends = np.repeat(query_start_loc[rows + 1], counts)  # one past each row's last token
+    distance = np.repeat(np.cumsum(counts), counts) - np.arange(int(counts.sum()))  # to the end
+    return ends - distance
