@@ -29,7 +29,7 @@ from core.platforms.interface import Platform
 from core.plugins.hooks import call_each
 from core.request import Request, RequestStatus
 from core.scheduler.scheduler import Scheduler
-from core.spec_decode.selector import check_speculative_config
+from core.spec_decode.selector import proposer_class
 from core.structured_output.manager import StructuredOutputManager
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ def check_utility(name: str) -> None:
 def _num_lookahead_tokens(config: EngineConfig) -> int:
     """KV slots past the scheduled tokens a proposer writes drafts' KV into (one per draft)."""
     spec = config.speculative
-    if spec is None or not check_speculative_config(spec).writes_kv_cache:
+    if spec is None or not proposer_class(spec).writes_kv_cache:
         return 0
     return spec.num_speculative_tokens
 

@@ -135,7 +135,7 @@ class ModelRunner:
 
     # -- 2. inputs ------------------------------------------------------------------------
 
-    def _prepare_inputs(self, so: SchedulerOutput) -> _StepInputs:
+    def _prepare_inputs(self, so: SchedulerOutput, num_drafts: np.ndarray) -> _StepInputs:
         batch = self._require_batch()
         num_reqs = batch.num_reqs
         counts = np.array(
@@ -145,7 +145,7 @@ class ModelRunner:
         inputs = self._step_inputs(
             self._arange[:num_reqs], counts, batch.num_computed_tokens[:num_reqs]
         )
-        known = batch.num_tokens[:num_reqs] + self._num_drafts(so)
+        known = batch.num_tokens[:num_reqs] + num_drafts
         if np.any(inputs.seq_lens > known):
             raise ValueError("scheduled tokens beyond a request's known tokens and drafts")
         return inputs
@@ -206,12 +206,12 @@ class ModelRunner:
         if self.speculator is not None:
             self.speculator.forget(so.finished_req_ids)
         self._write_drafts(so)
-        inputs = self._prepare_inputs(so)
+        num_drafts = self._num_drafts(so)
+        inputs = self._prepare_inputs(so, num_drafts)
         input_ids = self._tensor(batch.token_ids[inputs.rows, inputs.positions])
         context = ForwardContext(self._attention_metadata(inputs), len(inputs.rows))
         with set_forward_context(context):
             hidden = self.model(input_ids, self._tensor(inputs.positions))  # [T, H]
-        num_drafts = self._num_drafts(so)
         known = batch.num_tokens[: batch.num_reqs] + num_drafts
         sample_rows = np.flatnonzero(inputs.seq_lens == known)
         prompt_rows, prompt_index, prompt_targets = self._prompt_logprob_positions(inputs)

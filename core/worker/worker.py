@@ -21,7 +21,7 @@ from core.sample.interface import Sampler
 from core.sample.selector import build_sampler
 from core.spec_decode.interface import ProposerContext
 from core.spec_decode.rejection_sampler import StandardRejectionSampler
-from core.spec_decode.selector import check_speculative_config
+from core.spec_decode.selector import proposer_class
 from core.worker.contract import ModelRunnerOutput, SchedulerOutput
 from core.worker.model_runner import ModelRunner
 from core.worker.speculator import Speculator
@@ -104,7 +104,8 @@ class Worker:
             dtype=self.dtype,
             load_model=lambda path, prefix: self._build_model(resolve_model(path), prefix),
         )
-        proposer = check_speculative_config(spec)(spec, context)
+        # Its options were checked in the frontend; the proposer's __init__ reads them.
+        proposer = proposer_class(spec)(spec, context)
         return Speculator(proposer, StandardRejectionSampler(), spec.num_speculative_tokens)
 
     @property
