@@ -46,6 +46,12 @@ CONFORMANCE = [
     "spec_proposer:ngram",
     "spec_proposer:draft_model",
     "spec_proposer:layer_skip",
+    "quantization:gguf",
+    "quantization:awq",
+]
+# The kit's layers have 64 inputs: AWQ groups of 32.
+QUANT_CONFIGS = [
+    '{"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": true, "version": "gemm"}',
 ]
 # Method options of the proposers' engine runs: lookups short enough to hit on the kit's
 # random model, the target as its own draft, the target's first layer.
@@ -116,6 +122,7 @@ def conformance(session: nox.Session) -> None:
     pytest = str(shared_env(session) / "pytest")
     targets = [f"--core-conformance={target}" for target in CONFORMANCE]
     targets += [f"--core-conformance-spec-options={options}" for options in SPEC_OPTIONS]
+    targets += [f"--core-conformance-quant-config={config}" for config in QUANT_CONFIGS]
     session.run(pytest, *targets, *session.posargs, external=True)
     # The example platform is available only when asked for; check its class that way too.
     session.run(

@@ -56,6 +56,10 @@ class _Config(BaseModel):
             self.model_fields_set.discard(field)
 
 
+QUANTIZATION_NONE = "none"
+"""--quantization none: weights dequantized where the format allows it (GGUF), else as stored."""
+
+
 class ModelConfig(_Config):
     model: str | None = None  # a directory, a .gguf file or a hub id; None: the default
     tokenizer: str | None = None

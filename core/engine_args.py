@@ -14,6 +14,7 @@ import click
 
 from core.config import EngineConfig, SpeculativeConfig, UsageContext, parse_size
 from core.plugins.components import parse_json_object
+from core.quantization.selector import StoredQuantization, resolve_quantization
 from core.spec_decode.selector import check_speculative_config
 
 if TYPE_CHECKING:
@@ -137,12 +138,15 @@ class EngineArgs:
         hooks: Any = None,
         model_max_len: int | None = None,
         usage: UsageContext = UsageContext.OFFLINE,
+        stored_quantization: StoredQuantization | None = None,
     ) -> EngineConfig:
         """Explicit options, then the model, the platform (with its -O level) and hooks fill
         the rest; a flag this build or platform cannot honour is a ValueError naming it.
 
         `model_max_len` is the checkpoint's context length: the default max_model_len and
         the most a user may ask for. `usage` picks the platform's default token budget.
+        `stored_quantization` (how the checkpoint stores its weights) turns --quantization
+        into the method the model runs with (None: float weights).
         """
         sections = self.config_sections()
         speculative = sections.pop("speculative")
@@ -159,6 +163,10 @@ class EngineArgs:
             ),
         )
         _refuse_unbuilt(config)
+        if stored_quantization is not None:
+            config.model.quantization = resolve_quantization(
+                config.model.quantization, stored_quantization
+            )
         if model_max_len is not None:
             budget = platform.default_max_num_batched_tokens(usage)
             _apply_model_limits(config, model_max_len, budget)

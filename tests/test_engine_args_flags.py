@@ -56,7 +56,7 @@ CASES = {
     ),
     "dtype": Case(("--dtype", "float16"), sets="config.model.dtype"),
     "max_model_len": Case(("--max-model-len", "64"), sets="config.model.max_model_len"),
-    "quantization": Case(("--quantization", "awq"), refuses="--quantization"),
+    "quantization": Case(("--quantization", "awq"), sets="config.model.quantization"),
     "seed": Case(("--seed", "7"), sets="config.model.seed"),
     "chat_template": Case(("--chat-template", "{{ messages }}"), sets="config.model.chat_template"),
     "generation_config": Case(

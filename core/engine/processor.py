@@ -27,6 +27,7 @@ from core.platforms.interface import Platform
 from core.platforms.selection import select_platform
 from core.plugins.hooks import get_hook_manager
 from core.plugins.registry import get_registry
+from core.quantization.selector import build_quantization_config
 from core.request import fit_max_tokens
 from core.sampling_params import SamplingParams
 from core.tokenizer import Tokenizer, load_generation_defaults
@@ -71,8 +72,15 @@ class EngineSetup:
         checkpoint = resolve_model(engine_args.model)
         arch = ArchConfig.from_hf(checkpoint.hf_config)
         config = engine_args.create_engine_config(
-            choice.platform, hooks, model_max_len=arch.max_position_embeddings, usage=usage
+            choice.platform,
+            hooks,
+            model_max_len=arch.max_position_embeddings,
+            usage=usage,
+            stored_quantization=checkpoint.stored_quantization,
         )
+        if config.model.quantization is not None:
+            # Fail here, naming the flag or the plugin to install, not in the engine core.
+            build_quantization_config(config.model.quantization, checkpoint.hf_config, registry)
         return cls(config, choice.platform, checkpoint, hooks)
 
 

@@ -7,6 +7,7 @@ import platform as host
 from pluggy import HookCaller
 
 import core
+from core.platforms.interface import Platform
 from core.plugins.hooks import get_hook_manager
 from core.plugins.registry import (
     PluginEntry,
@@ -114,7 +115,46 @@ def info_report(registry: PluginRegistry | None = None) -> str:
         f"of {memory.total_bytes / 2**30:.1f} GiB",
         f"default dtype: {choice.platform.default_dtype}",
     ]
-    return "\n".join(lines + _kernel_op_lines(registry, choice.platform.device_type))
+    device_type = choice.platform.device_type
+    lines += _kernel_op_lines(registry, device_type)
+    return "\n".join(lines + _quantization_lines(registry, choice.platform))
+
+
+def _quantization_lines(registry: PluginRegistry, platform: Platform) -> list[str]:
+    """Each installed quantization method: where it comes from, whether this platform runs
+    it, which layers it keeps quantized and which kernel multiplies them (and why not)."""
+    from core.ops import REFERENCE, providers
+    from core.plugins.groups import QUANTIZATION
+    from core.quantization.interface import QuantizationConfig
+    from core.quantization.selector import PROVIDERS
+
+    lines = ["quantization methods (--quantization):"]
+    installed = {entry.name: entry for entry in registry.entries(QUANTIZATION)}
+    for name, entry in sorted(installed.items()):
+        origin = f"{entry.distribution} {entry.version}"
+        try:
+            cls = registry.require(QUANTIZATION, name, QuantizationConfig)
+        except ValueError as exc:
+            lines.append(f"  {name} ({origin}): cannot be used: {exc}")
+            continue
+        supported = name in platform.supported_quantization
+        where = f"runs on {platform.name}" if supported else f"not supported on {platform.name}"
+        keeps = "linear layers"
+        if cls.get_embedding_method is not QuantizationConfig.get_embedding_method:
+            keeps += ", embeddings and LM head"
+        lines.append(f"  {name} ({origin}): {where}; keeps {keeps} quantized")
+    lines += [f"  {name}: not installed (pip install {dist})" for name, dist in
+              sorted(PROVIDERS.items()) if name not in installed]  # fmt: skip
+    served = providers().get("quant_linear", {}).get(platform.device_type)
+    kernel = served or (
+        f"{REFERENCE} (dequantize, then torch matmul): no kernel registered for "
+        f"{platform.device_type}"
+        + (" — pip install core-cpu-kernels" if platform.device_type == "cpu" else "")
+    )
+    lines.append(
+        f"  packed 4/8-bit weights (awq on cpu, gguf) multiply via core::quant_linear: {kernel}"
+    )
+    return lines
 
 
 def _kernel_op_lines(registry: PluginRegistry, device_type: str) -> list[str]:

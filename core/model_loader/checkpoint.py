@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from core.quantization.selector import StoredQuantization
+
 
 @dataclass(frozen=True)
 class Checkpoint(ABC):
@@ -30,9 +32,23 @@ class Checkpoint(ABC):
     hf_config: dict[str, Any]
     served_name: str
 
+    @property
+    def stored_quantization(self) -> StoredQuantization:
+        """The quantization method the weights are stored in: config.json's
+        `quantization_config.quant_method`, if any."""
+        settings = self.hf_config.get("quantization_config") or {}
+        return StoredQuantization(method=settings.get("quant_method"))
+
     @abstractmethod
-    def iter_weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    def iter_weights(
+        self, dtype: torch.dtype, keep_quantized: bool = False
+    ) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield `(hf_name, tensor)` for every weight, floating tensors cast to `dtype`.
+
+        With `keep_quantized` (a quantization method will read the tensors), nothing is
+        cast or dequantized: tensors come as stored, and each parameter's weight loader
+        converts what it receives. A format with a block-quantized encoding of its own
+        says how it yields it (GGUF: `GGUFCheckpoint.iter_weights`).
 
         Names are the ones a transformers model of `hf_config["architectures"][0]` has in
         its state dict (e.g. "model.layers.0.self_attn.q_proj.weight"), in the layout

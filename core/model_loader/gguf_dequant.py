@@ -1,8 +1,10 @@
-"""Dequantization of GGUF (ggml) tensor types to torch tensors.
+"""GGUF (ggml) tensor types to torch tensors: dequantized, or kept quantized.
 
 Block layouts follow ggml's `ggml-common.h`; every scale is an IEEE half. Vectorized
 torch is about twice as fast as `gguf.quants.dequantize` (numpy) on these machines and
 gives bit-identical float32 results (same operation order), which the tests check.
+`to_packed` converts the block types into core's group-quantized layout instead
+(`core.quantization.packed`), exactly: the packed weight dequantizes to the same floats.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from core.ops.quant_linear import pack
+from core.quantization.packed import PackedWeight
 
 _FLOAT_TYPES: dict[GGMLQuantizationType, torch.dtype] = {
     GGMLQuantizationType.F32: torch.float32,
@@ -130,3 +135,108 @@ _BLOCK_DECODERS: dict[GGMLQuantizationType, Callable[[torch.Tensor], torch.Tenso
 SUPPORTED_TYPES: frozenset[GGMLQuantizationType] = frozenset(_FLOAT_TYPES) | frozenset(
     _BLOCK_DECODERS
 )
+
+
+def to_packed(raw: torch.Tensor, qtype: GGMLQuantizationType, cols: int) -> PackedWeight:
+    """The block-quantized rows `raw` (uint8 [rows, bytes per row]) of a matrix with
+    `cols` columns as a PackedWeight: Q4_0, Q4_1 and Q4_K keep 4 bits a value, Q5_K,
+    Q6_K and Q8_0 become 8-bit values. ValueError for a type with no conversion here
+    or bytes that do not fit `cols`."""
+    convert = _PACKERS.get(qtype)
+    if convert is None:
+        raise ValueError(f"GGUF tensor type {qtype.name} cannot be kept quantized")
+    block_values, type_size = GGML_QUANT_SIZES[qtype]
+    rows = raw.shape[0]
+    if cols % block_values or raw.shape[1] != cols // block_values * type_size:
+        raise ValueError(f"{raw.shape[1]} bytes a row do not hold {cols} {qtype.name} values")
+    qweight, scales, mins, bits = convert(raw.reshape(-1, type_size))
+    return PackedWeight(
+        qweight.reshape(rows, -1), scales.reshape(rows, -1), mins.reshape(rows, -1), bits
+    )
+
+
+PackedParts = tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]
+"""(qweight, scales, mins, bits) per block, before the rows are restored."""
+
+
+def _pack_q8_0(blocks: torch.Tensor) -> PackedParts:
+    d = _half(blocks, 0)
+    return blocks[:, 2:].view(torch.int8), d, torch.zeros_like(d), 8
+
+
+def _pack_q4_0(blocks: torch.Tensor) -> PackedParts:
+    # ggml's nibble order inside a block is the packed layout's: the bytes stay as they are
+    d = _half(blocks, 0)
+    return blocks[:, 2:], d, -8 * d, 4
+
+
+def _pack_q4_1(blocks: torch.Tensor) -> PackedParts:
+    return blocks[:, 4:], _half(blocks, 0), _half(blocks, 2), 4
+
+
+def _k_steps(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # Q4_K / Q5_K: per sub-block of 32, the step d * scale and the offset -dmin * min
+    scales, mins = _k_scales_mins(blocks[:, 4:16])
+    return _half(blocks, 0) * scales, -(_half(blocks, 2) * mins)
+
+
+def _pack_q4_k(blocks: torch.Tensor) -> PackedParts:
+    q = _nibbles(blocks[:, 16:].reshape(-1, 4, 32)).reshape(-1, 256)
+    return pack(q, 4), *_k_steps(blocks), 4
+
+
+def _pack_q5_k(blocks: torch.Tensor) -> PackedParts:
+    low = _nibbles(blocks[:, 48:].reshape(-1, 4, 32)).reshape(-1, 8, 32)
+    shifts = torch.arange(8, dtype=torch.uint8).reshape(1, 8, 1)
+    high = (blocks[:, 16:48].unsqueeze(1) >> shifts) & 1
+    q = (low | (high << 4)).reshape(-1, 256)
+    return pack(q, 8), *_k_steps(blocks), 8
+
+
+def _pack_q6_k(blocks: torch.Tensor) -> PackedParts:
+    low = _nibbles(blocks[:, :128].reshape(-1, 2, 64)).reshape(-1, 8, 32)
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).reshape(1, 1, 4, 1)
+    high = ((blocks[:, 128:192].reshape(-1, 2, 1, 32) >> shifts) & 3).reshape(-1, 8, 32)
+    q = (low | (high << 4)).to(torch.int16).reshape(-1, 256) - 32
+    step = _half(blocks, 208) * blocks[:, 192:208].view(torch.int8).float()  # [N, 16]
+    return pack(q, 8), step, torch.zeros_like(step), 8
+
+
+_PACKERS: dict[GGMLQuantizationType, Callable[[torch.Tensor], PackedParts]] = {
+    GGMLQuantizationType.Q8_0: _pack_q8_0,
+    GGMLQuantizationType.Q4_0: _pack_q4_0,
+    GGMLQuantizationType.Q4_1: _pack_q4_1,
+    GGMLQuantizationType.Q4_K: _pack_q4_k,
+    GGMLQuantizationType.Q5_K: _pack_q5_k,
+    GGMLQuantizationType.Q6_K: _pack_q6_k,
+}
+
+PACKED_TYPES: frozenset[GGMLQuantizationType] = frozenset(_PACKERS)
+FLOAT_TYPES: dict[GGMLQuantizationType, torch.dtype] = dict(_FLOAT_TYPES)
+# The byte offsets of each block's half-precision scales: the fields random bytes could
+# turn into infinities or NaNs.
+_HALF_FIELDS: dict[GGMLQuantizationType, tuple[int, ...]] = {
+    GGMLQuantizationType.Q8_0: (0,),
+    GGMLQuantizationType.Q4_0: (0,),
+    GGMLQuantizationType.Q4_1: (0, 2),
+    GGMLQuantizationType.Q4_K: (0, 2),
+    GGMLQuantizationType.Q5_K: (0, 2),
+    GGMLQuantizationType.Q6_K: (208,),
+}
+
+
+def random_blocks(
+    qtype: GGMLQuantizationType, rows: int, cols: int, generator: torch.Generator
+) -> torch.Tensor:
+    """Random valid stored bytes (uint8 [rows, bytes per row]) of a `qtype` matrix: any
+    values, finite small scales. For tests and the conformance kit."""
+    block_values, type_size = GGML_QUANT_SIZES[qtype]
+    if qtype in _FLOAT_TYPES:
+        values = torch.randn(rows, cols, generator=generator) * 0.1
+        return values.to(_FLOAT_TYPES[qtype]).view(torch.uint8)
+    blocks = torch.randint(0, 256, (rows * cols // block_values, type_size), generator=generator)
+    blocks = blocks.to(torch.uint8)
+    for start in _HALF_FIELDS[qtype]:
+        halves = (torch.rand(blocks.shape[0], generator=generator) * 0.01).half()
+        blocks[:, start : start + 2] = halves.view(torch.uint8).reshape(-1, 2)
+    return blocks.reshape(rows, -1)

@@ -16,6 +16,7 @@ from core.model_loader.checkpoint import Checkpoint
 from core.model_loader.gguf_config import hf_config_from_gguf
 from core.model_loader.gguf_dequant import SUPPORTED_TYPES, dequantize
 from core.model_loader.gguf_metadata import GGUFTensorInfo, read_gguf_header
+from core.quantization.selector import StoredQuantization
 
 _GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
@@ -69,6 +70,11 @@ class GGUFCheckpoint(Checkpoint):
         # The memory-mapped reader stays in this process; a copy reopens the file.
         return {**self.__dict__, "_reader": None}
 
+    @property
+    def stored_quantization(self) -> StoredQuantization:
+        """Method "gguf" (kept in blocks), also loadable dequantized."""
+        return StoredQuantization(method="gguf", dequantizable=True)
+
     def reader(self) -> GGUFReader:
         """The parsed file, for its tensor data.
 
@@ -83,16 +89,28 @@ class GGUFCheckpoint(Checkpoint):
             object.__setattr__(self, "_reader", reader)
         return reader
 
-    def iter_weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    def iter_weights(
+        self, dtype: torch.dtype, keep_quantized: bool = False
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """As `Checkpoint.iter_weights`. With `keep_quantized`, each matrix `X.weight`
+        comes as two tensors instead: `X.qweight_type`, a 0-d int64 tensor holding its
+        GGMLQuantizationType, then `X.qweight`, its stored bytes as uint8 [rows, bytes
+        per row] (whatever the type, float ones included); vectors come as stored."""
         permuted = self.hf_config["model_type"] in _PERMUTED_ARCHS
         for tensor in self.reader().tensors:
             if tensor.name == _ROPE_FREQS:
                 continue
             name = hf_name(tensor.name)
-            weight = _read_tensor(tensor)
+            as_blocks = keep_quantized and len(tensor.shape) == 2
+            weight = _raw_rows(tensor) if as_blocks else _read_tensor(tensor)
             if permuted:
                 weight = _unpermute_rows(name, weight, self.hf_config)
-            yield name, weight.to(dtype)
+            if as_blocks:
+                stem = name.removesuffix(".weight")
+                yield f"{stem}.qweight_type", torch.tensor(int(tensor.tensor_type))
+                yield f"{stem}.qweight", weight
+            else:
+                yield name, weight if keep_quantized else weight.to(dtype)
 
 
 def load_gguf_checkpoint(path: Path, served_name: str | None = None) -> GGUFCheckpoint:
@@ -159,6 +177,13 @@ def _check_tensor(tensor: GGUFTensorInfo) -> None:
 def _read_tensor(tensor: ReaderTensor) -> torch.Tensor:
     shape = tuple(int(dim) for dim in reversed(tensor.shape.tolist()))  # GGUF ne: fastest first
     return dequantize(tensor.data, tensor.tensor_type, shape)
+
+
+def _raw_rows(tensor: ReaderTensor) -> torch.Tensor:
+    """A matrix's stored bytes, one row of blocks per output: uint8 [rows, bytes per row]."""
+    rows = int(tensor.shape[-1])  # GGUF ne: the output dimension is the last
+    data = np.ascontiguousarray(tensor.data).view(np.uint8).reshape(rows, -1)
+    return torch.from_numpy(data.copy())
 
 
 def _unpermute_rows(name: str, weight: torch.Tensor, hf_config: dict[str, Any]) -> torch.Tensor:

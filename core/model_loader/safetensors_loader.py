@@ -24,9 +24,11 @@ class SafetensorsCheckpoint(Checkpoint):
 
     weight_files: tuple[Path, ...]
 
-    def iter_weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    def iter_weights(
+        self, dtype: torch.dtype, keep_quantized: bool = False
+    ) -> Iterator[tuple[str, torch.Tensor]]:
         for file in self.weight_files:
-            yield from _iter_file(file, dtype)
+            yield from _iter_file(file, None if keep_quantized else dtype)
 
 
 def load_safetensors_checkpoint(
@@ -93,12 +95,14 @@ def _check_header(file: Path) -> None:
         raise ValueError(f"{file}: corrupt safetensors file ({exc})") from exc
 
 
-def _iter_file(file: Path, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+def _iter_file(file: Path, dtype: torch.dtype | None) -> Iterator[tuple[str, torch.Tensor]]:
+    """The file's tensors, floating ones cast to `dtype` unless it is None."""
     try:
         with safe_open(file, framework="pt") as reader:
             for name in reader.keys():
                 tensor = reader.get_tensor(name)
-                yield name, tensor.to(dtype) if tensor.is_floating_point() else tensor
+                cast = dtype is not None and tensor.is_floating_point()
+                yield name, tensor.to(dtype) if cast else tensor
     except (SafetensorError, OSError) as exc:
         raise ValueError(f"{file}: corrupt safetensors file ({exc})") from exc
 

@@ -34,7 +34,8 @@ def load_hf_weights(
     """Load every `(hf_name, tensor)` into `model`; names for which `skip` is true are ignored.
 
     Raises ValueError naming the checkpoint tensors that match no parameter and the ones
-    the model needs but did not get, or naming the tensor whose shape does not fit.
+    the model needs but did not get, or naming the tensor whose shape does not fit. Then
+    runs `process_weights_after_loading`.
     """
     params = dict(model.named_parameters())
     seen: set[str] = set()
@@ -58,6 +59,16 @@ def load_hf_weights(
             f"checkpoint does not fit {type(model).__name__}: "
             f"missing weights {sorted(missing)}, unexpected weights {sorted(unexpected)}"
         )
+    process_weights_after_loading(model)
+
+
+def process_weights_after_loading(model: nn.Module) -> None:
+    """Let the LinearMethod of every layer of `model` that has one (linear layers,
+    embeddings) turn its loaded tensors into their final form; once, after loading."""
+    for module in model.modules():
+        method = getattr(module, "linear_method", None)
+        if method is not None:
+            method.process_weights_after_loading(module)
 
 
 def _param_name(hf_name: str, stacked: Sequence[StackedParam]) -> tuple[str, ShardId]:

@@ -25,6 +25,7 @@ from core.models.layers import (
     RotaryEmbedding,
     RowParallelLinear,
     SiluAndMul,
+    TiedLMHead,
     VocabEmbedding,
     apply_rotary_emb,
 )
@@ -176,7 +177,9 @@ class LlamaModel(nn.Module):
         dtype: torch.dtype,
     ) -> None:
         super().__init__()
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype)
+        self.embed_tokens = VocabEmbedding(
+            config.vocab_size, config.hidden_size, dtype, quant_config, f"{prefix}.embed_tokens"
+        )
         # One table for all layers: it is indexed by position only.
         self.rotary_emb = RotaryEmbedding(
             config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
@@ -212,7 +215,9 @@ class LlamaForCausalLM(nn.Module):
     - `compute_logits(hidden [N, hidden_size]) -> [N, vocab_size]`.
     - Optionally `forward(..., num_layers=n)`: only the first n decoder layers, then the
       final norm (an early exit: the layer-skip speculative draft).
-    - `load_weights(weights)` takes `(hf_name, tensor)` pairs as a Checkpoint yields them.
+    - `load_weights(weights)` takes `(hf_name, tensor)` pairs as a Checkpoint yields them,
+      then lets every layer's method finish its weights
+      (`core.models.hf_weights.process_weights_after_loading`).
     """
 
     @classmethod
@@ -231,8 +236,11 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         options = self.decoder_options(config)
         self.model = LlamaModel(config, options, quant_config, "model", dtype)
-        tied_to = self.model.embed_tokens if config.tie_word_embeddings else None
-        self.lm_head = LMHead(config.vocab_size, config.hidden_size, dtype, tied_to)
+        self.lm_head: nn.Module = (
+            TiedLMHead(self.model.embed_tokens)
+            if config.tie_word_embeddings
+            else LMHead(config.vocab_size, config.hidden_size, dtype, quant_config, "lm_head")
+        )
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, num_layers: int | None = None

@@ -16,6 +16,7 @@ from core.ops.norm import (
     rms_norm,
     rms_norm_reference,
 )
+from core.ops.quant_linear import quant_linear, quant_linear_reference
 from core.ops.registry import CORE_OPS, REFERENCE, KernelOp, OpRegistry
 
 register_impl = CORE_OPS.register_impl
@@ -29,6 +30,8 @@ __all__ = [
     "fused_add_rms_norm",
     "fused_add_rms_norm_reference",
     "providers",
+    "quant_linear",
+    "quant_linear_reference",
     "register_impl",
     "rms_norm",
     "rms_norm_reference",

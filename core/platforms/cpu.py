@@ -27,6 +27,9 @@ class CpuPlatform(Platform):
     device_name = "CPU"
     dist_backend = "gloo"
     supported_dtypes = (torch.float32, torch.bfloat16, torch.float16)
+    # Both keep 4-bit weights packed; core::quant_linear's C++ kernel comes with
+    # core-cpu-kernels (without it, its torch reference). awq needs core-quant-awq.
+    supported_quantization = ("awq", "gguf")
     # cpu_paged comes with the optional core-cpu-kernels plugin; without it, torch_ref.
     preferred_attention_backends = ("cpu_paged", "torch_ref")
     # Eager only: no graphs to capture on a CPU, and torch.compile waits until a benchmark

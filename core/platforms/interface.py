@@ -18,6 +18,7 @@ import torch
 from core.config import (
     COMPILE_LEVEL,
     GRAPH_CAPTURE_LEVEL,
+    QUANTIZATION_NONE,
     CompilationConfig,
     UsageContext,
 )
@@ -116,7 +117,7 @@ class Platform(ABC):
                 f"use {supported}"
             )
         method = config.model.quantization
-        if method is not None and method not in self.supported_quantization:
+        if method not in (None, QUANTIZATION_NONE) and method not in self.supported_quantization:
             raise ValueError(
                 f"--quantization {method} is not supported on the {self.name} platform"
             )

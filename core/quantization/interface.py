@@ -14,11 +14,16 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from core.model_loader.checkpoint import Checkpoint
 
 __all__ = [
     "LinearMethod",
@@ -160,6 +165,27 @@ class LinearMethod(ABC):
         modify the result in place.
         """
 
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Turn the loaded checkpoint tensors into the form `apply` multiplies, once.
+
+        Called for every layer after the whole checkpoint is loaded (by the worker, and by
+        the conformance kit), before the first `apply`: the place to repack a checkpoint's
+        layout into a kernel's, or to merge fused shards stored in different formats.
+        Afterwards the checkpoint parameters may be gone (replaced by buffers); `apply`
+        and `dequantize` must then work from what replaced them, and describe the same W.
+        The default keeps the parameters as loaded.
+        """
+
+    def embed(self, layer: nn.Module, token_ids: torch.Tensor) -> torch.Tensor:
+        """Rows `token_ids` [T] of W as [T, input_size] in the activation dtype.
+
+        For a layer that is a vocabulary embedding (`QuantizationConfig.
+        get_embedding_method`): W [vocab, hidden] is both the embedding table and, when
+        the head is tied, the LM head's weight. The default dequantizes all of W on every
+        call; a method that serves embeddings overrides it to read only the rows asked for.
+        """
+        return torch.nn.functional.embedding(token_ids, self.dequantize(layer))
+
 
 class WrappedLinearMethod(LinearMethod):
     """A method that adds to another one (its `base`) without knowing what the base is.
@@ -204,6 +230,9 @@ class WrappedLinearMethod(LinearMethod):
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
         return self.base.dequantize(layer)
 
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        self.base.process_weights_after_loading(layer)
+
 
 class QuantizationConfig(ABC):
     """A quantization method and its settings, registered in `core.quantization`.
@@ -226,3 +255,26 @@ class QuantizationConfig(ABC):
         """The method for the linear layer `layer_name` (its module prefix, e.g.
         "model.layers.0.self_attn.qkv_proj"); return an `UnquantizedLinearMethod` for
         layers the checkpoint leaves unquantized."""
+
+    def get_embedding_method(self, layer_name: str) -> LinearMethod | None:
+        """The method for the vocabulary embedding or LM head `layer_name`
+        ("model.embed_tokens", "lm_head"): a linear layer from hidden to vocabulary whose
+        `embed` looks rows up. None (the default, what most methods want) leaves them
+        unquantized."""
+        return None
+
+    @classmethod
+    def quantize_checkpoint(
+        cls, checkpoint: Checkpoint, out_dir: Path, options: Mapping[str, Any]
+    ) -> None:
+        """Write a checkpoint quantized with this method, made from `checkpoint`, to `out_dir`.
+
+        What `core quantize NAME MODEL OUT_DIR` runs. `checkpoint` is any model core loads
+        (a Hugging Face directory or a GGUF file); `options` are the method's settings
+        (e.g. {"group_size": 128}) from the command line. The result must load back with
+        this method as a Hugging Face directory: config.json whose `quantization_config`
+        names it, safetensors weights and the tokenizer files. ValueError naming an
+        unknown or invalid option. A method that cannot produce checkpoints (the default)
+        raises ValueError saying so.
+        """
+        raise ValueError(f"quantization method {cls.name!r} cannot write checkpoints")

@@ -45,6 +45,9 @@ class UnquantizedLinearMethod(LinearMethod):
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
         return layer.weight
 
+    def embed(self, layer: nn.Module, token_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(token_ids, layer.weight)
+
 
 # On CPUs, torch's 16-bit matmul of a single row takes a slow path; its matrix-vector
 # product is 1.5-4x faster (SmolLM2's shapes, 2 threads), and single-stream decode is

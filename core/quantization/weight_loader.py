@@ -9,7 +9,7 @@ plugins build their parameters' loaders from the helpers here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
@@ -41,6 +41,22 @@ def add_parameter(
     set_weight_loader(param, loader)
     layer.register_parameter(name, param)
     return param
+
+
+RandomValues = Callable[[torch.Generator], torch.Tensor]
+
+
+def set_random_values(param: nn.Parameter, make: RandomValues) -> None:
+    """Say how to make a random checkpoint tensor for `param`, for tests and the
+    conformance kit, when not every bit pattern of its dtype is a valid one (block scales
+    that must be finite, type tags). `make(generator)` returns what the parameter's
+    weight_loader takes for the whole of a single-output layer's parameter."""
+    param.random_values = make
+
+
+def get_random_values(param: nn.Parameter) -> RandomValues | None:
+    """The parameter's own maker of random checkpoint tensors, if it has one."""
+    return getattr(param, "random_values", None)
 
 
 def get_weight_loader(param: nn.Parameter) -> WeightLoader:

@@ -48,8 +48,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=[],
         metavar="JSON",
         dest="core_conformance_quant_config",
-        help="a checkpoint's quantization_config to build the QuantizationConfig under test "
-        'from (repeatable); default: {"quant_method": NAME}',
+        help="a checkpoint's quantization_config to build the QuantizationConfig of method "
+        'NAME from, if its "quant_method" is NAME (repeatable); default: {"quant_method": NAME}',
     )
     group.addoption(
         "--core-conformance-spec-options",

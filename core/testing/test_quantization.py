@@ -1,11 +1,13 @@
 """Conformance of a quantization method (`--core-conformance=quantization:NAME`).
 
 The QuantizationConfig is built with `from_config` from each `--core-conformance-quant-
-config` JSON (default: `{"quant_method": NAME}`), and its LinearMethod runs inside core's
-own linear layers (plain, row-parallel, fused gate/up, fused q/k/v) in float32, bfloat16
-and float16. Each parameter is filled with random values through its own `weight_loader`,
-a fused layer shard by shard with tensors shaped like the single-output layer's (what a
-checkpoint stores per projection). Then:
+config` JSON whose "quant_method" is NAME (none given: `{"quant_method": NAME}`), and its
+LinearMethod runs inside core's own linear layers (plain, row-parallel, fused gate/up,
+fused q/k/v) in float32, bfloat16 and float16. Each parameter is filled with random values
+through its own `weight_loader`, a fused layer shard by shard with tensors shaped like the
+single-output layer's (what a checkpoint stores per projection): any bit pattern of its
+dtype, or what the parameter's own maker gives (`core.quantization.weight_loader.
+set_random_values`). Then `process_weights_after_loading` runs on every layer, and:
 - `dequantize` gives W of the logical shape in the activation dtype, and a fused layer's
   W is its shards' W stacked in order (the loaders put each shard in its place);
 - `apply(layer, x, bias)` equals `x @ dequantize(layer).T + bias` within 1e-5 (float32),
@@ -16,6 +18,7 @@ A create_weights that refuses an activation dtype with ValueError skips that dty
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -32,6 +35,7 @@ from core.models.layers import (
     RowParallelLinear,
 )
 from core.quantization.interface import QuantizationConfig
+from core.quantization.weight_loader import get_random_values
 from core.testing.plugin import quant_configs_of, targets_of
 
 INPUT = 64
@@ -69,7 +73,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     given = quant_configs_of(metafunc.config)
     params = []
     for target in targets_of(metafunc.config, "quantization"):
-        hf_configs = given or [{"quant_method": target.value.name}]
+        name = target.value.name
+        hf_configs = [c for c in given if c.get("quant_method", name) == name]
+        hf_configs = hf_configs or [{"quant_method": name}]
         for index, hf_config in enumerate(hf_configs):
             config_id = f"{target.id}-config{index}" if len(hf_configs) > 1 else target.id
             params += [
@@ -128,10 +134,13 @@ def loaded(
         for name, param in shard.named_parameters(recurse=False):
             if name not in params:
                 pytest.fail(f"the fused layer has no parameter {name!r}", pytrace=False)
-            tensor = _random_like(param, generator)
+            make = get_random_values(param)
+            tensor = make(generator) if make is not None else _random_like(param, generator)
             param.weight_loader(param, tensor)
             params[name].weight_loader(params[name], tensor, shard_id)
         shards.append(shard)
+    for each in (layer, *shards):
+        each.linear_method.process_weights_after_loading(each)
     return layer, shards
 
 
@@ -197,7 +206,8 @@ def test_apply_equals_the_dequantized_reference(
     x = torch.randn(num_tokens, layer.partition.input_size_per_partition, generator=generator)
     x = x.to(dtype)  # [T, input]
     method = layer.linear_method
-    device = next(layer.parameters()).device
+    # After process_weights_after_loading the weights may live in buffers.
+    device = next(itertools.chain(layer.parameters(), layer.buffers())).device
     got = method.apply(layer, x.to(device), layer.bias).cpu()
     assert got.dtype == dtype, f"apply returned {got.dtype} for {dtype} activations"
     weight = method.dequantize(layer).double().cpu()  # [out, input]

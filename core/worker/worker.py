@@ -17,6 +17,8 @@ from core.model_loader import Checkpoint, resolve_model
 from core.models.arch_config import ArchConfig
 from core.models.registry import resolve_model_class
 from core.platforms.interface import Platform
+from core.quantization.interface import QuantizationConfig
+from core.quantization.selector import build_quantization_config, resolve_quantization
 from core.sample.interface import Sampler
 from core.sample.selector import build_sampler
 from core.spec_decode.interface import ProposerContext
@@ -80,12 +82,22 @@ class Worker:
         its attention layers (a second model beside the target)."""
         arch = ArchConfig.from_hf(checkpoint.hf_config)
         model_cls = resolve_model_class(arch.architectures)
+        quant_config = self._quantization_config(checkpoint)
         with torch.device(self.device):
-            model = model_cls(arch, quant_config=None, dtype=self.dtype)
-        model.load_weights(checkpoint.iter_weights(self.dtype))
+            model = model_cls(arch, quant_config=quant_config, dtype=self.dtype)
+        weights = checkpoint.iter_weights(self.dtype, keep_quantized=quant_config is not None)
+        model.load_weights(weights)
         if prefix:
             prefix_layer_names(model, prefix)
         return model.eval(), arch
+
+    def _quantization_config(self, checkpoint: Checkpoint) -> QuantizationConfig | None:
+        """The method the frontend resolved for the target (a draft checkpoint beside it
+        gets the one its own storage implies)."""
+        method = resolve_quantization(
+            self.config.model.quantization, checkpoint.stored_quantization
+        )
+        return None if method is None else build_quantization_config(method, checkpoint.hf_config)
 
     def _build_speculator(self, sampler: Sampler) -> Speculator | None:
         spec = self.config.speculative

@@ -14,6 +14,7 @@ from core.models.layers import (
     QKVLinear,
     RMSNorm,
     RotaryEmbedding,
+    TiedLMHead,
     VocabEmbedding,
     apply_rotary_emb,
 )
@@ -136,8 +137,19 @@ def test_fused_loaders_reject_bad_shard_ids_and_shapes():
 def test_tied_lm_head_is_the_embedding_matrix():
     embedding = VocabEmbedding(10, 4, torch.float32)
     embedding.weight.data.normal_()
-    head = LMHead(10, 4, torch.float32, tied_to=embedding)
+    head = TiedLMHead(embedding)
     hidden = torch.randn(3, 4)
 
-    assert head.weight is embedding.weight
+    assert list(head.parameters()) == []
     torch.testing.assert_close(head(hidden), hidden @ embedding.weight.T)
+    embedding.weight.data.mul_(2)  # the head reads the embedding's matrix, not a copy
+    torch.testing.assert_close(head(hidden), hidden @ embedding.weight.T)
+
+
+def test_untied_lm_head_has_its_own_matrix():
+    head = LMHead(10, 4, torch.float32)
+    head.weight.data.normal_()
+    hidden = torch.randn(3, 4)
+
+    assert [name for name, _ in head.named_parameters()] == ["weight"]
+    torch.testing.assert_close(head(hidden), hidden @ head.weight.T)

@@ -10,7 +10,7 @@ from core.models.layers.linear import (
     RowParallelLinear,
 )
 from core.models.layers.rotary_embedding import RotaryEmbedding, apply_rotary_emb
-from core.models.layers.vocab_embedding import LMHead, VocabEmbedding
+from core.models.layers.vocab_embedding import LMHead, TiedLMHead, VocabEmbedding, VocabMatrix
 
 __all__ = [
     "LMHead",
@@ -22,6 +22,8 @@ __all__ = [
     "RowParallelLinear",
     "RotaryEmbedding",
     "SiluAndMul",
+    "TiedLMHead",
     "VocabEmbedding",
+    "VocabMatrix",
     "apply_rotary_emb",
 ]

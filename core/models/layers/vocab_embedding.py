@@ -1,33 +1,31 @@
-"""Token embedding and the LM head that maps hidden states back onto the vocabulary."""
+"""Token embedding and the LM head that maps hidden states back onto the vocabulary.
+
+Both hold a matrix W [vocab, hidden] through a LinearMethod, the one the quantization
+config gives for embeddings (`QuantizationConfig.get_embedding_method`; unquantized
+unless the method keeps them packed, as GGUF's does): the embedding looks rows up
+(`LinearMethod.embed`), the head multiplies (`LinearMethod.apply`).
+"""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from core.quantization.unquantized import dense_linear
+from core.quantization.interface import (
+    LinearMethod,
+    LinearPartition,
+    LinearSplit,
+    QuantizationConfig,
+)
+from core.quantization.unquantized import UnquantizedLinearMethod
 
 
-class VocabEmbedding(nn.Module):
-    """Token ids -> embedding rows."""
+class VocabMatrix(nn.Module):
+    """W [vocab_size, hidden_size] as a linear layer hidden -> vocab, stored by its method.
 
-    def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(
-            torch.empty(vocab_size, hidden_size, dtype=dtype), requires_grad=False
-        )
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden_size]
-        return F.embedding(input_ids, self.weight)
-
-
-class LMHead(nn.Module):
-    """Hidden states -> vocabulary logits; with `tied_to`, the embedding matrix is reused.
-
-    A tied head shares the embedding's Parameter object, so loading the embedding loads
-    the head, and `named_parameters()` lists the matrix once (under the embedding's name).
-    The head stays unquantized: quantization methods leave it in full precision.
+    `prefix` is the module's name in the model ("model.embed_tokens", "lm_head"), the
+    name the quantization config is asked about; the parameters are the method's
+    ("weight" unquantized), directly on this module.
     """
 
     def __init__(
@@ -35,15 +33,67 @@ class LMHead(nn.Module):
         vocab_size: int,
         hidden_size: int,
         dtype: torch.dtype,
-        tied_to: VocabEmbedding | None = None,
+        quant_config: QuantizationConfig | None,
+        prefix: str,
     ) -> None:
         super().__init__()
-        if tied_to is not None:
-            self.weight = tied_to.weight
-        else:
-            self.weight = nn.Parameter(
-                torch.empty(vocab_size, hidden_size, dtype=dtype), requires_grad=False
-            )
+        self.partition = LinearPartition(hidden_size, (vocab_size,), LinearSplit.REPLICATED)
+        self.params_dtype = dtype
+        self.prefix = prefix
+        method = None if quant_config is None else quant_config.get_embedding_method(prefix)
+        self.linear_method: LinearMethod = method or UnquantizedLinearMethod()
+        self.linear_method.create_weights(self, self.partition, False, dtype)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
+        return self.linear_method.apply(self, hidden, None)
+
+
+class VocabEmbedding(VocabMatrix):
+    """Token ids -> embedding rows."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        dtype: torch.dtype,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "model.embed_tokens",
+    ) -> None:
+        super().__init__(vocab_size, hidden_size, dtype, quant_config, prefix)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden_size]
+        return self.linear_method.embed(self, input_ids)
+
+
+class LMHead(VocabMatrix):
+    """Hidden states -> vocabulary logits: its own W, or the embedding's (`tied_to`)."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        dtype: torch.dtype,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "lm_head",
+    ) -> None:
+        super().__init__(vocab_size, hidden_size, dtype, quant_config, prefix)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
-        return dense_linear(hidden, self.weight)
+        return self.logits(hidden)
+
+
+class TiedLMHead(nn.Module):
+    """An LM head that multiplies by the embedding's matrix, however its method stores it.
+
+    It owns no parameters, so loading the embedding loads the head and
+    `named_parameters()` lists the matrix once, under the embedding's name.
+    """
+
+    def __init__(self, embedding: VocabEmbedding) -> None:
+        super().__init__()
+        # A plain list: as a registered submodule the embedding would appear twice in the
+        # module tree.
+        self._embedding = [embedding]
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
+        return self._embedding[0].logits(hidden)

@@ -13,6 +13,8 @@ class CudaPlatform(Platform):
     device_name = "NVIDIA CUDA GPU"
     dist_backend = "nccl"
     supported_dtypes = (torch.bfloat16, torch.float16, torch.float32)
+    # awq: core-quant-awq's Triton kernel; gguf: core's torch reference of quant_linear.
+    supported_quantization = ("awq", "gguf")
     preferred_attention_backends = ("flash", "torch_ref")
     device_control_env_var = "CUDA_VISIBLE_DEVICES"
 

@@ -16,6 +16,9 @@ class RocmPlatform(Platform):
     device_name = "AMD ROCm GPU"
     dist_backend = "nccl"  # RCCL, under PyTorch's nccl name
     supported_dtypes = (torch.bfloat16, torch.float16, torch.float32)
+    # awq: core-quant-awq's Triton kernel (Triton targets ROCm too); gguf: core's torch
+    # reference of quant_linear.
+    supported_quantization = ("awq", "gguf")
     preferred_attention_backends = ("torch_ref",)
     device_control_env_var = "HIP_VISIBLE_DEVICES"
 

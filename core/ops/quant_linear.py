@@ -1,0 +1,146 @@
+"""Group-quantized linear: the one packed weight layout core's 4- and 8-bit methods share.
+
+Every quantized weight core multiplies on the CPU (AWQ's 4-bit, GGUF's Q4_0 / Q4_1 /
+Q4_K / Q5_K / Q6_K / Q8_0 blocks) is held in this layout, so one kernel family serves them
+all; each method converts its checkpoint's format into it once, after loading.
+
+The layout of a weight W [N, K] (N outputs, K inputs) with `bits` 4 or 8 and group size G
+(K % G == 0) is three tensors:
+
+- `qweight`: the quantized values q[n, k], row-major.
+  - bits 4: uint8 [N, K / 2], unsigned values 0..15. K is cut into runs of 32; value j of
+    run r sits in byte 16 r + (j mod 16) of the row, in its low nibble for j < 16 and its
+    high nibble for j >= 16 (ggml's Q4_0 / Q4_1 order inside a block). G % 32 == 0.
+  - bits 8: int8 [N, K], signed values. G % 16 == 0.
+- `scales`, `mins`: float32 [N, K / G]; the group of k is k // G.
+
+    W[n, k] = scales[n, k // G] * q[n, k] + mins[n, k // G]
+
+float32 scales and mins keep every source format exact: AWQ's (q - zero) * scale is
+scale * q + (-zero * scale), each product exact in float32 and the exact difference
+representable; ggml's half-precision block scales are exact in float32 too.
+
+`core::quant_linear(x, qweight, scales, mins, bits)` computes x W^T with float32
+accumulation and rounds once to x's dtype (float32, bfloat16 or float16). Its reference
+dequantizes W and multiplies in float32; a kernel (core-cpu-kernels registers one for the
+CPU) must equal it up to float32 summation order, and must never materialize all of W.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from core.ops.registry import CORE_OPS
+
+_RUN = 32  # 4-bit values are packed in runs of 32 inputs, 16 bytes each
+BITS = (4, 8)
+
+
+def group_size(qweight: torch.Tensor, scales: torch.Tensor, bits: int) -> int:
+    """G of a packed weight: its number of inputs over its number of groups per row."""
+    return num_inputs(qweight, bits) // scales.shape[1]
+
+
+def num_inputs(qweight: torch.Tensor, bits: int) -> int:
+    """K of a packed weight."""
+    return qweight.shape[1] * 8 // bits
+
+
+def check_layout(
+    qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, bits: int, name: str
+) -> None:
+    """ValueError naming `name` (the layer) when the tensors are not one packed weight."""
+    if bits not in BITS:
+        raise ValueError(f"{name}: bits must be one of {BITS}, got {bits}")
+    want_dtype = torch.uint8 if bits == 4 else torch.int8
+    if qweight.dtype != want_dtype or qweight.dim() != 2:
+        raise ValueError(f"{name}: qweight must be a 2-D {want_dtype} tensor for {bits}-bit values")
+    if scales.dtype != torch.float32 or mins.dtype != torch.float32:
+        raise ValueError(f"{name}: scales and mins must be float32")
+    n, k = qweight.shape[0], num_inputs(qweight, bits)
+    if scales.dim() != 2 or scales.shape[0] != n or scales.shape != mins.shape:
+        raise ValueError(
+            f"{name}: scales {tuple(scales.shape)} and mins {tuple(mins.shape)} must both be "
+            f"[{n}, groups]"
+        )
+    groups = scales.shape[1]
+    unit = _RUN if bits == 4 else 16
+    if groups == 0 or k % groups or (k // groups) % unit:
+        raise ValueError(
+            f"{name}: {groups} groups do not cut {k} inputs into groups of a multiple of {unit}"
+        )
+
+
+def pack(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """Quantized values q [N, K] (integers in range for `bits`) -> qweight."""
+    if bits == 8:
+        return q.to(torch.int8)
+    n, k = q.shape
+    if k % _RUN:
+        raise ValueError(f"4-bit rows must hold a multiple of {_RUN} values, got {k}")
+    runs = q.to(torch.uint8).reshape(n, k // _RUN, 2, _RUN // 2)  # [N, R, low|high, 16]
+    return (runs[:, :, 0] | (runs[:, :, 1] << 4)).reshape(n, k // 2)
+
+
+def unpack(qweight: torch.Tensor, bits: int) -> torch.Tensor:
+    """qweight -> the quantized values q [N, K] as int16 (the inverse of `pack`)."""
+    if bits == 8:
+        return qweight.to(torch.int16)
+    n = qweight.shape[0]
+    runs = qweight.reshape(n, -1, _RUN // 2)  # [N, R, 16]
+    values = torch.stack((runs & 0x0F, runs >> 4), dim=2)  # [N, R, 2, 16]
+    return values.reshape(n, -1).to(torch.int16)
+
+
+def dequantize(
+    qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, bits: int
+) -> torch.Tensor:
+    """W [N, K] in float32."""
+    q = unpack(qweight, bits).float()
+    n, k = q.shape
+    groups = scales.shape[1]
+    w = q.reshape(n, groups, k // groups) * scales[..., None] + mins[..., None]
+    return w.reshape(n, k)
+
+
+def dequantize_rows(
+    rows: torch.Tensor,  # [T] int64 row indices
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    mins: torch.Tensor,
+    bits: int,
+) -> torch.Tensor:  # [T, K] float32
+    """The rows `rows` of W, dequantized: an embedding lookup that reads only those rows."""
+    return dequantize(qweight[rows], scales[rows], mins[rows], bits)
+
+
+def quant_linear_reference(
+    x: torch.Tensor,  # [T, K]
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    mins: torch.Tensor,
+    bits: int,
+) -> torch.Tensor:  # [T, N], x.dtype
+    """x W^T, dequantized W, float32 products and sums, rounded once to x's dtype."""
+    weight = dequantize(qweight, scales, mins, bits)
+    return (x.float() @ weight.T).to(x.dtype)
+
+
+def _quant_linear_fake(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, bits: int
+) -> torch.Tensor:
+    return x.new_empty((x.shape[0], qweight.shape[0]))
+
+
+QUANT_LINEAR = CORE_OPS.declare(
+    "quant_linear(Tensor x, Tensor qweight, Tensor scales, Tensor mins, int bits) -> Tensor",
+    quant_linear_reference,
+    _quant_linear_fake,
+)
+
+
+def quant_linear(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, bits: int
+) -> torch.Tensor:
+    """`core::quant_linear` through the kernel serving x's device type (see QUANT_LINEAR)."""
+    return QUANT_LINEAR(x, qweight, scales, mins, bits)

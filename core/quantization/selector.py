@@ -1,0 +1,79 @@
+"""Which quantization method a model runs with, and building its QuantizationConfig.
+
+The checkpoint decides what is possible: weights stored by a method (a
+`quantization_config.quant_method` in config.json, e.g. AWQ) run with that method only;
+a GGUF file runs dequantized to `--dtype` or, with `--quantization gguf`, kept in its
+blocks; float weights run unquantized. `--quantization` chooses among those, and `none`
+asks for dequantized weights where the format allows it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from core.config import QUANTIZATION_NONE
+from core.plugins.registry import PluginLookupError, PluginRegistry
+from core.quantization.interface import QuantizationConfig
+from core.quantization.registry import get_quantization_config_class
+
+PROVIDERS = {"awq": "core-quant-awq"}
+"""The distributions that provide methods core knows of but does not ship."""
+
+
+@dataclass(frozen=True)
+class StoredQuantization:
+    """How a checkpoint stores its weights, as far as choosing a method goes.
+
+    `method`: the quantization method its tensors are in (None: float weights);
+    `dequantizable`: whether core can also load them as floats (GGUF's blocks).
+    """
+
+    method: str | None = None
+    dequantizable: bool = False
+
+
+def resolve_quantization(requested: str | None, stored: StoredQuantization) -> str | None:
+    """The method the model runs with (None: float weights), from `--quantization`
+    (None: automatic) and how the checkpoint is stored; ValueError naming the flag when
+    the two do not fit together."""
+    if requested is None:
+        return None if stored.dequantizable else stored.method
+    if requested == QUANTIZATION_NONE:
+        if stored.method is not None and not stored.dequantizable:
+            raise ValueError(
+                f"--quantization none: the checkpoint's weights are {stored.method}-"
+                "quantized and cannot be loaded as floats"
+            )
+        return None
+    if requested != stored.method:
+        have = f"{stored.method}-quantized" if stored.method else "not quantized (float weights)"
+        hint = "" if stored.method else f"; make a checkpoint with `core quantize {requested}`"
+        raise ValueError(f"--quantization {requested}: the checkpoint is {have}{hint}")
+    return requested
+
+
+def quantization_config_class(
+    name: str, registry: PluginRegistry | None = None
+) -> type[QuantizationConfig]:
+    """The QuantizationConfig class of method `name`; ValueError naming the flag and, when
+    the method is not installed, the package that provides it."""
+    try:
+        return get_quantization_config_class(name, registry)
+    except PluginLookupError as exc:
+        provider = PROVIDERS.get(name)
+        hint = f" (pip install {provider})" if provider and exc.reason == "not installed" else ""
+        raise ValueError(f"--quantization {name}: {exc}{hint}") from exc
+
+
+def build_quantization_config(
+    name: str, hf_config: dict[str, Any], registry: PluginRegistry | None = None
+) -> QuantizationConfig:
+    """The method's config from the checkpoint's `quantization_config` (or just its name
+    when the checkpoint has none, as a GGUF file); ValueError naming the field."""
+    cls = quantization_config_class(name, registry)
+    settings = hf_config.get("quantization_config") or {"quant_method": name}
+    try:
+        return cls.from_config(dict(settings))
+    except ValueError as exc:
+        raise ValueError(f"quantization_config ({name}): {exc}") from exc
