@@ -82,7 +82,7 @@ class Worker:
         its attention layers (a second model beside the target)."""
         arch = ArchConfig.from_hf(checkpoint.hf_config)
         model_cls = resolve_model_class(arch.architectures)
-        quant_config = self._quantization_config(checkpoint)
+        quant_config = self._quantization_config(checkpoint, draft=bool(prefix))
         with torch.device(self.device):
             model = model_cls(arch, quant_config=quant_config, dtype=self.dtype)
         weights = checkpoint.iter_weights(self.dtype, keep_quantized=quant_config is not None)
@@ -91,12 +91,17 @@ class Worker:
             prefix_layer_names(model, prefix)
         return model.eval(), arch
 
-    def _quantization_config(self, checkpoint: Checkpoint) -> QuantizationConfig | None:
-        """The method the frontend resolved for the target (a draft checkpoint beside it
-        gets the one its own storage implies)."""
-        method = resolve_quantization(
-            self.config.model.quantization, checkpoint.stored_quantization
-        )
+    def _quantization_config(
+        self, checkpoint: Checkpoint, draft: bool
+    ) -> QuantizationConfig | None:
+        """The target runs with the method the frontend resolved; a draft checkpoint beside
+        it runs with the same method when it is stored in it, else as its storage implies
+        (a float draft of a GGUF-native target stays float)."""
+        stored = checkpoint.stored_quantization
+        requested = self.config.model.quantization
+        if draft and requested != stored.method:
+            requested = None
+        method = resolve_quantization(requested, stored)
         return None if method is None else build_quantization_config(method, checkpoint.hf_config)
 
     def _build_speculator(self, sampler: Sampler) -> Speculator | None:

@@ -223,3 +223,16 @@ def test_awq_without_the_plugin_names_the_package_to_install():
     registry = PluginRegistry(points, allowlist=None)
     with pytest.raises(ValueError, match=r"--quantization awq: .*pip install core-quant-awq"):
         quantization_config_class("awq", registry)
+
+
+def test_an_awq_target_drafts_with_a_float_model(tmp_path):
+    pytest.importorskip("core_spec_decode")
+    write_awq_checkpoint(tmp_path / "awq", 32)
+    draft = write_tiny_checkpoint(tmp_path / "draft")  # float weights: it stays unquantized
+    params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+    outputs = []
+    for spec in (None, {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 2}):
+        llm = LLM(str(tmp_path / "awq"), dtype="float32", max_model_len=32,
+                  kv_cache_memory="1MiB", speculative_config=spec)  # fmt: skip
+        outputs.append(llm.generate(["w1 w2 w3"], params)[0].outputs[0].token_ids)
+    assert outputs[0] == outputs[1]
