@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from core.entrypoints.cli import cli
 from core.entrypoints.reports import hooks_report
 from core.plugins import PluginRegistry, hookspecs
 from core.plugins.groups import HOOKS, PLATFORMS
+from core.testing.tiny_checkpoint import write_tiny_checkpoint
 
 PLUGIN_DISTRIBUTIONS = (
     "core-cuda",
@@ -169,3 +171,68 @@ def test_generate_streams_a_completion():
                       "--max-tokens", "16", "--max-model-len", "1024")  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "Paris" in result.stdout
+
+
+def _quantize_options(tmp_path) -> list[str]:
+    """A calibration text of the tiny checkpoint's words, and a short calibration."""
+    text = tmp_path / "words.txt"
+    text.write_text(" ".join(f"w{i % 45}" for i in range(0, 160, 7)))
+    return ["--option", f"calibration_file={text}", "--option", "num_samples=2",
+            "--option", "seq_len=8"]  # fmt: skip
+
+
+def test_quantize_writes_an_awq_checkpoint(tmp_path):
+    model_dir = write_tiny_checkpoint(tmp_path / "tiny")
+    out_dir = tmp_path / "awq"
+    result = invoke("quantize", "awq", str(model_dir), str(out_dir), "--group-size", "32",
+                    *_quantize_options(tmp_path))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert f"wrote {out_dir}" in result.output
+    config = json.loads((out_dir / "config.json").read_text())
+    assert config["quantization_config"]["quant_method"] == "awq"
+    assert config["quantization_config"]["group_size"] == 32
+    assert (out_dir / "model.safetensors").is_file() and (out_dir / "tokenizer.json").is_file()
+
+
+def test_quantize_reports_a_bad_method_option_as_an_error(tmp_path):
+    model_dir = write_tiny_checkpoint(tmp_path / "tiny")
+    result = invoke("quantize", "awq", str(model_dir), str(tmp_path / "awq"),
+                    "--option", "group_sise=32")  # fmt: skip
+    assert result.exit_code == 1
+    assert "unknown AWQ options ['group_sise']" in result.output
+
+
+def test_quantize_option_must_be_key_value(tmp_path):
+    result = invoke("quantize", "awq", str(tmp_path / "awq"), "--option", "group_size")
+    assert result.exit_code == 2
+    assert "'group_size' is not KEY=VALUE" in result.output
+
+
+def test_quantize_with_awq_filtered_out_names_its_distribution(tmp_path, fresh_registry):
+    result = invoke("quantize", "awq", str(tmp_path / "tiny"), str(tmp_path / "awq"),
+                    CORE_PLUGINS="")  # fmt: skip
+    assert result.exit_code == 1
+    assert "core-quant-awq" in result.output
+    assert not (tmp_path / "awq").exists()
+
+
+def test_info_says_which_quantization_methods_run_and_which_kernel_multiplies(fresh_registry):
+    output = invoke("info").output
+    assert "gguf (core 0.1.0): runs on cpu; keeps linear layers, embeddings and LM head" in output
+    assert "multiply via core::quant_linear: " in output
+    awq = (
+        "awq (core-quant-awq 0.1.0): runs on cpu"
+        if _installed("core-quant-awq")
+        else ("awq: not installed (pip install core-quant-awq)")
+    )
+    assert awq in output
+
+
+def _installed(distribution: str) -> bool:
+    from importlib import metadata
+
+    try:
+        metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return False
+    return True

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
+from pathlib import Path
 
 import click
 
@@ -83,6 +85,50 @@ def generate(prompt: str, **options) -> None:
         stream_completion(prompt, options)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+@cli.command()
+@click.argument("method")
+@click.argument("paths", nargs=-1, required=True, metavar="[MODEL] OUT_DIR")
+@click.option("--group-size", type=int, default=None, help="inputs per quantization group")
+@click.option(
+    "--option",
+    "raw_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="a setting of the method; VALUE is JSON, else taken as a string (repeatable)",
+)
+def quantize(
+    method: str, paths: tuple[str, ...], group_size: int | None, raw_options: tuple[str, ...]
+) -> None:
+    """Write MODEL (default: SmolLM2-135M-Instruct) quantized with METHOD (e.g. awq) to
+    OUT_DIR, a Hugging Face directory that `core serve OUT_DIR` loads."""
+    from core.model_loader import resolve_model
+    from core.quantization.selector import quantization_config_class
+
+    if len(paths) > 2:
+        raise click.UsageError(f"expected [MODEL] OUT_DIR, got {len(paths)} paths")
+    options = dict(_key_value(raw) for raw in raw_options)
+    if group_size is not None:
+        options["group_size"] = group_size
+    try:
+        config_class = quantization_config_class(method)
+        checkpoint = resolve_model(paths[0] if len(paths) == 2 else None)
+        config_class.quantize_checkpoint(checkpoint, Path(paths[-1]), options)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"wrote {paths[-1]}")
+
+
+def _key_value(raw: str) -> tuple[str, object]:
+    """`--option KEY=VALUE`: VALUE parsed as JSON, kept as a plain string when it is not."""
+    key, sep, value = raw.partition("=")
+    if not sep or not key:
+        raise click.BadParameter(f"{raw!r} is not KEY=VALUE", param_hint="--option")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
 
 
 def main() -> None:
