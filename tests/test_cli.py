@@ -212,7 +212,7 @@ def test_quantize_with_awq_filtered_out_names_its_distribution(tmp_path, fresh_r
     result = invoke("quantize", "awq", str(tmp_path / "tiny"), str(tmp_path / "awq"),
                     CORE_PLUGINS="")  # fmt: skip
     assert result.exit_code == 1
-    assert "core-quant-awq" in result.output
+    assert "core quantize awq: " in result.output and "core-quant-awq" in result.output
     assert not (tmp_path / "awq").exists()
 
 

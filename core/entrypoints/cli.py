@@ -112,7 +112,7 @@ def quantize(
     if group_size is not None:
         options["group_size"] = group_size
     try:
-        config_class = quantization_config_class(method)
+        config_class = quantization_config_class(method, asked_by="core quantize")
         checkpoint = resolve_model(paths[0] if len(paths) == 2 else None)
         config_class.quantize_checkpoint(checkpoint, Path(paths[-1]), options)
     except ValueError as exc:

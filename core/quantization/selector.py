@@ -54,16 +54,17 @@ def resolve_quantization(requested: str | None, stored: StoredQuantization) -> s
 
 
 def quantization_config_class(
-    name: str, registry: PluginRegistry | None = None
+    name: str, registry: PluginRegistry | None = None, asked_by: str = "--quantization"
 ) -> type[QuantizationConfig]:
-    """The QuantizationConfig class of method `name`; ValueError naming the flag and, when
-    the method is not installed, the package that provides it."""
+    """The QuantizationConfig class of method `name`; ValueError naming what asked for it
+    (`asked_by`: the flag, or a command) and, when the method is not installed, the
+    package that provides it."""
     try:
         return get_quantization_config_class(name, registry)
     except PluginLookupError as exc:
         provider = PROVIDERS.get(name)
         hint = f" (pip install {provider})" if provider and exc.reason == "not installed" else ""
-        raise ValueError(f"--quantization {name}: {exc}{hint}") from exc
+        raise ValueError(f"{asked_by} {name}: {exc}{hint}") from exc
 
 
 def build_quantization_config(
