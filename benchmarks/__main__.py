@@ -1,6 +1,7 @@
 """Side-by-side benchmarks: the same workloads on core and its peers in one run, with ratios.
 
-    python -m benchmarks [--workloads W1,W2,W3,W4,W5] [--peers core,transformers,llama.cpp]
+    python -m benchmarks [--workloads W1,W2,W3,W4,W5,Q]
+                         [--peers core,core-fp32,core-gguf,core-awq,transformers,llama.cpp]
                          [--quick] [--threads N] [--output-json PATH] [--results-md PATH]
 
 README.md in this folder says what each workload is and how each engine runs it.
@@ -20,18 +21,32 @@ from typing import Any
 
 import torch
 
-from benchmarks import ceilings, llama_cpp_build, report, speculative, step_anatomy, workloads
+from benchmarks import (
+    awq_checkpoint,
+    ceilings,
+    llama_cpp_build,
+    quality,
+    report,
+    speculative,
+    step_anatomy,
+    workloads,
+)
 from benchmarks.workloads import Metrics, Prompts, Sizes
 
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5")
-ENGINES = ("core", "core-fp32", "transformers", "llama.cpp")
+# Q, quality, is no engine's: it loads its three models itself, whatever --peers says.
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "Q")
+ENGINES = ("core", "core-fp32", "core-gguf", "core-awq", "transformers", "llama.cpp")
 # Which workloads each engine takes part in (W4 and W5 measure core's own prefix cache and
 # speculative decoding).
 # "core" runs at the platform's default dtype (bfloat16 on AMX CPUs); "core-fp32" repeats
-# the offline workloads in float32, the peers' precision, for a like-for-like comparison.
+# the offline workloads in float32, the peers' precision, for a like-for-like comparison;
+# "core-gguf" and "core-awq" repeat them at the default dtype with 4-bit weights kept
+# packed: the GGUF's own blocks, and the AWQ checkpoint `core quantize awq` makes of it.
 ENGINE_WORKLOADS = {
-    "core": WORKLOADS,
+    "core": ("W1", "W2", "W3", "W4", "W5"),
     "core-fp32": ("W1", "W2"),
+    "core-gguf": ("W1", "W2"),
+    "core-awq": ("W1", "W2"),
     "transformers": ("W1", "W2"),
     "llama.cpp": ("W1", "W2", "W3"),
 }
@@ -108,6 +123,18 @@ def busy_warnings(seconds: float = 3.0) -> list[str]:
     return [f"the CPUs were {share:.0%} busy before the run: other processes were using them"]
 
 
+def reference_kernel_warnings(results: report.Results) -> list[str]:
+    """A quantized engine timed on core::quant_linear's reference: its figures are void."""
+    from core.ops import REFERENCE
+
+    quantized = report.QUANTIZED_ENGINES
+    timed = any(e in results.get(w, {}) for w in ("W1", "W2") for e in quantized)
+    if not timed or workloads.quant_linear_provider() != REFERENCE:
+        return []
+    return ["core::quant_linear ran its torch reference (no CPU kernel registered): "
+            "core-gguf's and core-awq's speed figures are not valid"]  # fmt: skip
+
+
 def ensure_llama_server() -> None:
     if llama_cpp_build.is_built():
         return
@@ -141,7 +168,7 @@ class Inputs:
 
 def run_core(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
     selected = _selected("core", args.workloads)
-    found = _core_offline(selected, sizes, inputs)
+    found = _core_offline("core", selected, sizes, inputs, inputs.gguf)
     if "W3" in selected:
         found["W3"] = _timed("core W3", workloads.core_w3, inputs.gguf, inputs.w1, sizes,
                              args.threads)  # fmt: skip
@@ -153,27 +180,61 @@ def run_core(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
 
 
 def run_core_fp32(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
-    return _core_offline(_selected("core-fp32", args.workloads), sizes, inputs, "float32")
+    selected = _selected("core-fp32", args.workloads)
+    return _core_offline("core-fp32", selected, sizes, inputs, inputs.gguf, dtype="float32")
+
+
+def run_core_gguf(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
+    selected = _selected("core-gguf", args.workloads)
+    return _core_offline("core-gguf", selected, sizes, inputs, inputs.gguf, quantization="gguf")
+
+
+def run_core_awq(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
+    selected = _selected("core-awq", args.workloads)
+    awq_dir = ensure_awq_checkpoint(inputs.gguf, args.threads)
+    return _core_offline("core-awq", selected, sizes, inputs, awq_dir)
 
 
 def _core_offline(
-    selected: Sequence[str], sizes: Sizes, inputs: Inputs, dtype: str = "auto"
+    engine: str,
+    selected: Sequence[str],
+    sizes: Sizes,
+    inputs: Inputs,
+    model: Path,
+    **engine_args: Any,
 ) -> dict:
-    """W1 and W2 on one engine, dropped on return (before W4 loads its own)."""
+    """W1 and W2 on one engine of `model` (`engine_args` for `LLM`), dropped on return
+    (before W4 loads its own). The prompts are token ids of the GGUF's tokenizer, which
+    the AWQ checkpoint carries over unchanged."""
     found: dict = {}
     if not {"W1", "W2"} & set(selected):
         return found
-    llm = workloads.load_core(inputs.gguf, dtype=dtype)
-    label = f"core ({dtype})"
+    llm = workloads.load_core(model, **engine_args)
     try:
         if "W1" in selected:
-            found["W1"] = _timed(f"{label} W1", workloads.core_w1, llm, inputs.w1, sizes)
-            found["W1"]["step_anatomy"] = _timed(f"{label} step anatomy", step_anatomy.measure, llm)
+            found["W1"] = _timed(f"{engine} W1", workloads.core_w1, llm, inputs.w1, sizes)
+            found["W1"]["step_anatomy"] = _timed(f"{engine} step anatomy", step_anatomy.measure,
+                                                 llm)  # fmt: skip
         if "W2" in selected:
-            found["W2"] = _timed(f"{label} W2", workloads.core_w2, llm, sizes)
+            found["W2"] = _timed(f"{engine} W2", workloads.core_w2, llm, sizes)
     finally:
         llm.engine.shutdown()
     return found
+
+
+def ensure_awq_checkpoint(gguf: Path, num_threads: int) -> Path:
+    """The cached AWQ checkpoint of `gguf`, made with `core quantize awq` when missing."""
+    if awq_checkpoint.is_built(gguf):
+        return awq_checkpoint.checkpoint_dir(gguf)
+    group_size, target = awq_checkpoint.GROUP_SIZE, awq_checkpoint.checkpoint_dir(gguf)
+    log(f"no cached AWQ checkpoint: core quantize awq --group-size {group_size} into {target}")
+    env = workloads.thread_env(num_threads)
+    return _timed("core quantize awq", awq_checkpoint.build, gguf, env)
+
+
+def run_quality(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
+    awq_dir = ensure_awq_checkpoint(inputs.gguf, args.threads)
+    return _timed("quality Q", quality.measure, inputs.gguf, awq_dir, sizes)
 
 
 def run_transformers(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
@@ -212,6 +273,8 @@ def run_llama_cpp(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dic
 RUNNERS = {
     "core": run_core,
     "core-fp32": run_core_fp32,
+    "core-gguf": run_core_gguf,
+    "core-awq": run_core_awq,
     "transformers": run_transformers,
     "llama.cpp": run_llama_cpp,
 }
@@ -263,6 +326,9 @@ def run(args: argparse.Namespace) -> tuple[report.Results, ceilings.Ceilings, li
     for engine in (e for e in args.peers if _selected(e, args.workloads)):
         for workload, metrics in RUNNERS[engine](args, sizes, inputs).items():
             results[workload][engine] = metrics
+    if "Q" in args.workloads:
+        results["Q"] = run_quality(args, sizes, inputs)
+    warnings += reference_kernel_warnings(results)
     if not args.quick and compiling():
         warnings.append("a CMake build started during this run; the figures are not valid")
     return results, limits, warnings

@@ -17,6 +17,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from benchmarks.cache import cache_root
+
 VERSION = "0.3.36"
 TARGETS = ("llama-server", "llama-bench")
 CMAKE_FLAGS = [
@@ -39,8 +41,7 @@ CMAKE_FLAGS = [
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("CORE_BENCH_CACHE") or Path.home() / ".cache" / "core-bench"
-    return Path(root) / f"llama.cpp-{VERSION}-avx2"
+    return cache_root() / f"llama.cpp-{VERSION}-avx2"
 
 
 def bin_dir() -> Path:

@@ -26,6 +26,13 @@ Results = dict[str, dict[str, dict[str, Any]]]
 CEILING_SHARE = 0.6
 # The most of a decode step scheduling and input preparation may take.
 STEP_OVERHEAD_SHARE = 0.1
+# The engines with 4-bit weights kept packed, and the issue's targets for them: W2 decode
+# at least llama.cpp's on the same GGUF; W1 no more than 10% below the float engines';
+# the GGUF kept in blocks resident in at most 1.3x the file's bytes.
+QUANTIZED_ENGINES = ("core-gguf", "core-awq")
+QUANTIZED_W1_SHARE = 0.9
+GGUF_RESIDENT_RATIO = 1.3
+MIB = 1 << 20
 
 
 def fmt(value: float | None) -> str:
@@ -50,6 +57,7 @@ def fraction(value: float | None, ceiling: float) -> str:
 def ceilings_section(c: Ceilings) -> str:
     m = c.model
     rows = [
+        ("CPU", cpu_model()),
         ("memory read bandwidth", f"{fmt(c.read_bandwidth_gb_s)} GB/s"),
         ("float32 GEMM (2048 x 2048)", f"{fmt(c.gemm_gflop_s)} GFLOP/s"),
         ("parameters", f"{m.num_params / 1e6:.1f} M"),
@@ -176,6 +184,23 @@ def _w5_row(name: str, m: dict[str, Any], none: dict[str, Any]) -> list[str]:
             *_with_ratio(w2, none["w2"], "decode_tokens_per_s"), _share(w2[rate])]  # fmt: skip
 
 
+def quality_section(by_engine: dict[str, dict[str, Any]]) -> str:
+    first = next(iter(by_engine.values()))
+    base = by_engine.get("core-fp32", {}).get("perplexity")
+    rows = [
+        [engine, m["how"], fmt(m["perplexity"]),
+         "—" if base is None else f"{m['perplexity'] / base:.3f}x",
+         fmt(m["resident_bytes"] / MIB), f"{m['resident_bytes'] / m['file_bytes']:.2f}x"]
+        for engine, m in by_engine.items()
+    ]  # fmt: skip
+    note = (f"Perplexity of the default model on the first {first['num_tokens']} tokens of "
+            f"tests/data/heldout.txt, in windows of {first['window']} tokens, each from an "
+            "empty context. Resident: the loaded model's parameters and buffers, each storage "
+            f"once, against the GGUF file ({fmt(first['file_bytes'] / MIB)} MiB).")  # fmt: skip
+    headers = ["weights", "how", "perplexity", "vs core-fp32", "resident MiB", "x file size"]
+    return f"## Q: quality\n\n{note}\n\n" + markdown_table(headers, rows)
+
+
 def _options_text(config: dict[str, Any] | None) -> str:
     """A speculative config's settings, the draft model by file name; "—" when off."""
     if config is None:
@@ -204,6 +229,8 @@ def workload_sections(results: Results, c: Ceilings) -> list[str]:
         sections.append(w4_section(results["W4"]["core"]))
     if results.get("W5", {}).get("core"):
         sections.append(w5_section(results["W5"]["core"]))
+    if results.get("Q"):
+        sections.append(quality_section(results["Q"]))
     return sections
 
 
@@ -263,6 +290,35 @@ def offline_targets(results: Results, c: Ceilings, engine: str = "core") -> list
         targets.append(_at_least(f"{engine} W2 decode tok/s vs 60% of the fp32 bandwidth bound",
                                  decode, bound))  # fmt: skip
     return targets
+
+
+def quantized_targets(results: Results, engine: str) -> list[Target]:
+    """`engine`'s 4-bit targets: W2 decode vs llama.cpp, W1 total vs core and core-fp32."""
+    targets = []
+    decode = _metric(results, "W2", engine, "decode_tokens_per_s")
+    llama = _metric(results, "W2", "llama.cpp", "decode_tokens_per_s")
+    if decode is not None and llama is not None:
+        targets.append(_at_least(f"{engine} W2 decode tok/s vs llama.cpp", decode, llama))
+    total = _metric(results, "W1", engine, "total_tokens_per_s")
+    for float_engine in ("core", "core-fp32"):
+        base = _metric(results, "W1", float_engine, "total_tokens_per_s")
+        if total is not None and base is not None:
+            targets.append(Target(f"{engine} W1 total tok/s vs {float_engine}",
+                                  f"{fmt(total)} / {fmt(base)}", total / base,
+                                  f">= {QUANTIZED_W1_SHARE}",
+                                  total >= QUANTIZED_W1_SHARE * base))  # fmt: skip
+    return targets
+
+
+def memory_targets(results: Results) -> list[Target]:
+    gguf = results.get("Q", {}).get("core-gguf")
+    if not gguf:
+        return []
+    resident, file = gguf["resident_bytes"], gguf["file_bytes"]
+    detail = f"{fmt(resident / MIB)} / {fmt(file / MIB)} MiB"
+    met = resident <= GGUF_RESIDENT_RATIO * file
+    name = "core-gguf resident weight memory vs the GGUF file"
+    return [Target(name, detail, resident / file, f"<= {GGUF_RESIDENT_RATIO}", met)]
 
 
 def serving_targets(results: Results) -> list[Target]:
@@ -331,6 +387,8 @@ def targets(results: Results, c: Ceilings) -> list[Target]:
     return [
         *offline_targets(results, c),
         *offline_targets(results, c, "core-fp32"),
+        *(t for engine in QUANTIZED_ENGINES for t in quantized_targets(results, engine)),
+        *memory_targets(results),
         *serving_targets(results),
         *prefix_targets(results),
         *speculative_targets(results),

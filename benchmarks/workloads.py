@@ -62,6 +62,8 @@ class Sizes:
     w5_num_streams: int
     transformers_batch_sizes: tuple[int, ...]
     server_slots: int
+    q_num_tokens: int | None  # Q: tokens of the held-out text read (None: all of it)
+    q_window: int  # Q: tokens per perplexity window
 
 
 FULL = Sizes(
@@ -72,6 +74,7 @@ FULL = Sizes(
     w4_num_ttft_probes=8, w4_repeats=2,
     w5_copy_len=256, w5_output_len=256, w5_num_iters=4, w5_num_streams=8,
     transformers_batch_sizes=(16, 64), server_slots=32,
+    q_num_tokens=None, q_window=512,
 )  # fmt: skip
 QUICK = Sizes(
     w1_num_prompts=8, w1_input_len=(16, 64), w1_output_len=16,
@@ -81,6 +84,7 @@ QUICK = Sizes(
     w4_num_ttft_probes=2, w4_repeats=2,
     w5_copy_len=32, w5_output_len=16, w5_num_iters=2, w5_num_streams=2,
     transformers_batch_sizes=(4, 8), server_slots=4,
+    q_num_tokens=256, q_window=128,
 )  # fmt: skip
 
 
@@ -147,19 +151,34 @@ def load_core(gguf_path: Path, **engine_args: Any) -> LLM:
 
 def core_w1(llm: LLM, prompts: Prompts, sizes: Sizes) -> Metrics:
     result = benchmark_throughput(llm, prompts, sizes.w1_output_len)
-    return {**result.to_dict(), "how": f"LLM.generate, all requests at once, {_dtype(llm)}"}
+    return {**result.to_dict(), "how": f"LLM.generate, all requests at once, {_precision(llm)}"}
 
 
 def core_w2(llm: LLM, sizes: Sizes) -> Metrics:
     result = benchmark_latency(
         llm, sizes.w2_input_len, sizes.w2_output_len, num_iters=sizes.w2_num_iters, warmup=W2_WARMUP
     )
-    return {**latency_metrics(result), "how": f"LLM.generate, one request at a time, {_dtype(llm)}"}
+    how = f"LLM.generate, one request at a time, {_precision(llm)}"
+    return {**latency_metrics(result), "how": how}
 
 
-def _dtype(llm: LLM) -> str:
-    """The dtype the engine computes in (the platform's default unless one was asked for)."""
-    return str(llm.engine.core.executor.worker.dtype).removeprefix("torch.")
+def _precision(llm: LLM) -> str:
+    """The dtype the engine computes in (the platform's default unless one was asked for)
+    and, when its weights stay quantized, the method holding them."""
+    worker = llm.engine.core.executor.worker
+    dtype = str(worker.dtype).removeprefix("torch.")
+    method = worker.config.model.quantization
+    if method is None:
+        return dtype
+    return f"{dtype}, {method} weights, core::quant_linear by {quant_linear_provider()}"
+
+
+def quant_linear_provider() -> str:
+    """Who serves core::quant_linear (every packed weight's matmul) on the CPU in this
+    process: a kernel's provider, or "reference" (dequantize, then a torch matmul)."""
+    from core.ops import REFERENCE, providers
+
+    return providers().get("quant_linear", {}).get("cpu", REFERENCE)
 
 
 def latency_metrics(result: LatencyResult) -> Metrics:
@@ -356,6 +375,7 @@ __all__ = [
     "free_port",
     "latency_metrics",
     "load_core",
+    "quant_linear_provider",
     "serve_load",
     "serve_metrics",
     "served",
