@@ -85,4 +85,6 @@ def test_linear_inputs_are_what_transformers_projections_receive(models) -> None
     for prefix, rows in seen.items():
         want = torch.cat(rows)
         assert recorded[prefix].shape == want.shape == (15, want.shape[1])
-        torch.testing.assert_close(recorded[prefix], want, rtol=1e-5, atol=1e-5)
+        # core's parity rule with transformers: 1e-4 of the values' scale
+        scale = want.abs().max().item()
+        torch.testing.assert_close(recorded[prefix], want, rtol=0, atol=1e-4 * scale)

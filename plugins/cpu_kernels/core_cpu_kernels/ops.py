@@ -1,21 +1,31 @@
 """core's kernel ops on the CPU, served by this package's C++ kernels.
 
 `register` is this distribution's `core.general` entry point: every process that runs a
-model calls it before building one. Inputs the C++ kernels do not take (another dtype, a
-weight of another dtype, a strided last dimension) go to core's reference, so the
-registered kernel serves the op's whole domain.
+model calls it before building one. It serves core::rms_norm, core::fused_add_rms_norm
+and core::quant_linear (group-quantized 4- and 8-bit weights: a GEMV for decode rows
+that unpacks the weights in registers, a tiled GEMM for prefill; AVX-512, AVX2 or
+portable kernels, chosen by probing the CPU at load). Inputs the C++ kernels do not take
+(another dtype, a weight of another dtype, a strided last dimension, a non-contiguous
+packed weight) go to core's reference, so the registered kernel serves the op's whole
+domain.
 """
 
 from __future__ import annotations
 
 import torch
 
-from core.ops import fused_add_rms_norm_reference, register_impl, rms_norm_reference
+from core.ops import (
+    fused_add_rms_norm_reference,
+    quant_linear_reference,
+    register_impl,
+    rms_norm_reference,
+)
 from core_cpu_kernels import _C  # import after torch: the module links against libtorch
 
 PROVIDER = "core-cpu-kernels"
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_QWEIGHT_DTYPES = {4: torch.uint8, 8: torch.int8}
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -33,10 +43,37 @@ def fused_add_rms_norm(
     return fused_add_rms_norm_reference(x, residual, weight, eps)
 
 
+def quant_linear(
+    x: torch.Tensor,  # [T, K]
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    mins: torch.Tensor,
+    bits: int,
+) -> torch.Tensor:  # [T, N], x's dtype
+    """core::quant_linear with the widest vector ISA this CPU runs (`_C.quant_linear_isas`).
+
+    A strided x is copied once (the kernels read rows of K contiguous values); a malformed
+    layout (shapes that are not one packed weight) raises RuntimeError from the kernel.
+    """
+    takes_weight = (
+        qweight.dtype is _QWEIGHT_DTYPES.get(bits)
+        and scales.dtype is torch.float32
+        and mins.dtype is torch.float32
+        and qweight.is_contiguous()
+        and scales.is_contiguous()
+        and mins.is_contiguous()
+    )
+    if takes_weight and x.dtype in _DTYPES and x.dim() == 2:
+        return _C.quant_linear(x.contiguous(), qweight, scales, mins, bits)
+    return quant_linear_reference(x, qweight, scales, mins, bits)
+
+
 def register() -> None:
-    """Serve core::rms_norm and core::fused_add_rms_norm on "cpu" (re-entrant)."""
+    """Serve core::rms_norm, core::fused_add_rms_norm and core::quant_linear on "cpu"
+    (re-entrant)."""
     register_impl("rms_norm", "cpu", rms_norm, PROVIDER)
     register_impl("fused_add_rms_norm", "cpu", fused_add_rms_norm, PROVIDER)
+    register_impl("quant_linear", "cpu", quant_linear, PROVIDER)
 
 
 def _takes(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -8,4 +8,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "core::rms_norm on contiguous-row CPU tensors");
   m.def("fused_add_rms_norm", &fused_add_rms_norm,
         "core::fused_add_rms_norm on contiguous-row CPU tensors");
+  m.def("quant_linear", &quant_linear,
+        "core::quant_linear with the kernels of one vector ISA (\"\": the widest available)",
+        py::arg("x"), py::arg("qweight"), py::arg("scales"), py::arg("mins"), py::arg("bits"),
+        py::arg("isa") = "");
+  m.def("quant_linear_isas", &quant_linear_isas,
+        "The vector ISAs quant_linear can use on this CPU, widest (the default) first");
 }

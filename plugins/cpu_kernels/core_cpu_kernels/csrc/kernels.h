@@ -4,7 +4,9 @@
 
 #include <torch/extension.h>
 
+#include <string>
 #include <tuple>
+#include <vector>
 
 void paged_decode_attention(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache,
                             torch::Tensor block_table, torch::Tensor seq_lens, double scale,
@@ -16,3 +18,12 @@ std::tuple<torch::Tensor, torch::Tensor> fused_add_rms_norm(const torch::Tensor&
                                                             const torch::Tensor& residual,
                                                             const torch::Tensor& weight,
                                                             double eps);
+
+// core::quant_linear (layout: core/ops/quant_linear.py) with the kernels of vector ISA `isa`
+// ("" for the widest this CPU runs); x is a contiguous [T, K] float32, bfloat16 or float16.
+torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
+                           const torch::Tensor& scales, const torch::Tensor& mins, int64_t bits,
+                           const std::string& isa);
+
+// The vector ISAs quant_linear can use on this CPU, widest (the default) first.
+std::vector<std::string> quant_linear_isas();

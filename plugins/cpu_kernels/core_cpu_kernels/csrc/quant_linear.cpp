@@ -1,0 +1,229 @@
+// core::quant_linear on the CPU: x [T, K] times a group-quantized W [N, K] (layout in
+// core/ops/quant_linear.py), float32 products and sums, rounded once to x's dtype.
+//
+// Decode rows (T <= kGemvMaxTokens) take the GEMV: each weight row is read once, its
+// values unpacked in registers and multiplied with every token, so the packed bytes are
+// all the memory traffic. Prefill takes the tiled GEMM: each thread dequantizes a tile of
+// rows (at most kTileBytes of float32) and multiplies it with torch's float32 GEMM; all of
+// W is never dequantized at once. The vector ISA is probed once (quant_linear_isas lists
+// the ones this CPU runs).
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "cpu_utils.h"
+#include "kernels.h"
+#include "quant_linear.h"
+
+namespace {
+
+using core_cpu::from_float;
+using core_cpu::to_float;
+namespace ql = core_cpu::quant_linear;
+
+// Up to this many tokens the GEMV's single pass over W beats dequantizing it for a GEMM
+// (measured on SmolLM2's shapes: the GEMV wins at 8 tokens, the GEMM at 12).
+constexpr int64_t kGemvMaxTokens = 8;
+// The multiply-adds one GEMV task does at least (~2.5 us on one core): a smaller layer
+// runs on the calling thread rather than pay for waking the others. (At 4x this, SmolLM2's
+// 192 x 576 decode row ran on one thread in 12 us; split in two it takes 10.)
+constexpr int64_t kGemvMacsPerTask = 1 << 15;
+// Tasks split W at multiples of the GEMV's 4-row blocks (quant_linear_isa.h).
+constexpr int64_t kGemvRowsPerBlock = 4;
+// A GEMM tile's dequantized rows (float32) fit in this. The GEMM repacks x for every tile,
+// so larger tiles amortize that: 256 KB to 4 MB measured, 1 MB was best or within noise.
+constexpr int64_t kTileBytes = 1024 * 1024;
+constexpr int64_t kTileRowMultiple = 16;  // whole register blocks of the GEMM's columns
+
+// The kernels this CPU runs, widest vector ISA first.
+std::vector<const ql::IsaKernels*> probe_isas() {
+  std::vector<const ql::IsaKernels*> isas;
+#ifdef CORE_QUANT_LINEAR_X86
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl");
+  if (avx2 && avx512) isas.push_back(&ql::kAvx512Kernels);
+  if (avx2) isas.push_back(&ql::kAvx2Kernels);
+#endif
+  isas.push_back(&ql::kScalarKernels);
+  return isas;
+}
+
+const std::vector<const ql::IsaKernels*>& available_isas() {
+  static const std::vector<const ql::IsaKernels*> isas = probe_isas();
+  return isas;
+}
+
+// The kernels named `isa`, or the widest available for "".
+const ql::IsaKernels& choose_isa(const std::string& isa) {
+  const auto& isas = available_isas();
+  if (isa.empty()) return *isas.front();
+  for (const ql::IsaKernels* kernels : isas) {
+    if (isa == kernels->name) return *kernels;
+  }
+  TORCH_CHECK(false, "quant_linear: isa '", isa, "' is not available on this CPU (see ",
+              "quant_linear_isas())");
+}
+
+ql::PackedWeight packed_weight(const torch::Tensor& qweight, const torch::Tensor& scales,
+                               const torch::Tensor& mins, int64_t bits) {
+  TORCH_CHECK(bits == 4 || bits == 8, "quant_linear: bits must be 4 or 8, got ", bits);
+  const auto q_dtype = bits == 4 ? torch::kByte : torch::kChar;
+  TORCH_CHECK(qweight.device().is_cpu() && qweight.dim() == 2 && qweight.is_contiguous() &&
+                  qweight.scalar_type() == q_dtype,
+              "quant_linear: qweight must be a contiguous 2-D ", q_dtype, " CPU tensor");
+  for (const torch::Tensor* t : {&scales, &mins}) {
+    TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == torch::kFloat && t->is_contiguous(),
+                "quant_linear: scales and mins must be contiguous float32 CPU tensors");
+  }
+  const int64_t n = qweight.size(0), k = qweight.size(1) * 8 / bits;
+  TORCH_CHECK(scales.dim() == 2 && scales.size(0) == n && scales.sizes() == mins.sizes(),
+              "quant_linear: scales and mins must both be [", n, ", groups]");
+  const int64_t groups = scales.size(1), unit = bits == 4 ? 32 : 16;
+  TORCH_CHECK(groups > 0 && k % groups == 0 && (k / groups) % unit == 0, "quant_linear: ",
+              groups, " groups do not cut ", k, " inputs into groups of a multiple of ", unit);
+  return {static_cast<const uint8_t*>(qweight.data_ptr()),  // int8 values read as bytes
+          scales.data_ptr<float>(),
+          mins.data_ptr<float>(),
+          k,
+          k / groups,
+          qweight.size(1),
+          static_cast<int>(bits)};
+}
+
+template <typename T>
+CORE_MULTIVERSION void to_floats(const T* x, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = to_float(x[i]);
+}
+
+template <typename T>
+CORE_MULTIVERSION void from_floats(const float* x, T* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = from_float<T>(x[i]);
+}
+
+// sums[r, g] = the sum of x[r, g * G .. (g + 1) * G) over the rows of x [rows, k].
+CORE_MULTIVERSION void group_sums(const float* x, int64_t rows, int64_t k, int64_t group_size,
+                                  float* sums) {
+  for (int64_t g = 0; g < rows * k / group_size; ++g) {
+    float sum = 0.f;
+    for (int64_t i = 0; i < group_size; ++i) sum += x[g * group_size + i];
+    sums[g] = sum;
+  }
+}
+
+// x [T, k] as float32: x's own data, or its conversion held in `buffer`.
+template <typename T>
+const float* float_rows(const torch::Tensor& x, std::vector<float>& buffer) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x.data_ptr<float>();
+  } else {
+    buffer.resize(x.numel());
+    to_floats(x.data_ptr<T>(), buffer.data(), x.numel());
+    return buffer.data();
+  }
+}
+
+template <typename T>
+void gemv(const ql::IsaKernels& isa, const ql::PackedWeight& w, const torch::Tensor& x,
+          torch::Tensor& out) {
+  const int64_t num_tokens = x.size(0), n = out.size(1);
+  std::vector<float> x_buffer, sums(num_tokens * w.groups()), out_buffer;
+  const float* xf = float_rows<T>(x, x_buffer);
+  group_sums(xf, num_tokens, w.k, w.group_size, sums.data());
+  if constexpr (!std::is_same_v<T, float>) out_buffer.resize(num_tokens * n);
+  float* out_f = std::is_same_v<T, float> ? out.data_ptr<float>() : out_buffer.data();
+  const ql::Activations a{xf, sums.data(), num_tokens};
+  const int64_t num_blocks = (n + kGemvRowsPerBlock - 1) / kGemvRowsPerBlock;
+  const int64_t grain = kGemvMacsPerTask / (kGemvRowsPerBlock * w.k * num_tokens) + 1;
+  at::parallel_for(0, num_blocks, grain, [&](int64_t begin, int64_t end) {
+    const int64_t n1 = end * kGemvRowsPerBlock;
+    isa.gemv(w, begin * kGemvRowsPerBlock, n1 < n ? n1 : n, a, out_f, n);
+  });
+  if constexpr (!std::is_same_v<T, float>) from_floats(out_f, out.data_ptr<T>(), out.numel());
+}
+
+// Rows per GEMM tile: a tile fits kTileBytes, and the tiles split evenly between the
+// threads (at 4 tiles for 2 threads where 3.3 would fit, one thread did half more work).
+int64_t tile_rows(int64_t n, int64_t k) {
+  const int64_t threads = at::get_num_threads();
+  const int64_t fit_rows = kTileBytes / (k * static_cast<int64_t>(sizeof(float)));
+  const int64_t fit = fit_rows > 0 ? fit_rows : 1;
+  const int64_t fitting_tiles = (n + fit - 1) / fit;
+  const int64_t num_tiles = (fitting_tiles + threads - 1) / threads * threads;
+  const int64_t rows = (n + num_tiles - 1) / num_tiles;
+  return (rows + kTileRowMultiple - 1) / kTileRowMultiple * kTileRowMultiple;
+}
+
+void gemm(const ql::IsaKernels& isa, const ql::PackedWeight& w, const torch::Tensor& x,
+          torch::Tensor& out) {
+  const torch::Tensor xf = x.to(torch::kFloat);  // x itself when float32
+  torch::Tensor out_f =
+      out.scalar_type() == torch::kFloat ? out : torch::empty_like(out, xf.options());
+  const int64_t n = out.size(1), rows_per_tile = tile_rows(n, w.k);
+  const int64_t num_tiles = (n + rows_per_tile - 1) / rows_per_tile;
+  // The worker threads take the caller's thread-local state (inference mode above all:
+  // writing into an inference tensor is refused outside it). Inside the parallel region
+  // torch's GEMM runs on the calling thread alone.
+  const at::ThreadLocalState caller_state;
+  at::parallel_for(0, num_tiles, 1, [&](int64_t begin, int64_t end) {
+    const at::ThreadLocalStateGuard state_guard(caller_state);
+    torch::Tensor tile = torch::empty({rows_per_tile, w.k}, xf.options());
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t n0 = i * rows_per_tile;
+      const int64_t rows = n - n0 < rows_per_tile ? n - n0 : rows_per_tile;
+      isa.dequantize(w, n0, n0 + rows, tile.data_ptr<float>());
+      torch::Tensor out_tile = out_f.narrow(1, n0, rows);  // [T, rows], row stride n
+      at::mm_out(out_tile, xf, tile.narrow(0, 0, rows).t());
+    }
+  });
+  if (out.scalar_type() != torch::kFloat) out.copy_(out_f);
+}
+
+template <typename Fn>
+void dispatch_dtype(const torch::Tensor& x, Fn&& fn) {
+  switch (x.scalar_type()) {
+    case torch::kFloat:
+      return fn(float{});
+    case torch::kBFloat16:
+      return fn(c10::BFloat16{});
+    case torch::kHalf:
+      return fn(c10::Half{});
+    default:
+      TORCH_CHECK(false, "quant_linear: unsupported x dtype ", x.scalar_type());
+  }
+}
+
+}  // namespace
+
+torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
+                           const torch::Tensor& scales, const torch::Tensor& mins, int64_t bits,
+                           const std::string& isa) {
+  const ql::IsaKernels& kernels = choose_isa(isa);
+  const ql::PackedWeight w = packed_weight(qweight, scales, mins, bits);
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.is_contiguous() && x.size(1) == w.k,
+              "quant_linear: x must be a contiguous CPU tensor [T, ", w.k, "]");
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK(dtype == torch::kFloat || dtype == torch::kBFloat16 || dtype == torch::kHalf,
+              "quant_linear: x must be float32, bfloat16 or float16, got ", dtype);
+  torch::Tensor out = torch::empty({x.size(0), qweight.size(0)}, x.options());
+  if (out.numel() == 0) return out;
+  if (x.size(0) > kGemvMaxTokens) {
+    gemm(kernels, w, x, out);
+    return out;
+  }
+  dispatch_dtype(x, [&](auto zero) { gemv<decltype(zero)>(kernels, w, x, out); });
+  return out;
+}
+
+std::vector<std::string> quant_linear_isas() {
+  std::vector<std::string> names;
+  for (const ql::IsaKernels* kernels : available_isas()) names.emplace_back(kernels->name);
+  return names;
+}

@@ -1,0 +1,54 @@
+// core::quant_linear's packed weight as the compute kernels see it, and the table of
+// kernels each vector ISA provides (quant_linear_{scalar,avx2,avx512}.cpp). The layout is
+// core's (core/ops/quant_linear.py): W[n, k] = scales[n, k / G] * q[n, k] + mins[n, k / G].
+//
+// This header and quant_linear_isa.h include no torch header: the ISA translation units
+// compile everything they define for their own instruction set, and an inline function
+// shared with the rest of the module would let the linker keep an AVX-512 copy of it.
+
+#pragma once
+
+#include <cstdint>
+
+namespace core_cpu::quant_linear {
+
+struct PackedWeight {
+  const uint8_t* data;  // qweight [N, row_bytes]: 4-bit nibbles in runs of 32, or int8
+  const float* scales;  // [N, groups]
+  const float* mins;    // [N, groups]
+  int64_t k;            // inputs per row
+  int64_t group_size;   // G: a multiple of 32 (4-bit) or 16 (8-bit) dividing k
+  int64_t row_bytes;    // k / 2 (4-bit) or k (8-bit)
+  int bits;             // 4 or 8
+
+  int64_t groups() const { return k / group_size; }
+};
+
+// Float32 activations x [num_tokens, k] (row-major) with their sums over each group of G
+// inputs, group_sums [num_tokens, groups]: the mins' share of a dot product is then
+// sum_g mins[n, g] * group_sums[t, g], one multiply per group instead of one per input.
+struct Activations {
+  const float* x;
+  const float* group_sums;
+  int64_t num_tokens;
+};
+
+struct IsaKernels {
+  const char* name;
+  // out[t * ldo + n] = sum_k W[n, k] x[t, k] in float32, for n in [n0, n1) and every token;
+  // the weight rows are read once, whatever the token count.
+  void (*gemv)(const PackedWeight& w, int64_t n0, int64_t n1, const Activations& a,
+               float* out, int64_t ldo);
+  // out[(n - n0) * k + i] = W[n, i] in float32, for n in [n0, n1).
+  void (*dequantize)(const PackedWeight& w, int64_t n0, int64_t n1, float* out);
+};
+
+extern const IsaKernels kScalarKernels;
+// The x86 kernels need GCC's `#pragma GCC target` (clang spells it differently).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define CORE_QUANT_LINEAR_X86 1
+extern const IsaKernels kAvx2Kernels;
+extern const IsaKernels kAvx512Kernels;
+#endif
+
+}  // namespace core_cpu::quant_linear

@@ -1,0 +1,56 @@
+// core::quant_linear's AVX-512 kernels: 16 float32 lanes, so one widening (vpmovzxbd zmm,
+// straight from memory) brings a run's 16 bytes into 32-bit lanes, where a mask gives its
+// values 0..15 and a shift its values 16..31: one shuffle per run, the port Intel has one of.
+
+#include "quant_linear.h"
+
+#ifdef CORE_QUANT_LINEAR_X86
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma")
+// GCC 12's widening intrinsics start from _mm512_undefined_epi32() and warn that it "may be
+// used uninitialized" (GCC bug 105593, fixed in 13): a false positive in its own header.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include "quant_linear_isa.h"
+
+namespace core_cpu::quant_linear {
+namespace {
+
+struct Avx512 {
+  using V = __m512;
+  static constexpr int kLanes = 16;
+
+  static CORE_QL_INLINE V zero() { return _mm512_setzero_ps(); }
+  static CORE_QL_INLINE V set1(float f) { return _mm512_set1_ps(f); }
+  static CORE_QL_INLINE V load(const float* p) { return _mm512_loadu_ps(p); }
+  static CORE_QL_INLINE void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static CORE_QL_INLINE V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static CORE_QL_INLINE float sum(V v) { return _mm512_reduce_add_ps(v); }
+
+  template <int BITS>
+  static CORE_QL_INLINE void unpack(const uint8_t* unit, V* q) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(unit));
+    if constexpr (BITS == 4) {
+      const __m512i lanes = _mm512_cvtepu8_epi32(bytes);
+      q[0] = _mm512_cvtepi32_ps(_mm512_and_si512(lanes, _mm512_set1_epi32(0x0F)));
+      q[1] = _mm512_cvtepi32_ps(_mm512_srli_epi32(lanes, 4));
+    } else {
+      q[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+    }
+  }
+};
+
+}  // namespace
+
+const IsaKernels kAvx512Kernels{"avx512", &gemv<Avx512>, &dequantize<Avx512>};
+
+}  // namespace core_cpu::quant_linear
+
+#pragma GCC pop_options
+
+#endif  // CORE_QUANT_LINEAR_X86

@@ -1,0 +1,159 @@
+// The GEMV and dequantization loops of core::quant_linear, written once over a vector type.
+//
+// Each ISA translation unit defines a `Vec` (below) and includes this file after its
+// `#pragma GCC target`, so every function here is compiled for that ISA alone; a function
+// cannot inline intrinsics of a wider ISA than its own, so one copy per ISA is the only
+// way to write the loops once. Everything sits in an unnamed namespace: each translation
+// unit keeps its own copy, and the linker can never substitute one ISA's for another's.
+//
+// A Vec provides: `V` (kLanes float32 lanes), zero(), set1(f), load(p), store(p, v),
+// fma(a, b, c) = a * b + c, sum(v) (the lanes' total), and unpack<BITS>(unit, q), which
+// turns one 16-byte unit of a packed row (4-bit: a run of 32 values; 8-bit: 16 values)
+// into its values as floats, in input order, in kUnitValues<BITS> / kLanes vectors.
+
+#pragma once
+
+#include <cstdint>
+
+#include "quant_linear.h"
+
+#define CORE_QL_INLINE inline __attribute__((always_inline))
+
+namespace core_cpu::quant_linear {
+namespace {
+
+template <int BITS>
+constexpr int kUnitValues = BITS == 4 ? 32 : 16;  // the values of one 16-byte unit
+
+// Weight rows the GEMV multiplies together, by the number of tokens it multiplies them
+// with. Each unpacked unit is used TOKENS times and each x load ROWS times; the ROWS x
+// TOKENS group sums are independent FMA chains (one would stall on the FMA's latency),
+// and their totals (touched once a group) are what spills first. Measured with AVX2 on
+// SmolLM2's shapes: 2 rows beat 4 for 2 tokens (4 spill) and beat 1 for 3; tie for 4.
+template <int TOKENS>
+constexpr int kRowsPerBlock = TOKENS == 1 ? 4 : 2;
+
+constexpr int kTokensPerPass = 4;  // the most tokens one pass over a row multiplies
+
+CORE_QL_INLINE float dot(const float* a, const float* b, int64_t n) {
+  float sum = 0.f;
+  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+// out[t, n + r] for r < ROWS, t in [t0, t0 + TOKENS): per group, the dot product of the
+// integer values q with x in float32, times the group's scale; then the mins' share.
+template <class Vec, int BITS, int ROWS, int TOKENS>
+CORE_QL_INLINE void gemv_block(const PackedWeight& w, int64_t n, const Activations& a,
+                               int64_t t0, float* out, int64_t ldo) {
+  using V = typename Vec::V;
+  constexpr int kValues = kUnitValues<BITS>;
+  constexpr int kVecs = kValues / Vec::kLanes;
+  const int64_t groups = w.groups(), units_per_group = w.group_size / kValues;
+  const float* x = a.x + t0 * w.k;
+  V total[ROWS][TOKENS];
+  for (int r = 0; r < ROWS; ++r)
+    for (int t = 0; t < TOKENS; ++t) total[r][t] = Vec::zero();
+  for (int64_t g = 0; g < groups; ++g) {
+    V acc[ROWS][TOKENS];
+    for (int r = 0; r < ROWS; ++r)
+      for (int t = 0; t < TOKENS; ++t) acc[r][t] = Vec::zero();
+    for (int64_t u = 0; u < units_per_group; ++u) {
+      const int64_t k0 = (g * units_per_group + u) * kValues;
+      for (int r = 0; r < ROWS; ++r) {
+        V q[kVecs];
+        Vec::template unpack<BITS>(w.data + (n + r) * w.row_bytes + k0 * BITS / 8, q);
+        for (int t = 0; t < TOKENS; ++t)
+          for (int i = 0; i < kVecs; ++i)
+            acc[r][t] = Vec::fma(q[i], Vec::load(x + t * w.k + k0 + i * Vec::kLanes), acc[r][t]);
+      }
+    }
+    for (int r = 0; r < ROWS; ++r) {
+      const V scale = Vec::set1(w.scales[(n + r) * groups + g]);
+      for (int t = 0; t < TOKENS; ++t) total[r][t] = Vec::fma(scale, acc[r][t], total[r][t]);
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) {
+    for (int t = 0; t < TOKENS; ++t) {
+      const float* sums = a.group_sums + (t0 + t) * groups;
+      out[(t0 + t) * ldo + n + r] =
+          Vec::sum(total[r][t]) + dot(w.mins + (n + r) * groups, sums, groups);
+    }
+  }
+}
+
+// Rows [n, n + num_rows) with num_rows <= 4, times tokens [t0, t0 + TOKENS).
+template <class Vec, int BITS, int TOKENS>
+CORE_QL_INLINE void gemv_rows(const PackedWeight& w, int64_t n, int64_t num_rows,
+                              const Activations& a, int64_t t0, float* out, int64_t ldo) {
+  constexpr int kRows = kRowsPerBlock<TOKENS>;
+  int64_t r = 0;
+  for (; r + kRows <= num_rows; r += kRows)
+    gemv_block<Vec, BITS, kRows, TOKENS>(w, n + r, a, t0, out, ldo);
+  for (; r < num_rows; ++r) gemv_block<Vec, BITS, 1, TOKENS>(w, n + r, a, t0, out, ldo);
+}
+
+// Four rows at a time, every token pass over them while they sit in L1: the weights
+// stream from memory once however many tokens there are.
+template <class Vec, int BITS>
+void gemv_bits(const PackedWeight& w, int64_t n0, int64_t n1, const Activations& a,
+               float* out, int64_t ldo) {
+  for (int64_t n = n0; n < n1; n += 4) {
+    const int64_t num_rows = n1 - n < 4 ? n1 - n : 4;
+    for (int64_t t0 = 0; t0 < a.num_tokens; t0 += kTokensPerPass) {
+      switch (a.num_tokens - t0) {
+        case 1:
+          gemv_rows<Vec, BITS, 1>(w, n, num_rows, a, t0, out, ldo);
+          break;
+        case 2:
+          gemv_rows<Vec, BITS, 2>(w, n, num_rows, a, t0, out, ldo);
+          break;
+        case 3:
+          gemv_rows<Vec, BITS, 3>(w, n, num_rows, a, t0, out, ldo);
+          break;
+        default:
+          gemv_rows<Vec, BITS, kTokensPerPass>(w, n, num_rows, a, t0, out, ldo);
+      }
+    }
+  }
+}
+
+template <class Vec>
+void gemv(const PackedWeight& w, int64_t n0, int64_t n1, const Activations& a, float* out,
+          int64_t ldo) {
+  if (w.bits == 4) return gemv_bits<Vec, 4>(w, n0, n1, a, out, ldo);
+  gemv_bits<Vec, 8>(w, n0, n1, a, out, ldo);
+}
+
+// W = fma(q, scale, min) rounds once where the reference rounds the product and then the
+// sum: each W may differ from the reference's by an ulp, inside the op's float32 tolerance.
+template <class Vec, int BITS>
+void dequantize_bits(const PackedWeight& w, int64_t n0, int64_t n1, float* out) {
+  using V = typename Vec::V;
+  constexpr int kValues = kUnitValues<BITS>;
+  constexpr int kVecs = kValues / Vec::kLanes;
+  const int64_t groups = w.groups(), units_per_group = w.group_size / kValues;
+  for (int64_t n = n0; n < n1; ++n) {
+    float* row = out + (n - n0) * w.k;
+    for (int64_t g = 0; g < groups; ++g) {
+      const V scale = Vec::set1(w.scales[n * groups + g]);
+      const V min = Vec::set1(w.mins[n * groups + g]);
+      for (int64_t u = 0; u < units_per_group; ++u) {
+        const int64_t k0 = (g * units_per_group + u) * kValues;
+        V q[kVecs];
+        Vec::template unpack<BITS>(w.data + n * w.row_bytes + k0 * BITS / 8, q);
+        for (int i = 0; i < kVecs; ++i)
+          Vec::store(row + k0 + i * Vec::kLanes, Vec::fma(q[i], scale, min));
+      }
+    }
+  }
+}
+
+template <class Vec>
+void dequantize(const PackedWeight& w, int64_t n0, int64_t n1, float* out) {
+  if (w.bits == 4) return dequantize_bits<Vec, 4>(w, n0, n1, out);
+  dequantize_bits<Vec, 8>(w, n0, n1, out);
+}
+
+}  // namespace
+}  // namespace core_cpu::quant_linear

@@ -1,0 +1,40 @@
+// core::quant_linear's portable kernels: plain C++ the compiler vectorizes for the
+// baseline ISA, for CPUs (or builds) without the x86 paths.
+
+#include <cstdint>
+
+#include "quant_linear.h"
+#include "quant_linear_isa.h"
+
+namespace core_cpu::quant_linear {
+namespace {
+
+struct Scalar {
+  using V = float;
+  static constexpr int kLanes = 1;
+
+  static CORE_QL_INLINE V zero() { return 0.f; }
+  static CORE_QL_INLINE V set1(float f) { return f; }
+  static CORE_QL_INLINE V load(const float* p) { return *p; }
+  static CORE_QL_INLINE void store(float* p, V v) { *p = v; }
+  static CORE_QL_INLINE V fma(V a, V b, V c) { return a * b + c; }
+  static CORE_QL_INLINE float sum(V v) { return v; }
+
+  template <int BITS>
+  static CORE_QL_INLINE void unpack(const uint8_t* unit, V* q) {
+    for (int j = 0; j < 16; ++j) {
+      if constexpr (BITS == 4) {
+        q[j] = static_cast<float>(unit[j] & 0x0F);
+        q[j + 16] = static_cast<float>(unit[j] >> 4);
+      } else {
+        q[j] = static_cast<float>(static_cast<int8_t>(unit[j]));
+      }
+    }
+  }
+};
+
+}  // namespace
+
+const IsaKernels kScalarKernels{"scalar", &gemv<Scalar>, &dequantize<Scalar>};
+
+}  // namespace core_cpu::quant_linear
