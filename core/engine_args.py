@@ -14,7 +14,11 @@ import click
 
 from core.config import EngineConfig, SpeculativeConfig, UsageContext, parse_size
 from core.plugins.components import parse_json_object
-from core.quantization.selector import StoredQuantization, resolve_quantization
+from core.quantization.selector import (
+    StoredQuantization,
+    packed_weights_pay_off,
+    resolve_quantization,
+)
 from core.spec_decode.selector import check_speculative_config
 
 if TYPE_CHECKING:
@@ -164,8 +168,11 @@ class EngineArgs:
         )
         _refuse_unbuilt(config)
         if stored_quantization is not None:
+            dtype = config.model.torch_dtype(platform.default_dtype)
             config.model.quantization = resolve_quantization(
-                config.model.quantization, stored_quantization
+                config.model.quantization,
+                stored_quantization,
+                keep_blocks=packed_weights_pay_off(platform.device_type, dtype),
             )
         if model_max_len is not None:
             budget = platform.default_max_num_batched_tokens(usage)

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from core.config import QUANTIZATION_NONE
 from core.plugins.registry import PluginLookupError, PluginRegistry
 from core.quantization.interface import QuantizationConfig
@@ -33,12 +35,15 @@ class StoredQuantization:
     dequantizable: bool = False
 
 
-def resolve_quantization(requested: str | None, stored: StoredQuantization) -> str | None:
+def resolve_quantization(
+    requested: str | None, stored: StoredQuantization, keep_blocks: bool = False
+) -> str | None:
     """The method the model runs with (None: float weights), from `--quantization`
     (None: automatic) and how the checkpoint is stored; ValueError naming the flag when
-    the two do not fit together."""
+    the two do not fit together. `keep_blocks`: left to itself, run a format that could
+    be dequantized (GGUF) in its blocks (see `packed_weights_pay_off`)."""
     if requested is None:
-        return None if stored.dequantizable else stored.method
+        return None if stored.dequantizable and not keep_blocks else stored.method
     if requested == QUANTIZATION_NONE:
         if stored.method is not None and not stored.dequantizable:
             raise ValueError(
@@ -78,3 +83,19 @@ def build_quantization_config(
         return cls.from_config(dict(settings))
     except ValueError as exc:
         raise ValueError(f"quantization_config ({name}): {exc}") from exc
+
+
+def packed_weights_pay_off(device_type: str, dtype: torch.dtype) -> bool:
+    """Whether weights kept in core's packed 4/8-bit layout beat the same weights
+    dequantized, so that a GGUF file runs in its blocks unless told otherwise.
+
+    Yes where a kernel (not the reference, which dequantizes on every call) serves
+    core::quant_linear on `device_type` and the model runs in float32: measured on an
+    AVX2 EPYC with core-cpu-kernels, W1 1.21x and single-stream decode 2.5x float32, on
+    the same weights (benchmarks/RESULTS.md). Not for 16-bit activations: the kernel
+    multiplies in float32 and has not been measured against a native bf16 matmul.
+    """
+    from core.ops import providers
+
+    served = providers().get("quant_linear", {}).get(device_type) is not None
+    return served and dtype == torch.float32

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from core.quantization.selector import StoredQuantization, resolve_quantization
 
@@ -25,6 +26,24 @@ GGUF = StoredQuantization(method="gguf", dequantizable=True)
 )
 def test_the_method_that_runs(requested, stored, runs):
     assert resolve_quantization(requested, stored) == runs
+
+
+@pytest.mark.parametrize(
+    ("requested", "stored", "runs"),
+    [(None, GGUF, "gguf"), ("none", GGUF, None), (None, FLOAT, None), (None, AWQ, "awq")],
+)
+def test_where_blocks_pay_off_gguf_keeps_them_unless_told_otherwise(requested, stored, runs):
+    assert resolve_quantization(requested, stored, keep_blocks=True) == runs
+
+
+def test_blocks_pay_off_only_with_a_kernel_and_float32(monkeypatch):
+    from core.quantization import selector
+
+    served = {"quant_linear": {"cpu": "some-kernels"}}
+    monkeypatch.setattr("core.ops.providers", lambda: served)
+    assert selector.packed_weights_pay_off("cpu", torch.float32)
+    assert not selector.packed_weights_pay_off("cpu", torch.bfloat16)
+    assert not selector.packed_weights_pay_off("cuda", torch.float32)  # the reference only
 
 
 @pytest.mark.parametrize(
