@@ -168,7 +168,8 @@ class Inputs:
 
 def run_core(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
     selected = _selected("core", args.workloads)
-    found = _core_offline("core", selected, sizes, inputs, inputs.gguf)
+    # W1/W2's "core" is the float baseline the quantized engines are compared with.
+    found = _core_offline("core", selected, sizes, inputs, inputs.gguf, quantization="none")
     if "W3" in selected:
         found["W3"] = _timed("core W3", workloads.core_w3, inputs.gguf, inputs.w1, sizes,
                              args.threads)  # fmt: skip
@@ -181,7 +182,9 @@ def run_core(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
 
 def run_core_fp32(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
     selected = _selected("core-fp32", args.workloads)
-    return _core_offline("core-fp32", selected, sizes, inputs, inputs.gguf, dtype="float32")
+    return _core_offline(
+        "core-fp32", selected, sizes, inputs, inputs.gguf, dtype="float32", quantization="none"
+    )
 
 
 def run_core_gguf(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
