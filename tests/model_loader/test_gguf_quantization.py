@@ -154,7 +154,8 @@ def test_default_model_kept_in_blocks_generates_as_dequantized():
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     runs = {}
     for quantization in ("gguf", "none"):
-        llm = LLM(quantization=quantization, dtype="float32", kv_cache_memory="64MiB")
+        llm = LLM(quantization=quantization, dtype="float32", max_model_len=512,
+                  kv_cache_memory="64MiB")  # fmt: skip
         runs[quantization] = [
             out.outputs[0].token_ids for out in llm.generate(PROMPTS, params, use_tqdm=False)
         ]

@@ -8,6 +8,8 @@ unless the method keeps them packed, as GGUF's does): the embedding looks rows u
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 
@@ -23,24 +25,26 @@ from core.quantization.unquantized import UnquantizedLinearMethod
 class VocabMatrix(nn.Module):
     """W [vocab_size, hidden_size] as a linear layer hidden -> vocab, stored by its method.
 
-    `prefix` is the module's name in the model ("model.embed_tokens", "lm_head"), the
-    name the quantization config is asked about; the parameters are the method's
-    ("weight" unquantized), directly on this module.
+    `prefix` is the module's name in the model (default: the subclass's
+    `default_prefix`), the name the quantization config is asked about; the parameters
+    are the method's ("weight" unquantized), directly on this module.
     """
+
+    default_prefix: ClassVar[str]
 
     def __init__(
         self,
         vocab_size: int,
         hidden_size: int,
         dtype: torch.dtype,
-        quant_config: QuantizationConfig | None,
-        prefix: str,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str | None = None,
     ) -> None:
         super().__init__()
         self.partition = LinearPartition(hidden_size, (vocab_size,), LinearSplit.REPLICATED)
         self.params_dtype = dtype
-        self.prefix = prefix
-        method = None if quant_config is None else quant_config.get_embedding_method(prefix)
+        self.prefix = prefix or self.default_prefix
+        method = None if quant_config is None else quant_config.get_embedding_method(self.prefix)
         self.linear_method: LinearMethod = method or UnquantizedLinearMethod()
         self.linear_method.create_weights(self, self.partition, False, dtype)
 
@@ -51,32 +55,16 @@ class VocabMatrix(nn.Module):
 class VocabEmbedding(VocabMatrix):
     """Token ids -> embedding rows."""
 
-    def __init__(
-        self,
-        vocab_size: int,
-        hidden_size: int,
-        dtype: torch.dtype,
-        quant_config: QuantizationConfig | None = None,
-        prefix: str = "model.embed_tokens",
-    ) -> None:
-        super().__init__(vocab_size, hidden_size, dtype, quant_config, prefix)
+    default_prefix = "model.embed_tokens"
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden_size]
         return self.linear_method.embed(self, input_ids)
 
 
 class LMHead(VocabMatrix):
-    """Hidden states -> vocabulary logits: its own W, or the embedding's (`tied_to`)."""
+    """Hidden states -> vocabulary logits by its own W (see TiedLMHead for a shared one)."""
 
-    def __init__(
-        self,
-        vocab_size: int,
-        hidden_size: int,
-        dtype: torch.dtype,
-        quant_config: QuantizationConfig | None = None,
-        prefix: str = "lm_head",
-    ) -> None:
-        super().__init__(vocab_size, hidden_size, dtype, quant_config, prefix)
+    default_prefix = "lm_head"
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
         return self.logits(hidden)

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cpu_utils.h"
+#include "dtype_dispatch.h"
 #include "kernels.h"
 #include "quant_linear.h"
 
@@ -186,20 +187,6 @@ void gemm(const ql::IsaKernels& isa, const ql::PackedWeight& w, const torch::Ten
   if (out.scalar_type() != torch::kFloat) out.copy_(out_f);
 }
 
-template <typename Fn>
-void dispatch_dtype(const torch::Tensor& x, Fn&& fn) {
-  switch (x.scalar_type()) {
-    case torch::kFloat:
-      return fn(float{});
-    case torch::kBFloat16:
-      return fn(c10::BFloat16{});
-    case torch::kHalf:
-      return fn(c10::Half{});
-    default:
-      TORCH_CHECK(false, "quant_linear: unsupported x dtype ", x.scalar_type());
-  }
-}
-
 }  // namespace
 
 torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
@@ -218,7 +205,8 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
     gemm(kernels, w, x, out);
     return out;
   }
-  dispatch_dtype(x, [&](auto zero) { gemv<decltype(zero)>(kernels, w, x, out); });
+  core_cpu::dispatch_dtype(x, "quant_linear",
+                           [&](auto zero) { gemv<decltype(zero)>(kernels, w, x, out); });
   return out;
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cpu_utils.h"
+#include "dtype_dispatch.h"
 #include "kernels.h"
 
 namespace {
@@ -131,21 +132,6 @@ void add_norm(const torch::Tensor& x, const torch::Tensor& residual,
   });
 }
 
-// Calls fn(T{}) for x's dtype T (float32, bfloat16 or float16).
-template <typename Fn>
-void dispatch_dtype(const torch::Tensor& x, Fn&& fn) {
-  switch (x.scalar_type()) {
-    case torch::kFloat:
-      return fn(float{});
-    case torch::kBFloat16:
-      return fn(c10::BFloat16{});
-    case torch::kHalf:
-      return fn(c10::Half{});
-    default:
-      TORCH_CHECK(false, "unsupported dtype ", x.scalar_type());
-  }
-}
-
 }  // namespace
 
 // weight * (x / sqrt(mean(x^2) + eps)) over the last dimension, rows in parallel.
@@ -153,7 +139,7 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
   check_rows(x, "x", x);
   check_weight(weight, x);
   torch::Tensor out = torch::empty(x.sizes(), x.options());
-  dispatch_dtype(x, [&](auto zero) {
+  core_cpu::dispatch_dtype(x, "rms_norm", [&](auto zero) {
     norm<decltype(zero)>(x, weight, out, static_cast<float>(eps));
   });
   return out;
@@ -170,7 +156,7 @@ std::tuple<torch::Tensor, torch::Tensor> fused_add_rms_norm(const torch::Tensor&
   check_weight(weight, x);
   torch::Tensor out = torch::empty(x.sizes(), x.options());
   torch::Tensor new_residual = torch::empty(x.sizes(), x.options());
-  dispatch_dtype(x, [&](auto zero) {
+  core_cpu::dispatch_dtype(x, "rms_norm", [&](auto zero) {
     add_norm<decltype(zero)>(x, residual, weight, out, new_residual, static_cast<float>(eps));
   });
   return {out, new_residual};
