@@ -170,6 +170,29 @@ class Tokenizer:
         backend, special_tokens = gguf_backend_tokenizer(metadata, gguf_path)
         return cls(backend, special_tokens, gguf_chat_templates(metadata))
 
+    def save(self, directory: str | Path, **config: Any) -> None:
+        """Write tokenizer.json and tokenizer_config.json into `directory`, so that
+        `Tokenizer.from_dir(directory)` gives back the same tokenizer: every named special
+        token and every chat template (one string when there is only the default, else
+        a list of named templates, as transformers writes them). `config` adds keys to
+        tokenizer_config.json (e.g. model_max_length)."""
+        directory = Path(directory)
+        self._backend.save(str(directory / "tokenizer.json"))
+        templates = self._chat_templates
+        if set(templates) <= {"default"}:
+            chat_template: Any = templates.get("default")
+        else:
+            chat_template = [{"name": n, "template": t} for n, t in templates.items()]
+        content = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            **self._special_tokens,
+            "chat_template": chat_template,
+            **config,
+        }
+        written = {key: value for key, value in content.items() if value is not None}
+        text = json.dumps(written, indent=2, ensure_ascii=False) + "\n"
+        (directory / "tokenizer_config.json").write_text(text, encoding="utf-8")
+
     @property
     def backend_tokenizer(self) -> tokenizers.Tokenizer:
         """The underlying `tokenizers.Tokenizer` (e.g. for `tokenizers.decoders.DecodeStream`)."""

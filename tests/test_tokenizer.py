@@ -531,3 +531,27 @@ def test_generation_defaults_bad_values_raise_naming_field(tmp_path):
         load_generation_defaults(tmp_path)
     with pytest.raises(ValueError, match="does not exist"):
         load_generation_defaults(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("source", ["smollm", "spm"])
+def test_a_saved_tokenizer_reads_back_the_same(source, request, tmp_path):
+    tokenizer: Tokenizer = request.getfixturevalue(source)
+    tokenizer.save(tmp_path, model_max_length=2048)
+    again = Tokenizer.from_dir(tmp_path)
+    text = "Hello <|im_start|> wörld\n  12345 ünïcode 🙂"
+    assert again.encode(text) == tokenizer.encode(text)
+    ids = tokenizer.encode(text)
+    assert again.decode(ids) == tokenizer.decode(ids)
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id", "all_special_ids"):
+        assert getattr(again, name) == getattr(tokenizer, name), name
+    assert again._special_tokens == tokenizer._special_tokens  # unk included
+    assert again._chat_templates == tokenizer._chat_templates
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text(encoding="utf-8"))
+    assert config["model_max_length"] == 2048
+
+
+def test_named_chat_templates_are_saved_as_a_list(smollm, tmp_path):
+    named = Tokenizer(smollm.backend_tokenizer, smollm._special_tokens,
+                      {"default": "{{ 'a' }}", "tool_use": "{{ 'b' }}"})  # fmt: skip
+    named.save(tmp_path)
+    assert Tokenizer.from_dir(tmp_path)._chat_templates == named._chat_templates

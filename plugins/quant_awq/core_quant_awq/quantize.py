@@ -328,15 +328,4 @@ def _write_tokenizer_files(checkpoint: Checkpoint, tokenizer: Tokenizer, out_dir
             if (checkpoint.path / name).is_file():
                 shutil.copyfile(checkpoint.path / name, out_dir / name)
         return
-    tokenizer.backend_tokenizer.save(str(out_dir / "tokenizer.json"))
-    pad_id = tokenizer.pad_token_id
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": tokenizer.bos_token,
-        "eos_token": tokenizer.eos_token,
-        "pad_token": None if pad_id is None else tokenizer.convert_ids_to_tokens([pad_id])[0],
-        "chat_template": tokenizer.chat_template,
-        "model_max_length": checkpoint.hf_config["max_position_embeddings"],
-    }
-    written = {key: value for key, value in config.items() if value is not None}
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(written, indent=2) + "\n")
+    tokenizer.save(out_dir, model_max_length=checkpoint.hf_config["max_position_embeddings"])
