@@ -63,7 +63,8 @@ def measure(gguf_path: Path, awq_dir: Path, sizes: Sizes) -> dict[str, Metrics]:
     """{engine: {"perplexity", "resident_bytes", "file_bytes", "num_tokens", "window",
     "how"}} for every `variants` entry, one model in memory at a time."""
     from core.model_loader import resolve_model
-    from core.models.calibration import load_model, perplexity
+    from core.models import build_model
+    from core.models.calibration import perplexity
     from core.plugins.registry import get_registry
     from core.quantization.selector import build_quantization_config
     from core.tokenizer import Tokenizer
@@ -77,7 +78,7 @@ def measure(gguf_path: Path, awq_dir: Path, sizes: Sizes) -> dict[str, Metrics]:
         quant_config = None
         if variant.quantization is not None:
             quant_config = build_quantization_config(variant.quantization, checkpoint.hf_config)
-        model = load_model(checkpoint, quant_config)
+        model = build_model(checkpoint, quant_config)
         resident = model_bytes(model)  # before perplexity binds a KV cache to every layer
         found[variant.engine] = {
             "perplexity": perplexity(model, ids, sizes.q_window),

@@ -9,9 +9,9 @@ from torch import nn
 
 from core.attention.layer import Attention
 from core.models.arch_config import ArchConfig
-from core.models.registry import resolve_model_class
+from core.models.registry import build_model, resolve_model_class
 
-__all__ = ["ArchConfig", "iter_attention_layers", "resolve_model_class"]
+__all__ = ["ArchConfig", "build_model", "iter_attention_layers", "resolve_model_class"]
 
 
 def iter_attention_layers(model: nn.Module) -> Iterator[Attention]:

@@ -1,9 +1,10 @@
 """Running a core model on its own, one token sequence at a time: linear inputs, perplexity.
 
 Tools that look at what a model computes on some text (activation-aware quantization's
-calibration, the quality benchmark's perplexity) run it outside the engine: no
-scheduler, no batching; each sequence is prefilled in one step from an empty context on
-the reference attention backend, with a KV cache of its own.
+calibration, the quality benchmark's perplexity) build it with `core.models.build_model`
+and run it outside the engine: no scheduler, no batching; each sequence is prefilled in
+one step from an empty context on the reference attention backend, with a KV cache of its
+own.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -21,32 +21,12 @@ from core.attention.backends.torch_ref import TorchRefBackend
 from core.attention.interface import CommonAttentionMetadata
 from core.attention.layer import Attention
 from core.forward_context import ForwardContext, set_forward_context
-from core.models.arch_config import ArchConfig
 from core.models.layers.linear import LinearBase
-from core.models.registry import resolve_model_class
 
-if TYPE_CHECKING:
-    from core.model_loader.checkpoint import Checkpoint
-    from core.quantization.interface import QuantizationConfig
-
-__all__ = ["forward_sequence", "load_model", "perplexity", "record_linear_inputs"]
+__all__ = ["forward_sequence", "perplexity", "record_linear_inputs"]
 
 BLOCK_SIZE = 16
 _LOGIT_ROWS = 512  # logits [rows, vocab] materialized at once by `perplexity`
-
-
-def load_model(checkpoint: Checkpoint, quant_config: QuantizationConfig | None = None) -> nn.Module:
-    """The core model of `checkpoint` in float32 activations, its weights loaded.
-
-    Built as the engine's worker builds it (ArchConfig, the architecture's registered
-    class, `load_weights`): with a `quant_config` the tensors go to its methods as
-    stored; without one every weight is dequantized to float32.
-    """
-    arch = ArchConfig.from_hf(checkpoint.hf_config)
-    model = resolve_model_class(arch.architectures)(arch, quant_config, torch.float32)
-    keep_quantized = quant_config is not None
-    model.load_weights(checkpoint.iter_weights(torch.float32, keep_quantized=keep_quantized))
-    return model.eval()
 
 
 def forward_sequence(model: nn.Module, token_ids: torch.Tensor) -> torch.Tensor:

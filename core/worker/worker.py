@@ -15,7 +15,7 @@ from core.kv_cache.layout import KVCacheConfig, create_kv_cache_view
 from core.kv_cache.spec import KVCacheSpec
 from core.model_loader import Checkpoint, resolve_model
 from core.models.arch_config import ArchConfig
-from core.models.registry import resolve_model_class
+from core.models.registry import build_model
 from core.platforms.interface import Platform
 from core.quantization.interface import QuantizationConfig
 from core.quantization.selector import build_quantization_config, resolve_quantization
@@ -80,16 +80,11 @@ class Worker:
     ) -> tuple[nn.Module, ArchConfig]:
         """A model with its weights, on this worker's device and dtype; a `prefix` renames
         its attention layers (a second model beside the target)."""
-        arch = ArchConfig.from_hf(checkpoint.hf_config)
-        model_cls = resolve_model_class(arch.architectures)
         quant_config = self._quantization_config(checkpoint, draft=bool(prefix))
-        with torch.device(self.device):
-            model = model_cls(arch, quant_config=quant_config, dtype=self.dtype)
-        weights = checkpoint.iter_weights(self.dtype, keep_quantized=quant_config is not None)
-        model.load_weights(weights)
+        model = build_model(checkpoint, quant_config, self.dtype, self.device)
         if prefix:
             prefix_layer_names(model, prefix)
-        return model.eval(), arch
+        return model, ArchConfig.from_hf(checkpoint.hf_config)
 
     def _quantization_config(
         self, checkpoint: Checkpoint, draft: bool

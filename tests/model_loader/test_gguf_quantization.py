@@ -15,10 +15,9 @@ from core import LLM, SamplingParams
 from core.model_loader import resolve_model
 from core.model_loader.gguf_dequant import PACKED_TYPES, random_blocks, to_packed
 from core.model_loader.gguf_quantization import GGUFConfig
-from core.models.arch_config import ArchConfig
+from core.models import build_model
 from core.models.calibration import forward_sequence
 from core.models.layers import MergedLinear, TiedLMHead, VocabEmbedding
-from core.models.registry import resolve_model_class
 from core.quantization.packed import stored
 
 
@@ -100,20 +99,13 @@ def test_loaders_name_what_is_wrong():
         layer.linear_method.process_weights_after_loading(layer)
 
 
-def build(checkpoint, quant_config, dtype=torch.float32) -> torch.nn.Module:
-    arch = ArchConfig.from_hf(checkpoint.hf_config)
-    model = resolve_model_class(arch.architectures)(arch, quant_config, dtype)
-    model.load_weights(checkpoint.iter_weights(dtype, keep_quantized=quant_config is not None))
-    return model
-
-
 def test_tiny_gguf_kept_in_blocks_computes_what_the_dequantized_model_does(tmp_path):
     model = tiny_model("llama")
     types = {"blk.0.attn_q.weight": Q.Q4_0, "blk.0.attn_k.weight": Q.Q8_0}
     types |= {"blk.0.attn_v.weight": Q.Q4_1, "blk.1.attn_q.weight": Q.Q4_0}
     types |= {"token_embd.weight": Q.Q8_0, "blk.0.ffn_down.weight": Q.Q4_1}
     checkpoint = resolve_model(str(write_gguf_model(tmp_path / "tiny.gguf", model, types)))
-    packed, dense = build(checkpoint, GGUFConfig()), build(checkpoint, None)
+    packed, dense = build_model(checkpoint, GGUFConfig()), build_model(checkpoint)
     layers = packed.model.layers
     assert stored(layers[0].self_attn.qkv_proj).bits == 8  # Q4_0, Q8_0, Q4_1 shards
     assert stored(layers[0].mlp.down_proj).bits == 4
@@ -133,7 +125,7 @@ def resident_bytes(model: torch.nn.Module) -> int:
 def test_default_model_kept_in_blocks_fits_in_1_3x_its_file():
     checkpoint = resolve_model(None)
     size = checkpoint.path.stat().st_size
-    model = build(checkpoint, GGUFConfig())
+    model = build_model(checkpoint, GGUFConfig())
     resident = resident_bytes(model)
     print(f"resident weights {resident / 2**20:.1f} MiB, file {size / 2**20:.1f} MiB")
     assert resident <= 1.3 * size
@@ -160,7 +152,7 @@ def test_default_model_kept_in_blocks_generates_as_dequantized():
             out.outputs[0].token_ids for out in llm.generate(PROMPTS, params, use_tqdm=False)
         ]
         tokenizer = llm.get_tokenizer()
-    dequantized = build(resolve_model(None), None)
+    dequantized = build_model(resolve_model(None))
 
     def reference_logits(tokens: list[int]) -> torch.Tensor:
         hidden = forward_sequence(dequantized, torch.tensor(tokens))[-1:]

@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from core.model_loader import load_safetensors_checkpoint
-from core.models.calibration import load_model, perplexity, record_linear_inputs
+from core.models import build_model
+from core.models.calibration import perplexity, record_linear_inputs
 from core.testing.tiny_checkpoint import VOCAB, reference_model, write_tiny_checkpoint
 
 
@@ -20,7 +21,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[nn.Module, nn.Modu
     """(core model, the same weights in transformers)."""
     reference = reference_model()
     directory = write_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), reference)
-    return load_model(load_safetensors_checkpoint(Path(directory))), reference
+    return build_model(load_safetensors_checkpoint(Path(directory))), reference
 
 
 def _token_ids(count: int, seed: int) -> torch.Tensor:

@@ -33,7 +33,8 @@ from torch import nn
 from tqdm import tqdm
 
 from core.model_loader import Checkpoint, GGUFCheckpoint
-from core.models.calibration import load_model, record_linear_inputs
+from core.models import build_model
+from core.models.calibration import record_linear_inputs
 from core.models.layers import LinearBase
 from core.tokenizer import Tokenizer
 from core_quant_awq.awq_format import PACK, pack_columns
@@ -150,7 +151,7 @@ def quantize_checkpoint(checkpoint: Checkpoint, out_dir: Path, options: Mapping[
         raise ValueError(f"seq_len {settings.seq_len} exceeds the model's context of {context}")
     tokenizer = _source_tokenizer(checkpoint)
     sequences = calibration_sequences(tokenizer, settings)
-    model = load_model(checkpoint)
+    model = build_model(checkpoint)
     group_size = _group_size(settings.group_size, model)
     inputs = record_linear_inputs(model, sequences)
     dense = _DenseModel.of(model)

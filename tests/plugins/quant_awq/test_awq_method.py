@@ -19,9 +19,8 @@ from safetensors.torch import load_file, save_file
 
 from core import LLM, SamplingParams
 from core.model_loader import resolve_model
-from core.models.arch_config import ArchConfig
+from core.models import build_model
 from core.models.layers import MergedLinear
-from core.models.registry import resolve_model_class
 from core.plugins.registry import PluginRegistry
 from core.quantization import UnquantizedLinearMethod
 from core.quantization.selector import build_quantization_config, quantization_config_class
@@ -101,13 +100,9 @@ def write_awq_checkpoint(directory: Path, group: int, **overrides) -> dict[str, 
     return expected
 
 
-def load_awq_model(directory: Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+def load_awq_model(directory: Path) -> torch.nn.Module:
     checkpoint = resolve_model(str(directory))
-    quant_config = build_quantization_config("awq", checkpoint.hf_config)
-    arch = ArchConfig.from_hf(checkpoint.hf_config)
-    model = resolve_model_class(arch.architectures)(arch, quant_config, dtype)
-    model.load_weights(checkpoint.iter_weights(dtype, keep_quantized=True))
-    return model
+    return build_model(checkpoint, build_quantization_config("awq", checkpoint.hf_config))
 
 
 def test_autoawq_packed_checkpoint_loads_to_its_dequantized_weights(tmp_path):

@@ -23,7 +23,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from core.model_loader import load_safetensors_checkpoint, resolve_model
-from core.models.calibration import forward_sequence, load_model, perplexity, record_linear_inputs
+from core.models import build_model
+from core.models.calibration import forward_sequence, perplexity, record_linear_inputs
 from core.quantization.selector import build_quantization_config
 from core.testing.tiny_checkpoint import VOCAB, WORDS, write_tiny_checkpoint
 from core.tokenizer import Tokenizer
@@ -146,9 +147,9 @@ def test_awq_cuts_the_logit_error_of_round_to_nearest(source_dir: Path, awq_dir:
         for name, t in original.items()
     }
     sequences = _held_out_sequences()
-    exact = _logits(load_model(source), sequences)
-    awq_model = load_model(_dense_checkpoint(tmp_path / "awq", _dequantized(awq_dir), source_dir))
-    rtn_model = load_model(_dense_checkpoint(tmp_path / "rtn", rtn, source_dir))
+    exact = _logits(build_model(source), sequences)
+    awq_model = build_model(_dense_checkpoint(tmp_path / "awq", _dequantized(awq_dir), source_dir))
+    rtn_model = build_model(_dense_checkpoint(tmp_path / "rtn", rtn, source_dir))
     awq, plain = _logits(awq_model, sequences), _logits(rtn_model, sequences)
 
     awq_mse = (awq - exact).pow(2).mean().item()
@@ -202,7 +203,7 @@ def test_dequantized_weights_are_the_folded_rounded_weights(
 ) -> None:
     source = load_safetensors_checkpoint(source_dir)
     sequences = calibration_sequences(Tokenizer.from_dir(source_dir), AWQOptions(**options))
-    inputs = record_linear_inputs(load_model(source), sequences)
+    inputs = record_linear_inputs(build_model(source), sequences)
     weights = dict(source.iter_weights(torch.float32))
     got = _dequantized(awq_dir)
     for i in range(NUM_LAYERS):
@@ -261,7 +262,7 @@ def test_qkv_biases_are_split_and_v_bias_takes_o_projs_scale(tmp_path: Path, opt
     quantize_checkpoint(source, tmp_path / "awq", options)
 
     sequences = calibration_sequences(Tokenizer.from_dir(source.path), AWQOptions(**options))
-    inputs = record_linear_inputs(load_model(source), sequences)
+    inputs = record_linear_inputs(build_model(source), sequences)
     o_proj = "model.layers.0.self_attn.o_proj"
     s_o = search_scale(inputs[o_proj], attention.o_proj.weight.detach(), GROUP_SIZE)
     assert not torch.allclose(s_o, torch.ones_like(s_o))  # a fold would show
@@ -276,9 +277,9 @@ def test_the_checkpoint_loads_with_the_awq_method(source_dir: Path, awq_dir: Pat
     checkpoint = load_safetensors_checkpoint(awq_dir)
     quant_config = build_quantization_config("awq", checkpoint.hf_config)
     sequences = _held_out_sequences()
-    got = _logits(load_model(checkpoint, quant_config), sequences)
+    got = _logits(build_model(checkpoint, quant_config), sequences)
     dense = _dense_checkpoint(tmp_path / "dense", _dequantized(awq_dir), source_dir)
-    want = _logits(load_model(dense), sequences)
+    want = _logits(build_model(dense), sequences)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
 
 
@@ -349,7 +350,7 @@ def test_default_model_quantizes_and_keeps_its_perplexity(tmp_path: Path) -> Non
         assert getattr(tokenizer, name) == getattr(gguf_tokenizer, name)
     ids = tokenizer.encode(HELD_OUT_TEXT, add_special_tokens=False)
     assert ids == gguf_tokenizer.encode(HELD_OUT_TEXT, add_special_tokens=False)
-    float_ppl = perplexity(load_model(source), ids, 256)
+    float_ppl = perplexity(build_model(source), ids, 256)
     quant_config = build_quantization_config("awq", checkpoint.hf_config)
-    awq_ppl = perplexity(load_model(checkpoint, quant_config), ids, 256)
+    awq_ppl = perplexity(build_model(checkpoint, quant_config), ids, 256)
     assert awq_ppl < 1.5 * float_ppl, f"AWQ perplexity {awq_ppl:.3f} vs float {float_ppl:.3f}"
