@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tokenizers
 
@@ -19,7 +19,10 @@ from core.chat_template import render_chat_template
 from core.model_loader.gguf_metadata import read_gguf_metadata
 from core.tokenizer_gguf import gguf_backend_tokenizer, gguf_chat_templates
 
-__all__ = ["Tokenizer", "load_generation_defaults"]
+if TYPE_CHECKING:
+    from core.model_loader.checkpoint import Checkpoint
+
+__all__ = ["Tokenizer", "load_generation_defaults", "load_tokenizer"]
 
 _SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
 
@@ -297,3 +300,11 @@ class Tokenizer:
         raise ValueError(
             "this model has no chat template; pass chat_template (a template or a file path)"
         )
+
+
+def load_tokenizer(checkpoint: Checkpoint, override: str | None = None) -> Tokenizer:
+    """The tokenizer of `override` (a directory or .gguf) or of the checkpoint itself."""
+    path = Path(override) if override else checkpoint.path
+    if path.suffix == ".gguf":
+        return Tokenizer.from_gguf(path)
+    return Tokenizer.from_dir(path)

@@ -58,8 +58,8 @@ def _num_lookahead_tokens(config: EngineConfig) -> int:
 
 def _grammar_backend(config: EngineConfig, checkpoint: Checkpoint) -> XgrammarBackend:
     """Built on the first structured-output request (xgrammar takes seconds to import)."""
-    from core.engine.processor import load_tokenizer
     from core.structured_output.xgrammar_backend import XgrammarBackend
+    from core.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(checkpoint, config.model.tokenizer)
     vocab_size = ArchConfig.from_hf(checkpoint.hf_config).vocab_size

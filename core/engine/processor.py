@@ -30,7 +30,7 @@ from core.plugins.registry import get_registry
 from core.quantization.selector import build_quantization_config
 from core.request import fit_max_tokens
 from core.sampling_params import SamplingParams
-from core.tokenizer import Tokenizer, load_generation_defaults
+from core.tokenizer import load_generation_defaults, load_tokenizer
 
 # The generation_config.json keys that become SamplingParams defaults.
 _GENERATION_KEYS = {
@@ -183,11 +183,3 @@ def _check_grammar(params: SamplingParams) -> None:
     from core.structured_output.xgrammar_backend import build_grammar
 
     build_grammar(params.structured_outputs)
-
-
-def load_tokenizer(checkpoint: Checkpoint, override: str | None = None) -> Tokenizer:
-    """The tokenizer of `override` (a directory or .gguf) or of the checkpoint itself."""
-    path = Path(override) if override else checkpoint.path
-    if path.suffix == ".gguf":
-        return Tokenizer.from_gguf(path)
-    return Tokenizer.from_dir(path)

@@ -209,9 +209,8 @@ def _serve_prompts(options: dict[str, Any]) -> list[str | list[int]]:
 
 
 def _load_tokenizer(path: str | None) -> Any:
-    from core.engine.processor import load_tokenizer
     from core.model_loader import resolve_model
-    from core.tokenizer import Tokenizer
+    from core.tokenizer import Tokenizer, load_tokenizer
 
     if path is None:
         return load_tokenizer(resolve_model(None))

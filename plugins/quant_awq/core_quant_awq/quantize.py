@@ -36,7 +36,7 @@ from core.model_loader import Checkpoint, GGUFCheckpoint
 from core.models import build_model
 from core.models.calibration import record_linear_inputs
 from core.models.layers import LinearBase
-from core.tokenizer import Tokenizer
+from core.tokenizer import Tokenizer, load_tokenizer
 from core_quant_awq.awq_format import PACK, pack_columns
 from core_quant_awq.awq_search import GROUP_SIZES, check_group_size, quantize_groups, search_scale
 
@@ -149,7 +149,7 @@ def quantize_checkpoint(checkpoint: Checkpoint, out_dir: Path, options: Mapping[
     context = checkpoint.hf_config["max_position_embeddings"]
     if settings.seq_len > context:
         raise ValueError(f"seq_len {settings.seq_len} exceeds the model's context of {context}")
-    tokenizer = _source_tokenizer(checkpoint)
+    tokenizer = load_tokenizer(checkpoint)
     sequences = calibration_sequences(tokenizer, settings)
     model = build_model(checkpoint)
     group_size = _group_size(settings.group_size, model)
@@ -313,12 +313,6 @@ def _awq_config(hf_config: Mapping[str, Any], group_size: int) -> dict[str, Any]
         "modules_to_not_convert": None,
     }
     return config
-
-
-def _source_tokenizer(checkpoint: Checkpoint) -> Tokenizer:
-    if isinstance(checkpoint, GGUFCheckpoint):
-        return Tokenizer.from_gguf(checkpoint.path)
-    return Tokenizer.from_dir(checkpoint.path)
 
 
 def _write_tokenizer_files(checkpoint: Checkpoint, tokenizer: Tokenizer, out_dir: Path) -> None:

@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from core.engine.processor import load_tokenizer
 from core.entrypoints.bench.datasets import (
     _SENTENCES,
     draw_lengths,
@@ -14,6 +13,7 @@ from core.entrypoints.bench.datasets import (
     synthetic_prompts,
 )
 from core.model_loader import resolve_model
+from core.tokenizer import load_tokenizer
 
 
 @pytest.fixture(scope="module")
