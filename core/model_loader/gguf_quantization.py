@@ -72,7 +72,6 @@ class GGUFLinearMethod(LinearMethod):
     ) -> None:
         sizes = partition.output_sizes_per_partition
         cols = partition.input_size_per_partition
-        layer.params_dtype = dtype
         layer.gguf_shards = [None] * len(sizes)  # each shard's stored bytes, until packed
         types = add_parameter(
             layer, "qweight_type", (len(sizes),), torch.int64, _type_loader(len(sizes))

@@ -19,7 +19,6 @@ from core.ops.quant_linear import (
     dequantize,
     dequantize_rows,
     group_size,
-    num_inputs,
     pack,
     quant_linear,
     unpack,
@@ -40,10 +39,6 @@ class PackedWeight:
     @property
     def group_size(self) -> int:
         return group_size(self.qweight, self.scales, self.bits)
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.qweight.shape[0], num_inputs(self.qweight, self.bits)
 
     def check(self, name: str) -> None:
         """ValueError naming `name` when the tensors are not one packed weight."""
@@ -90,7 +85,12 @@ def concat_rows(weights: Sequence[PackedWeight]) -> PackedWeight:
 
 
 def store(layer: nn.Module, weight: PackedWeight) -> None:
-    """Hold `weight` on `layer` as buffers (they follow the layer across devices)."""
+    """Hold `weight` on `layer` as buffers (they follow the layer across devices).
+
+    ValueError naming the layer (its `prefix`) when the tensors are not one packed weight:
+    a method's conversion fails at load, not in the kernel.
+    """
+    weight.check(getattr(layer, "prefix", type(layer).__name__))
     for name, tensor in zip(_BUFFERS, (weight.qweight, weight.scales, weight.mins), strict=True):
         layer.register_buffer(name, tensor.contiguous(), persistent=False)
     layer.packed_bits = weight.bits
