@@ -115,15 +115,14 @@ def info_report(registry: PluginRegistry | None = None) -> str:
         f"of {memory.total_bytes / 2**30:.1f} GiB",
         f"default dtype: {choice.platform.default_dtype}",
     ]
-    device_type = choice.platform.device_type
-    lines += _kernel_op_lines(registry, device_type)
+    lines += _kernel_op_lines(registry, choice.platform.device_type)
     return "\n".join(lines + _quantization_lines(registry, choice.platform))
 
 
 def _quantization_lines(registry: PluginRegistry, platform: Platform) -> list[str]:
     """Each installed quantization method: where it comes from, whether this platform runs
     it, which layers it keeps quantized and which kernel multiplies them (and why not)."""
-    from core.ops import REFERENCE, providers
+    from core.ops import REFERENCE, provider
     from core.plugins.groups import QUANTIZATION
     from core.quantization.interface import QuantizationConfig
     from core.quantization.selector import PROVIDERS
@@ -145,8 +144,7 @@ def _quantization_lines(registry: PluginRegistry, platform: Platform) -> list[st
         lines.append(f"  {name} ({origin}): {where}; keeps {keeps} quantized")
     lines += [f"  {name}: not installed (pip install {dist})" for name, dist in
               sorted(PROVIDERS.items()) if name not in installed]  # fmt: skip
-    served = providers().get("quant_linear", {}).get(platform.device_type)
-    kernel = served or (
+    kernel = provider("quant_linear", platform.device_type) or (
         f"{REFERENCE} (dequantize, then torch matmul): no kernel registered for "
         f"{platform.device_type}"
         + (" — pip install core-cpu-kernels" if platform.device_type == "cpu" else "")

@@ -7,7 +7,8 @@ from its `core.general` entry point:
     from core.ops import register_impl
     register_impl("rms_norm", "cpu", my_rms_norm, provider="my-plugin")
 
-`providers()` says which provider serves each op on each device type.
+`providers()` says which provider serves each op on each device type, `provider(op,
+device_type)` one of them.
 """
 
 from core.ops.norm import (
@@ -21,6 +22,7 @@ from core.ops.registry import CORE_OPS, REFERENCE, KernelOp, OpRegistry
 
 register_impl = CORE_OPS.register_impl
 providers = CORE_OPS.providers
+provider = CORE_OPS.provider
 
 __all__ = [
     "CORE_OPS",
@@ -29,6 +31,7 @@ __all__ = [
     "OpRegistry",
     "fused_add_rms_norm",
     "fused_add_rms_norm_reference",
+    "provider",
     "providers",
     "quant_linear",
     "quant_linear_reference",

@@ -122,6 +122,10 @@ class OpRegistry:
         """
         return {name: dict(op.providers) for name, op in self._ops.items()}
 
+    def provider(self, op_name: str, device_type: str) -> str | None:
+        """Who serves `op_name` on `device_type` tensors; None when the reference does."""
+        return self._op(op_name).providers.get(device_type)
+
     def _op(self, op_name: str) -> KernelOp:
         op = self._ops.get(op_name)
         if op is None:

@@ -95,7 +95,6 @@ def packed_weights_pay_off(device_type: str, dtype: torch.dtype) -> bool:
     the same weights (benchmarks/RESULTS.md). Not for 16-bit activations: the kernel
     multiplies in float32 and has not been measured against a native bf16 matmul.
     """
-    from core.ops import providers
+    from core.ops import provider
 
-    served = providers().get("quant_linear", {}).get(device_type) is not None
-    return served and dtype == torch.float32
+    return provider("quant_linear", device_type) is not None and dtype == torch.float32

@@ -59,6 +59,8 @@ def test_a_registered_kernel_serves_its_device_type_by_either_route(toy):
     assert torch.equal(toy.op(x, 3.0), torch.tensor([103.0, 94.0]))
     assert torch.equal(toy.dispatch(x, 3.0), torch.tensor([103.0, 94.0]))
     assert toy.registry.providers() == {"scale": {"cpu": "toy-kernels"}}
+    assert toy.registry.provider("scale", "cpu") == "toy-kernels"
+    assert toy.registry.provider("scale", "cuda") is None  # the reference serves it
 
 
 def test_a_kernel_for_another_device_type_leaves_cpu_on_the_reference(toy):

@@ -40,7 +40,7 @@ def test_blocks_pay_off_only_with_a_kernel_and_float32(monkeypatch):
     from core.quantization import selector
 
     served = {"quant_linear": {"cpu": "some-kernels"}}
-    monkeypatch.setattr("core.ops.providers", lambda: served)
+    monkeypatch.setattr("core.ops.provider", lambda op, device: served[op].get(device))
     assert selector.packed_weights_pay_off("cpu", torch.float32)
     assert not selector.packed_weights_pay_off("cpu", torch.bfloat16)
     assert not selector.packed_weights_pay_off("cuda", torch.float32)  # the reference only
