@@ -38,11 +38,9 @@ def quantize_command(gguf_path: Path, out_dir: Path) -> list[str]:
 
 def build(gguf_path: Path, env: dict[str, str]) -> Path:
     """Run `quantize_command` (in a child with environment `env`, its progress on this
-    terminal) unless the checkpoint is cached; its directory. CalledProcessError when
-    `core quantize` fails."""
+    terminal) into `checkpoint_dir`; the directory. Callers check `is_built` first.
+    CalledProcessError when `core quantize` fails."""
     target = checkpoint_dir(gguf_path)
-    if is_built(gguf_path):
-        return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}-") as work:
         out_dir = Path(work) / target.name
