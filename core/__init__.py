@@ -19,6 +19,7 @@ _PUBLIC = {
     "RequestOutput": "core.outputs",
     "CompletionOutput": "core.outputs",
     "LLMEngine": "core.engine.llm_engine",
+    "LoRARequest": "core.lora.request",
 }
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "EngineArgs",
     "LLM",
     "LLMEngine",
+    "LoRARequest",
     "RequestOutput",
     "SamplingParams",
     "__version__",
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
     from core.engine.llm_engine import LLMEngine
     from core.engine_args import EngineArgs
     from core.entrypoints.llm import LLM
+    from core.lora.request import LoRARequest
     from core.outputs import CompletionOutput, RequestOutput
     from core.sampling_params import SamplingParams
 

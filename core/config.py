@@ -173,6 +173,29 @@ class SpeculativeConfig(_Config):
         return cls(method=method, num_speculative_tokens=k, options=options)
 
 
+class LoRAConfig(_Config):
+    """`--enable-lora` and its limits (vLLM's names and defaults).
+
+    `max_loras` adapters can be in the weight buffers at once (so at most that many
+    distinct adapters run in one step); `max_cpu_loras` loaded adapters are kept in host
+    memory (default: `max_loras`); no adapter may have a rank above `max_lora_rank`.
+    `implementation` is the `core.lora` entry that serves them.
+    """
+
+    max_loras: int = Field(default=1, ge=1)
+    max_lora_rank: int = Field(default=16, ge=1)
+    max_cpu_loras: int | None = Field(default=None, ge=1)
+    implementation: str = "default"
+
+    def resolve(self) -> None:
+        """Fill max_cpu_loras; ValueError naming it when it cannot hold the active slots."""
+        self.set_default("max_cpu_loras", self.max_loras)
+        if self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})"
+            )
+
+
 class EngineConfig(_Config):
     model: ModelConfig = Field(default_factory=ModelConfig)
     cache: CacheConfig = Field(default_factory=CacheConfig)
@@ -183,6 +206,7 @@ class EngineConfig(_Config):
     components: ComponentConfig = Field(default_factory=ComponentConfig)
     kv_transfer: KVTransferConfig = Field(default_factory=KVTransferConfig)
     speculative: SpeculativeConfig | None = None
+    lora: LoRAConfig | None = None  # None: LoRA adapters are not enabled
 
     def freeze(self) -> EngineConfig:
         """A deep copy that refuses changes (assignments were validated as they happened)."""

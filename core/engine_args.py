@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from core.config import EngineConfig, SpeculativeConfig, UsageContext, parse_size
+from core.config import EngineConfig, LoRAConfig, SpeculativeConfig, UsageContext, parse_size
 from core.plugins.components import parse_json_object
 from core.quantization.selector import (
     StoredQuantization,
@@ -126,6 +126,22 @@ class EngineArgs:
         "speculative", "", "--speculative-config",
         'speculative decoding JSON, e.g. {"method": "ngram", "num_speculative_tokens": 4}',
     )  # fmt: skip
+    enable_lora: bool | None = _option(
+        "lora", "", "--enable-lora", "serve LoRA adapters (needs core-lora)",
+        is_flag=True, default=None,
+    )  # fmt: skip
+    max_loras: int | None = _option(
+        "lora", "max_loras", "--max-loras", "adapters in one step (weight slots)", type=int
+    )
+    max_lora_rank: int | None = _option(
+        "lora", "max_lora_rank", "--max-lora-rank", "highest adapter rank", type=int
+    )
+    max_cpu_loras: int | None = _option(
+        "lora", "max_cpu_loras", "--max-cpu-loras", "adapters kept in host memory", type=int
+    )
+    lora_implementation: str | None = _option(
+        "lora", "implementation", "--lora-implementation", "core.lora entry (default: default)"
+    )
 
     def config_sections(self) -> dict[str, dict[str, Any]]:
         """{section: {field: value}} holding only the options the user gave."""
@@ -154,6 +170,7 @@ class EngineArgs:
         """
         sections = self.config_sections()
         speculative = sections.pop("speculative")
+        lora = _lora_config(self, sections.pop("lora"))
         config = EngineConfig(
             **{
                 name: info.annotation.model_validate(sections[name])  # type: ignore[union-attr]
@@ -165,6 +182,7 @@ class EngineArgs:
                 if self.speculative_config is None
                 else SpeculativeConfig.from_json(speculative)
             ),
+            lora=lora,
         )
         _refuse_unbuilt(config)
         if stored_quantization is not None:
@@ -215,6 +233,23 @@ def _refuse_unbuilt(config: EngineConfig) -> None:
         )
 
 
+def _lora_config(args: EngineArgs, options: dict[str, Any]) -> LoRAConfig | None:
+    """The LoRA section when --enable-lora is given; its limits alone are refused (they
+    would be ignored)."""
+    if not args.enable_lora:
+        if options:
+            flags = [
+                f.metadata["flag"]
+                for f in fields(args)
+                if f.metadata["section"] == "lora" and getattr(args, f.name) is not None
+            ]
+            raise ValueError(f"{', '.join(flags)}: LoRA options need --enable-lora")
+        return None
+    config = LoRAConfig.model_validate(options)
+    config.resolve()
+    return config
+
+
 def _apply_model_limits(config: EngineConfig, model_max_len: int, budget: int) -> None:
     requested = config.model.max_model_len
     if requested is not None and requested > model_max_len:
@@ -254,7 +289,12 @@ def _set_size(sections: dict[str, dict[str, Any]], meta: Any, value: Any) -> Non
     sections[meta["section"]][meta["key"]] = parse_size(value)
 
 
+def _flag_only(sections: dict[str, dict[str, Any]], meta: Any, value: Any) -> None:
+    """A switch read by create_engine_config itself (--enable-lora), no config key."""
+
+
 _CONVERTERS: dict[str, Callable[..., None]] = {
+    "enable_lora": _flag_only,
     "enforce_eager": _set_eager,
     "attention_backend_config": _set_json,
     "sampler_config": _set_json,

@@ -19,6 +19,8 @@ class ForwardContext:
     attn_metadata: dict[str, Any]  # layer name -> that layer's backend metadata this step
     num_tokens: int
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. the KV connector of the step
+    # Each token's LoRA adapter, in the form the LoRAManager's layers read (None: no LoRA).
+    lora_mapping: Any = None
 
 
 _current: ForwardContext | None = None

@@ -17,6 +17,7 @@ from core.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from core.engine.protocol import EngineCoreRequest
     from core.kv_cache.block_hash import BlockHash, BlockHasher
+    from core.lora.request import LoRARequest
 
 __all__ = ["FinishReason", "Request", "RequestStatus", "fit_max_tokens"]
 
@@ -81,7 +82,7 @@ class Request:
         *,
         priority: int = 0,
         cache_salt: str | None = None,
-        lora_name: str | None = None,
+        lora_request: LoRARequest | None = None,
         block_hasher: BlockHasher | None = None,
         max_model_len: int | None = None,
     ) -> None:
@@ -94,7 +95,7 @@ class Request:
         self.arrival_time = arrival_time
         self.priority = priority
         self.cache_salt = cache_salt
-        self.lora_name = lora_name
+        self.lora_request = lora_request
         self.max_tokens = _resolve_max_tokens(
             request_id, sampling_params, len(prompt_token_ids), max_model_len
         )
@@ -129,10 +130,15 @@ class Request:
             request.arrival_time,
             priority=request.priority,
             cache_salt=request.cache_salt,
-            lora_name=request.lora_name,
+            lora_request=request.lora_request,
             block_hasher=block_hasher,
             max_model_len=max_model_len,
         )
+
+    @property
+    def lora_name(self) -> str | None:
+        """The adapter's name, a block-hash key: adapters never share cached prefixes."""
+        return None if self.lora_request is None else self.lora_request.lora_name
 
     @property
     def num_prompt_tokens(self) -> int:

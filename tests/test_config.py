@@ -148,3 +148,15 @@ def test_a_hook_cannot_leave_what_the_flags_could_not_set(adjust, message):
     hooks = SimpleNamespace(hook=SimpleNamespace(core_adjust_config=adjust))
     with pytest.raises(ValueError, match=message):
         EngineArgs().create_engine_config(CpuPlatform(), hooks)
+
+
+def test_lora_flags_fill_the_lora_config_and_need_enable_lora():
+    platform = CpuPlatform()
+    args = EngineArgs(enable_lora=True, max_loras=3, max_lora_rank=8)
+    lora = args.create_engine_config(platform).lora
+    assert (lora.max_loras, lora.max_lora_rank, lora.max_cpu_loras) == (3, 8, 3)
+    assert EngineArgs().create_engine_config(platform).lora is None
+    with pytest.raises(ValueError, match="--max-loras, --max-cpu-loras: LoRA options need"):
+        EngineArgs(max_loras=2, max_cpu_loras=3).create_engine_config(platform)
+    with pytest.raises(ValueError, match="max_cpu_loras"):
+        EngineArgs(enable_lora=True, max_loras=4, max_cpu_loras=2).create_engine_config(platform)

@@ -118,6 +118,14 @@ CASES = {
         ("--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}'),
         sets="config.speculative",
     ),
+    "enable_lora": Case(("--enable-lora",), sets="config.lora"),
+    # Alone, LoRA's limits are refused (they would be ignored); with it they set the config.
+    "max_loras": Case(("--max-loras", "2"), refuses="--max-loras"),
+    "max_lora_rank": Case(("--max-lora-rank", "8"), refuses="--max-lora-rank"),
+    "max_cpu_loras": Case(("--max-cpu-loras", "4"), refuses="--max-cpu-loras"),
+    "lora_implementation": Case(
+        ("--lora-implementation", "other"), refuses="--lora-implementation"
+    ),
 }
 
 

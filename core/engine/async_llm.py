@@ -20,6 +20,7 @@ from core.engine.output_processor import RequestOutputKind
 from core.engine.processor import EngineSetup, PreparedRequest
 from core.engine.protocol import SchedulerStats
 from core.engine_args import EngineArgs
+from core.lora.request import LoRARequest
 from core.outputs import RequestOutput
 
 logger = logging.getLogger(__name__)
@@ -56,15 +57,22 @@ class AsyncLLM(EngineFrontend):
         prepared: PreparedRequest,
         output_kind: RequestOutputKind = RequestOutputKind.DELTA,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Yield the request's outputs until it finishes; aborts it if the consumer leaves."""
+        """Yield the request's outputs until it finishes; aborts it if the consumer leaves.
+
+        `lora_request`: the adapter to run with (None: the base model); ValueError when it
+        cannot be served (see InputProcessor.check_lora).
+        """
         if not self.is_healthy:
             raise EngineDeadError(self.client.dead_reason)
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = queue
         finished = False
         try:
-            await self._add_request(request_id, prepared, output_kind, queue, priority)
+            await self._add_request(
+                request_id, prepared, output_kind, queue, priority, lora_request
+            )
             while not finished:
                 item = await queue.get()
                 if isinstance(item, BaseException):

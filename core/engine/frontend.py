@@ -20,6 +20,7 @@ from core.engine.output_processor import (
 )
 from core.engine.processor import EngineSetup, InputProcessor, PreparedRequest
 from core.engine.protocol import EngineCoreOutputs
+from core.lora.request import LoRARequest
 from core.sampling_params import SamplingParams
 
 
@@ -51,9 +52,14 @@ class EngineFrontend:
         output_kind: RequestOutputKind,
         queue: OutputQueue | None,
         priority: int,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         """Track the request (its n samples as child requests) and send each child."""
-        request = self.processor.engine_core_request(request_id, prepared, priority)
+        if lora_request is not None:
+            self.processor.check_lora(lora_request)
+        request = self.processor.engine_core_request(
+            request_id, prepared, priority, lora_request=lora_request
+        )
         for child in self.output_processor.add_request(
             request, prepared.prompt, output_kind, queue
         ):

@@ -13,6 +13,7 @@ from core.engine.frontend import EngineFrontend
 from core.engine.output_processor import OutputQueue, RequestOutputKind
 from core.engine.processor import EngineSetup, PreparedRequest
 from core.engine_args import EngineArgs
+from core.lora.request import LoRARequest
 from core.outputs import RequestOutput
 from core.sampling_params import SamplingParams
 
@@ -37,8 +38,11 @@ class LLMEngine(EngineFrontend):
         output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY,
         queue: OutputQueue | None = None,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> None:
-        run_inline(self._add_request(request_id, prepared, output_kind, queue, priority))
+        run_inline(
+            self._add_request(request_id, prepared, output_kind, queue, priority, lora_request)
+        )
 
     def add_request(
         self,
@@ -47,8 +51,10 @@ class LLMEngine(EngineFrontend):
         params: SamplingParams,
         output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> None:
-        self.add_prepared(request_id, self.prepare(prompt, params), output_kind, None, priority)
+        prepared = self.prepare(prompt, params)
+        self.add_prepared(request_id, prepared, output_kind, None, priority, lora_request)
 
     def abort_request(self, request_ids: list[str]) -> None:
         run_inline(self._abort(request_ids))

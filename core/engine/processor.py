@@ -16,13 +16,17 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import torch
 
 from core.config import EngineConfig, UsageContext
 from core.engine.protocol import EngineCoreRequest
 from core.engine_args import EngineArgs
+from core.lora.request import LoRARequest
+from core.lora.selector import lora_manager_class
 from core.model_loader import Checkpoint, resolve_model
 from core.model_loader.gguf_loader import GGUFCheckpoint
 from core.models.arch_config import ArchConfig
+from core.models.registry import resolve_model_class
 from core.platforms.interface import Platform
 from core.platforms.selection import select_platform
 from core.plugins.hooks import get_hook_manager
@@ -81,6 +85,8 @@ class EngineSetup:
         if config.model.quantization is not None:
             # Fail here, naming the flag or the plugin to install, not in the engine core.
             build_quantization_config(config.model.quantization, checkpoint.hf_config, registry)
+        if config.lora is not None:
+            lora_manager_class(config.lora, registry)  # installed, or the package to install
         return cls(config, choice.platform, checkpoint, hooks)
 
 
@@ -93,6 +99,10 @@ class InputProcessor:
         self.vocab_size = ArchConfig.from_hf(checkpoint.hf_config).vocab_size
         self.tokenizer = load_tokenizer(checkpoint, self.config.model.tokenizer)
         self.generation_defaults = self._generation_defaults(checkpoint)
+        self._arch = ArchConfig.from_hf(checkpoint.hf_config)
+        self._loras: dict[int, LoRARequest] = {}  # adapters checked, by lora_int_id
+        self._retired_lora_ids: set[int] = set()
+        self._shape_model: torch.nn.Module | None = None
 
     def _generation_defaults(self, checkpoint: Checkpoint) -> dict[str, Any]:
         source = self.config.model.generation_config
@@ -159,12 +169,56 @@ class InputProcessor:
             text = text[: text.rfind(last) + len(last)]
         return self.tokenizer.encode(text, add_special_tokens=False)
 
+    def check_lora(self, request: LoRARequest) -> None:
+        """ValueError, before anything is queued, when `request`'s adapter cannot be served:
+        LoRA not enabled, its id or name already taken by another adapter (the engine
+        caches weights by id and prefixes by name), or the implementation's
+        `check_adapter` refusing it. Each adapter is checked once."""
+        lora = self.config.lora
+        if lora is None:
+            raise ValueError(
+                "lora_request: LoRA adapters are not enabled (start with --enable-lora)"
+            )
+        known = self._loras.get(request.lora_int_id)
+        if known == request:
+            return
+        if known is not None or request.lora_int_id in self._retired_lora_ids:
+            raise ValueError(
+                f"lora_request.lora_int_id: {request.lora_int_id} is already used by another "
+                "adapter; give each adapter its own id"
+            )
+        if any(r.lora_name == request.lora_name for r in self._loras.values()):
+            raise ValueError(
+                f"lora_request.lora_name: {request.lora_name!r} is already the name of another "
+                "adapter"
+            )
+        lora_manager_class(lora).check_adapter(self._model_shapes(), request, lora)
+        self._loras[request.lora_int_id] = request
+
+    def forget_lora(self, lora_int_id: int) -> bool:
+        """Free the adapter's name for another one; its id stays taken (the engine may
+        still hold its weights under that id). False when it was not known."""
+        request = self._loras.pop(lora_int_id, None)
+        if request is None:
+            return False
+        self._retired_lora_ids.add(lora_int_id)
+        return True
+
+    def _model_shapes(self) -> torch.nn.Module:
+        """The model built on the meta device: its layers' shapes, no weights."""
+        if self._shape_model is None:
+            model_cls = resolve_model_class(self._arch.architectures)
+            with torch.device("meta"):
+                self._shape_model = model_cls(self._arch, None, torch.float32)
+        return self._shape_model
+
     def engine_core_request(
         self,
         request_id: str,
         prepared: PreparedRequest,
         priority: int = 0,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> EngineCoreRequest:
         return EngineCoreRequest(
             request_id=request_id,
@@ -174,6 +228,7 @@ class InputProcessor:
             arrival_time=time.time(),
             priority=priority,
             cache_salt=cache_salt,
+            lora_request=lora_request,
         )
 
 

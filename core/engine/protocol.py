@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import msgspec
 
+from core.lora.request import LoRARequest
 from core.request import FinishReason
 from core.sampling_params import SamplingParams
 from core.scheduler.output import (
@@ -42,4 +43,4 @@ class EngineCoreRequest(msgspec.Struct, kw_only=True, array_like=True):
     arrival_time: float
     priority: int = 0  # lower runs first under the priority policy
     cache_salt: str | None = None  # requests with different salts never share cache
-    lora_name: str | None = None
+    lora_request: LoRARequest | None = None  # None: the base model

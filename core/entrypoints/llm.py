@@ -10,6 +10,7 @@ from tqdm import tqdm
 from core.engine.llm_engine import LLMEngine
 from core.engine.processor import PreparedRequest
 from core.engine_args import EngineArgs
+from core.lora.request import LoRARequest
 from core.outputs import RequestOutput
 from core.sampling_params import SamplingParams
 
@@ -32,20 +33,26 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         priority: Sequence[int] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in the prompts' order.
 
-        Every prompt is validated before any is queued: a bad one raises ValueError and
-        the engine is left as it was.
+        `lora_request`: one adapter for every prompt, or a list aligned with the prompts
+        (None entries run on the base model). Every prompt and adapter is validated before
+        any is queued: a bad one raises ValueError and the engine is left as it was.
         """
         batch = _as_list(prompts)
         params = self._params_for(batch, sampling_params)
         if priority is not None and len(priority) != len(batch):
             raise ValueError(f"priority has {len(priority)} entries for {len(batch)} prompts")
+        loras = _loras_for(batch, lora_request)
+        for lora in loras:
+            if lora is not None:
+                self.engine.processor.check_lora(lora)
         prepared = [
             self.engine.prepare(_prompt_input(p), sp) for p, sp in zip(batch, params, strict=True)
         ]
-        return self._run(prepared, priority, use_tqdm)
+        return self._run(prepared, priority, loras, use_tqdm)
 
     def chat(
         self,
@@ -83,11 +90,20 @@ class LLM:
         return list(params)
 
     def _run(
-        self, prepared: list[PreparedRequest], priority: Sequence[int] | None, use_tqdm: bool
+        self,
+        prepared: list[PreparedRequest],
+        priority: Sequence[int] | None,
+        loras: list[LoRARequest | None],
+        use_tqdm: bool,
     ) -> list[RequestOutput]:
         ids = [self.engine.new_request_id() for _ in prepared]
         for i, (request_id, request) in enumerate(zip(ids, prepared, strict=True)):
-            self.engine.add_prepared(request_id, request, priority=priority[i] if priority else 0)
+            self.engine.add_prepared(
+                request_id,
+                request,
+                priority=priority[i] if priority else 0,
+                lora_request=loras[i],
+            )
         finished: dict[str, RequestOutput] = {}
         with tqdm(total=len(ids), desc="Generating", disable=not use_tqdm) as bar:
             while len(finished) < len(ids):
@@ -96,6 +112,20 @@ class LLM:
                         finished[output.request_id] = output
                         bar.update(1)
         return [finished[request_id] for request_id in ids]
+
+
+def _loras_for(
+    batch: list[Prompt], lora_request: LoRARequest | Sequence[LoRARequest | None] | None
+) -> list[LoRARequest | None]:
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * len(batch)
+    loras = list(lora_request)
+    if len(loras) != len(batch):
+        raise ValueError(f"lora_request has {len(loras)} entries for {len(batch)} prompts")
+    bad = [r for r in loras if r is not None and not isinstance(r, LoRARequest)]
+    if bad:
+        raise ValueError(f"lora_request entries must be LoRARequest or None, got {bad[0]!r}")
+    return loras
 
 
 def _as_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -218,7 +219,12 @@ class LlamaForCausalLM(nn.Module):
     - `load_weights(weights)` takes `(hf_name, tensor)` pairs as a Checkpoint yields them,
       then lets every layer's method finish its weights
       (`core.models.hf_weights.process_weights_after_loading`).
+    - `stacked_params`: which checkpoint modules each fused linear layer holds, as shards
+      (LoRA adapters name q_proj / gate_proj...; a model without it gets no adapters on
+      its fused layers).
     """
+
+    stacked_params: ClassVar[tuple[StackedParam, ...]] = _STACKED_PARAMS
 
     @classmethod
     def decoder_options(cls, config: ArchConfig) -> DecoderOptions:
@@ -257,7 +263,7 @@ class LlamaForCausalLM(nn.Module):
         tables some checkpoints carry ("rotary_emb.inv_freq") are recomputed, not read;
         a tied model ignores an "lm_head.weight" (it is the embedding).
         """
-        load_hf_weights(self, weights, _STACKED_PARAMS, self._skips_weight)
+        load_hf_weights(self, weights, self.stacked_params, self._skips_weight)
 
     def _skips_weight(self, hf_name: str) -> bool:
         if "rotary_emb" in hf_name.split("."):

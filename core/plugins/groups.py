@@ -41,11 +41,8 @@ TOOL_PARSERS = "core.tool_parsers"
 """The ToolParser class that extracts tool calls from generated text (`hermes`...)."""
 
 LORA = "core.lora"
-"""The LoRA implementation (manager) class that the `core-lora` plugin registers.
-
-Its interface is defined by the LoRA issue; the group is fixed now so that the name and
-the allowlist, version and reporting rules already apply to it.
-"""
+"""The LoRAManager class (core.lora.interface) that serves `--enable-lora` ("default":
+the `core-lora` plugin's)."""
 
 NOUNS: dict[str, str] = {
     PLATFORMS: "platform",

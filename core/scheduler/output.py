@@ -85,6 +85,9 @@ class SchedulerStats(msgspec.Struct, kw_only=True):
     prefix_cache_hits: int
     num_preemptions: int
     spec_decoding: SpecDecodingStats | None = None  # None: speculation is off
+    # {adapter name: number of requests} of the running and the waiting LoRA requests.
+    running_lora_adapters: dict[str, int] = msgspec.field(default_factory=dict)
+    waiting_lora_adapters: dict[str, int] = msgspec.field(default_factory=dict)
 
     @property
     def prefix_cache_hit_rate(self) -> float:

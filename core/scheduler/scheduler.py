@@ -18,6 +18,8 @@ KV slots are simply overwritten later).
 from __future__ import annotations
 
 import time
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from core.config import EngineConfig
@@ -78,6 +80,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.grammars = structured_outputs
         self.num_lookahead_tokens = num_lookahead_tokens
+        self.max_loras = config.lora.max_loras if config.lora is not None else 0
         spec = config.speculative
         self.spec_stats = SpecDecodingStats.empty(spec.num_speculative_tokens) if spec else None
         # Requests finished outside a step (a grammar that failed to compile), reported
@@ -89,6 +92,8 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
+        if request.lora_request is not None and not self.max_loras:
+            raise ValueError("lora_request: LoRA adapters are not enabled (--enable-lora)")
         constraint = request.sampling_params.structured_outputs
         if constraint is not None:
             if self.grammars is None:
@@ -209,9 +214,17 @@ class Scheduler:
         step.preempted = True
 
     def _schedule_waiting(self, step: _Step) -> None:
-        skipped: list[Request] = []  # still compiling their grammar: they keep their place
+        # Still compiling their grammar, or needing an adapter beyond the max_loras the
+        # running requests leave room for: they keep their place, later ones go first.
+        skipped: list[Request] = []
+        adapters = self._running_adapters()
         while self.waiting and step.token_budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting.peek()
+            lora = request.lora_request
+            if lora is not None and lora.lora_int_id not in adapters:
+                if len(adapters) >= self.max_loras:
+                    skipped.append(self.waiting.pop())
+                    continue
             if request.status == RequestStatus.WAITING_FOR_GRAMMAR:
                 assert self.grammars is not None  # only requests with grammars wait for one
                 if not self.grammars.is_ready(request.request_id):
@@ -224,8 +237,15 @@ class Scheduler:
                 request.status = RequestStatus.WAITING
             if not self._admit(request, step):
                 break
+            if lora is not None:
+                adapters.add(lora.lora_int_id)
         for request in reversed(skipped):
             self.waiting.add_front(request)
+
+    def _running_adapters(self) -> set[int]:
+        """The adapters of the running requests: at most max_loras, so any step's share of
+        them fits the workers' adapter slots."""
+        return {r.lora_request.lora_int_id for r in self.running if r.lora_request is not None}
 
     def _finish_with_error(self, request: Request, reason: str) -> None:
         request.status = RequestStatus.FINISHED_ERROR
@@ -276,6 +296,7 @@ class Scheduler:
                 sampling_params=r.sampling_params,
                 block_ids=self.kv.get_block_ids(r.request_id),
                 num_computed_tokens=r.num_computed_tokens,
+                lora_request=r.lora_request,
             )
             for r in step.new_reqs
         ]
@@ -422,4 +443,11 @@ class Scheduler:
             prefix_cache_hits=cache.hits,
             num_preemptions=self.num_preemptions,
             spec_decoding=self.spec_stats and self.spec_stats.snapshot(),
+            running_lora_adapters=_count_adapters(self.running),
+            waiting_lora_adapters=_count_adapters(self.waiting),
         )
+
+
+def _count_adapters(requests: Iterable[Request]) -> dict[str, int]:
+    """{adapter name: how many of `requests` use it}."""
+    return dict(Counter(r.lora_name for r in requests if r.lora_name is not None))

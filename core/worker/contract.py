@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from core.lora.request import LoRARequest
 from core.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ class NewRequestData(msgspec.Struct, kw_only=True):
     sampling_params: SamplingParams
     block_ids: tuple[list[int], ...]  # per KV-cache group, covering computed + scheduled
     num_computed_tokens: int  # tokens already in the KV cache (a prefix-cache hit)
+    lora_request: LoRARequest | None = None  # None: the base model
 
 
 class CachedRequestData(msgspec.Struct, kw_only=True):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from core.lora.request import LoRARequest
 from core.sampling_params import SamplingParams
 from core.worker.block_table import BlockTable
 
@@ -28,6 +29,7 @@ class CachedRequestState:
     block_ids: tuple[list[int], ...]
     num_computed_tokens: int
     output_token_ids: list[int] = field(default_factory=list)
+    lora_request: LoRARequest | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -11,6 +11,9 @@ With speculative decoding (`speculator` given), a request's scheduled tokens end
 drafts: logits are computed at each of its verified positions and the rejection sampler
 keeps what the target agrees with (core.worker.verification); then the proposer drafts
 for the next step, looking at the batch with the accepted tokens appended.
+
+With LoRA (`lora` given), each step first gets slots for the batch's adapters; every
+forward context then carries each token's slot (`ForwardContext.lora_mapping`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from torch import nn
 from core.attention.interface import AttentionMetadataBuilder, CommonAttentionMetadata
 from core.forward_context import ForwardContext, set_forward_context
 from core.kv_cache.layout import KVCacheConfig
+from core.lora.interface import NO_SLOT, LoRAManager
 from core.sample.interface import Sampler
 from core.sample.logprobs import compute_prompt_logprobs
 from core.sample.metadata import SamplingMetadata
@@ -56,8 +60,11 @@ class ModelRunner:
         vocab_size: int,
         eos_token_id: int | None,
         speculator: Speculator | None = None,
+        lora: LoRAManager | None = None,
     ) -> None:
         self.model = model
+        self.lora = lora
+        self._row_slots = np.full(max_num_reqs, NO_SLOT, dtype=np.int64)  # per batch row
         self.sampler = sampler
         self.speculator = speculator
         self.device = device
@@ -101,6 +108,7 @@ class ModelRunner:
                 generator=self._generator(new.sampling_params.seed),
                 block_ids=tuple(list(ids) for ids in new.block_ids),
                 num_computed_tokens=new.num_computed_tokens,
+                lora_request=new.lora_request,
             )
             self.requests[new.req_id] = state
             batch.add(state)
@@ -168,7 +176,25 @@ class ModelRunner:
         each row's positions consecutive (what a proposer runs; see ProposalBatch)."""
         req_rows, first, counts = np.unique(rows, return_index=True, return_counts=True)
         inputs = self._step_inputs(req_rows, counts, positions[first])
-        return ForwardContext(self._attention_metadata(inputs), len(rows))
+        return self._context(inputs)
+
+    def _context(self, inputs: _StepInputs) -> ForwardContext:
+        return ForwardContext(
+            self._attention_metadata(inputs),
+            len(inputs.rows),
+            lora_mapping=None
+            if self.lora is None
+            else self.lora.mapping(self._tensor(self._row_slots[inputs.rows])),
+        )
+
+    def _activate_adapters(self, lora: LoRAManager) -> None:
+        """Slots for the batch's adapters, and each batch row's slot (NO_SLOT: base model)."""
+        batch = self._require_batch()
+        states = batch.rows[: batch.num_reqs]
+        slots = lora.activate({s.lora_request for s in states if s.lora_request is not None})
+        self._row_slots[: batch.num_reqs] = [
+            NO_SLOT if s.lora_request is None else slots[s.lora_request.lora_int_id] for s in states
+        ]
 
     def _attention_metadata(self, inputs: _StepInputs) -> dict[str, Any]:
         num_reqs = len(inputs.seq_lens)
@@ -205,12 +231,13 @@ class ModelRunner:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
         if self.speculator is not None:
             self.speculator.forget(so.finished_req_ids)
+        if self.lora is not None:
+            self._activate_adapters(self.lora)
         self._write_drafts(so)
         num_drafts = self._num_drafts(so)
         inputs = self._prepare_inputs(so, num_drafts)
         input_ids = self._tensor(batch.token_ids[inputs.rows, inputs.positions])
-        context = ForwardContext(self._attention_metadata(inputs), len(inputs.rows))
-        with set_forward_context(context):
+        with set_forward_context(self._context(inputs)):
             hidden = self.model(input_ids, self._tensor(inputs.positions))  # [T, H]
         known = batch.num_tokens[: batch.num_reqs] + num_drafts
         sample_rows = np.flatnonzero(inputs.seq_lens == known)

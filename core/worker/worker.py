@@ -13,6 +13,8 @@ from core.attention.selector import select_attention_backend
 from core.config import EngineConfig
 from core.kv_cache.layout import KVCacheConfig, create_kv_cache_view
 from core.kv_cache.spec import KVCacheSpec
+from core.lora.interface import LoRAManager
+from core.lora.selector import lora_manager_class
 from core.model_loader import Checkpoint, resolve_model
 from core.models.arch_config import ArchConfig
 from core.models.registry import build_model
@@ -56,6 +58,7 @@ class Worker:
         speculative proposer when one is configured."""
         checkpoint = checkpoint or resolve_model(self.config.model.model)
         self.model, self.arch = self._build_model(checkpoint)
+        self.lora = self._build_lora_manager(self.model)
         sampler = build_sampler(
             self.platform, self.config.components.sampler, self.config.components.sampler_config
         )
@@ -73,6 +76,7 @@ class Worker:
             vocab_size=self.arch.vocab_size,
             eos_token_id=self.arch.eos_token_id,
             speculator=self.speculator,
+            lora=self.lora,
         )
 
     def _build_model(
@@ -85,6 +89,13 @@ class Worker:
         if prefix:
             prefix_layer_names(model, prefix)
         return model, ArchConfig.from_hf(checkpoint.hf_config)
+
+    def _build_lora_manager(self, model: nn.Module) -> LoRAManager | None:
+        """With --enable-lora, the implementation that wraps the loaded model's layers."""
+        config = self.config.lora
+        if config is None:
+            return None
+        return lora_manager_class(config)(model, config, self.device, self.dtype)
 
     def _quantization_config(
         self, checkpoint: Checkpoint, draft: bool

@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 from core.kv_cache.block_hash import hash_block_tokens, make_block_hasher, none_hash
+from core.lora.request import LoRARequest
 from core.request import Request
 from core.sampling_params import SamplingParams
 
@@ -68,7 +69,7 @@ def test_cache_salt_and_lora_name_separate_every_block():
     tokens = list(range(8))
     plain = request(tokens).block_hashes
     salted = request(tokens, cache_salt="x").block_hashes
-    lora = request(tokens, lora_name="x").block_hashes
+    lora = request(tokens, lora_request=LoRARequest("x", 1, "/adapters/x")).block_hashes
     assert salted[0] != plain[0] and salted[1] != plain[1]
     assert lora[0] != plain[0] and lora[1] != plain[1]
     # Tagged keys: a salt and an adapter with the same name stay apart.
@@ -84,6 +85,7 @@ def test_extra_keys_enter_the_first_block_only():
 
 _PRINT_HASHES = """
 from core.kv_cache.block_hash import hash_block_tokens
+from core.lora.request import LoRARequest
 h0 = hash_block_tokens(None, [1, 2, 3, 4], (("salt", "s"),), algo="{algo}")
 print(hash_block_tokens(h0, [5, 6, 7, 8], algo="{algo}").hex())
 """

@@ -13,6 +13,7 @@ from core.kv_cache.grouping import kv_cache_config_for_blocks
 from core.kv_cache.kv_cache_manager import KVCacheManager
 from core.kv_cache.registry import KVCacheSpecRegistry
 from core.kv_cache.spec import FullAttentionSpec, SlidingWindowSpec
+from core.lora.request import LoRARequest
 from core.request import Request, RequestStatus
 from core.sampling_params import SamplingParams
 
@@ -151,10 +152,11 @@ def test_different_cache_salts_never_share_blocks():
 
 def test_lora_name_separates_prefixes():
     manager = make_manager()
-    admit(manager, make_request(manager, "a", PREFIX + [1], lora_name="sql"))
-    other = make_request(manager, "b", PREFIX + [1], lora_name="chat")
+    sql, chat = LoRARequest("sql", 1, "/adapters/sql"), LoRARequest("chat", 2, "/adapters/chat")
+    admit(manager, make_request(manager, "a", PREFIX + [1], lora_request=sql))
+    other = make_request(manager, "b", PREFIX + [1], lora_request=chat)
     base = make_request(manager, "c", PREFIX + [1])
-    same = make_request(manager, "d", PREFIX + [1], lora_name="sql")
+    same = make_request(manager, "d", PREFIX + [1], lora_request=sql)
     assert manager.get_computed_blocks(other)[1] == 0
     assert manager.get_computed_blocks(base)[1] == 0
     assert manager.get_computed_blocks(same)[1] == 8

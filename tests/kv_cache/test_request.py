@@ -6,6 +6,7 @@ import pytest
 
 from core.engine.protocol import EngineCoreRequest
 from core.kv_cache.block_hash import make_block_hasher
+from core.lora.request import LoRARequest
 from core.request import FinishReason, Request, RequestStatus
 from core.sampling_params import SamplingParams
 
@@ -19,7 +20,7 @@ def engine_request(max_tokens: int | None = 16, prompt=(1, 2, 3, 4, 5)) -> Engin
         arrival_time=12.5,
         priority=3,
         cache_salt="salt",
-        lora_name="adapter",
+        lora_request=LoRARequest("adapter", 1, "/adapters/a"),
     )
 
 
