@@ -39,6 +39,7 @@ CONFORMANCE = [
     # GPU platforms: here their probes must answer "unavailable" cheaply, without torch.
     "platform:cuda",
     "platform:rocm",
+    "lora:default",
     "model:LlamaForCausalLM",
     "model:MistralForCausalLM",
     "model:Qwen2ForCausalLM",

@@ -18,6 +18,7 @@ KINDS: dict[str, tuple[str | None, str | None]] = {
     "kv_connector": ("core.kv_connectors", "core.kv_transfer.interface:KVConnector"),
     "model": ("core.models", "torch.nn:Module"),
     "spec_proposer": ("core.spec_proposers", "core.spec_decode.interface:Proposer"),
+    "lora": ("core.lora", "core.lora.interface:LoRAManager"),
     # Core's own, behind an ABC so a platform can bring a fused kernel: no plugin group.
     "rejection_sampler": (None, "core.spec_decode.interface:RejectionSampler"),
 }
