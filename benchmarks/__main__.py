@@ -1,6 +1,6 @@
 """Side-by-side benchmarks: the same workloads on core and its peers in one run, with ratios.
 
-    python -m benchmarks [--workloads W1,W2,W3,W4,W5,Q]
+    python -m benchmarks [--workloads W1,W2,W3,W4,W5,W6,Q]
                          [--peers core,core-fp32,core-gguf,core-awq,transformers,llama.cpp]
                          [--quick] [--threads N] [--output-json PATH] [--results-md PATH]
 
@@ -25,6 +25,7 @@ from benchmarks import (
     awq_checkpoint,
     ceilings,
     llama_cpp_build,
+    lora,
     quality,
     report,
     speculative,
@@ -34,7 +35,7 @@ from benchmarks import (
 from benchmarks.workloads import Metrics, Prompts, Sizes
 
 # Q, quality, is no engine's: it loads its three models itself, whatever --peers says.
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "Q")
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "Q")
 ENGINES = ("core", "core-fp32", "core-gguf", "core-awq", "transformers", "llama.cpp")
 # Which workloads each engine takes part in (W4 and W5 measure core's own prefix cache and
 # speculative decoding).
@@ -43,7 +44,7 @@ ENGINES = ("core", "core-fp32", "core-gguf", "core-awq", "transformers", "llama.
 # "core-gguf" and "core-awq" repeat them at the default dtype with 4-bit weights kept
 # packed: the GGUF's own blocks, and the AWQ checkpoint `core quantize awq` makes of it.
 ENGINE_WORKLOADS = {
-    "core": ("W1", "W2", "W3", "W4", "W5"),
+    "core": ("W1", "W2", "W3", "W4", "W5", "W6"),
     "core-fp32": ("W1", "W2"),
     "core-gguf": ("W1", "W2"),
     "core-awq": ("W1", "W2"),
@@ -177,6 +178,8 @@ def run_core(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
         found["W4"] = _timed("core W4", workloads.core_w4, inputs.gguf, inputs.tokenizer, sizes)
     if "W5" in selected:
         found["W5"] = _timed("core W5", speculative.core_w5, inputs.gguf, inputs.tokenizer, sizes)
+    if "W6" in selected:
+        found["W6"] = _timed("core W6", lora.core_w6, inputs.gguf, inputs.w1, sizes)
     return found
 
 

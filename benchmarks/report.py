@@ -173,6 +173,18 @@ def w5_section(core: dict[str, Any]) -> str:
     return f"## W5: copy-heavy, speculative decoding\n\n{note}\n\n" + markdown_table(headers, rows)
 
 
+def w6_section(core: dict[str, Any]) -> str:
+    base = core["base"]["total_tokens_per_s"]
+    rows = [["base model alone (no LoRA)", fmt(base), "1.00x"]]
+    for n, m in core["adapters"].items():
+        value = m["total_tokens_per_s"]
+        rows.append([f"{n} adapter{'s' * (int(n) > 1)}", fmt(value), f"{value / base:.2f}x"])
+    note = (f"core only, {core['how']}. Overhead per extra adapter in the batch: "
+            f"{core['overhead_per_slot']:.1%} of the 1-adapter throughput.")  # fmt: skip
+    headers = ["adapters in the batch", "W1 total tok/s", "vs base"]
+    return f"## W6: multi-LoRA\n\n{note}\n\n" + markdown_table(headers, rows)
+
+
 def _w5_row(name: str, m: dict[str, Any], none: dict[str, Any]) -> list[str]:
     single, streams, w2 = m["w5_single"], m["w5_streams"], m["w2"]
     rate, length = "acceptance_rate", "mean_accepted_length"
@@ -229,6 +241,8 @@ def workload_sections(results: Results, c: Ceilings) -> list[str]:
         sections.append(w4_section(results["W4"]["core"]))
     if results.get("W5", {}).get("core"):
         sections.append(w5_section(results["W5"]["core"]))
+    if results.get("W6", {}).get("core"):
+        sections.append(w6_section(results["W6"]["core"]))
     if results.get("Q"):
         sections.append(quality_section(results["Q"]))
     return sections
@@ -377,6 +391,21 @@ def speculative_targets(results: Results) -> list[Target]:
     return targets
 
 
+# The LoRA issue's target: W1 with 4 adapters round-robin, rank 16, vs the base model alone.
+LORA_TARGET = 0.75
+
+
+def lora_targets(results: Results) -> list[Target]:
+    core = results.get("W6", {}).get("core")
+    if not core:
+        return []
+    value = core["adapters"][4]["total_tokens_per_s"]
+    base = core["base"]["total_tokens_per_s"]
+    return [Target("core W6 W1 total tok/s, 4 rank-16 adapters vs base alone",
+                   f"{fmt(value)} / {fmt(base)}", value / base, f">= {LORA_TARGET}",
+                   value >= LORA_TARGET * base)]  # fmt: skip
+
+
 def spread_text(on: Sequence[dict[str, Any]], off: Sequence[dict[str, Any]]) -> str:
     key = "unshared_requests_per_s"
     return (f"{spread([r[key] for r in on]):.1%} on, "
@@ -392,6 +421,7 @@ def targets(results: Results, c: Ceilings) -> list[Target]:
         *serving_targets(results),
         *prefix_targets(results),
         *speculative_targets(results),
+        *lora_targets(results),
     ]
 
 

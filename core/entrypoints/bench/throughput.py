@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from core.entrypoints.bench.results import ThroughputResult
 from core.entrypoints.bench.speculation import SpeculationMeter
+from core.lora.request import LoRARequest
 from core.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -24,14 +25,20 @@ def output_lens_for(prompts: list, output_len: int | list[int]) -> list[int]:
 
 
 def benchmark_throughput(
-    llm: LLM, prompts: list[list[int]], output_len: int | list[int], ignore_eos: bool = True
+    llm: LLM,
+    prompts: list[list[int]],
+    output_len: int | list[int],
+    ignore_eos: bool = True,
+    lora_requests: list[LoRARequest | None] | None = None,
 ) -> ThroughputResult:
     """Generate greedily for all `prompts` (token ids) and report tokens per second.
 
     One warm-up request runs first, untimed: the first prompt reversed, so it shares no
-    prefix-cache block with the timed prompts. Output tokens are those actually produced
-    (fewer than asked when `ignore_eos` is off and a request stops early). With speculative
-    decoding on, the acceptance figures count the timed requests' drafts only.
+    prefix-cache block with the timed prompts; with `lora_requests` (one per prompt), one
+    warm-up per distinct adapter, so none is read from disk while timed. Output tokens are
+    those actually produced (fewer than asked when `ignore_eos` is off and a request stops
+    early). With speculative decoding on, the acceptance figures count the timed requests'
+    drafts only.
     """
     if not prompts:
         raise ValueError("prompts must not be empty")
@@ -39,10 +46,11 @@ def benchmark_throughput(
         SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=ignore_eos)
         for n in output_lens_for(prompts, output_len)
     ]
-    llm.generate([prompts[0][::-1]], params[0], use_tqdm=False)
+    warmups = list(dict.fromkeys(lora_requests or [None]))
+    llm.generate([prompts[0][::-1]] * len(warmups), params[0], use_tqdm=False, lora_request=warmups)
     meter = SpeculationMeter(llm)
     start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
+    outputs = llm.generate(prompts, params, use_tqdm=False, lora_request=lora_requests)
     duration = time.perf_counter() - start
     prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)
     output_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
