@@ -191,11 +191,12 @@ class WrappedLinearMethod(LinearMethod):
     """A method that adds to another one (its `base`) without knowing what the base is.
 
     LoRA is the intended user: its wrapper keeps the base's parameters and `apply`
-    (AWQ, FP8, unquantized alike), registers its own low-rank parameters, and adds
-    their product to the base's output. Every call delegates to `base` by default; a
-    wrapper overrides `add_weights` to register its parameters and then overrides both
-    `apply` and `dequantize`, so that the dense reference keeps describing what `apply`
-    computes (e.g. `base.dequantize(layer) + scaling * B @ A`).
+    (AWQ, GGUF, unquantized alike), registers its own low-rank buffers, and adds their
+    product to the base's output. Every call delegates to `base` by default; a wrapper
+    overrides `add_weights` to register its tensors and `apply`. `dequantize` describes
+    what `apply` computes for a row the wrapper leaves alone; a wrapper whose addition
+    depends on the row (core-lora's: each token row's adapter, from the forward context)
+    documents its own per-row reference beside it.
 
     A layer wraps the method it already has with `LinearBase.wrap_linear_method`, after
     its base parameters exist (and possibly after they are loaded); a QuantizationConfig
