@@ -35,3 +35,12 @@ def cache_dir() -> Path:
     """CORE_CACHE_DIR: where core keeps downloads (default ~/.cache/core)."""
     raw = os.environ.get("CORE_CACHE_DIR")
     return Path(raw).expanduser() if raw else Path.home() / ".cache" / "core"
+
+
+def allow_runtime_lora_updating() -> bool:
+    """CORE_ALLOW_RUNTIME_LORA_UPDATING=1 (or true): with --enable-lora, `core serve` also
+    serves POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING). Anyone who can reach /v1 can then make the server
+    read an adapter from any path it can see: a development setting."""
+    raw = os.environ.get("CORE_ALLOW_RUNTIME_LORA_UPDATING", "")
+    return raw.strip().lower() in ("1", "true")

@@ -10,6 +10,8 @@ adding what grew since the previous snapshot.
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -43,7 +45,9 @@ def metric_name(name: str) -> str:
 class EngineMetrics:
     """The metric families of one model; ``render()`` is the exposition."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, max_loras: int | None = None) -> None:
+        """`max_loras`: the engine's --max-loras, None when LoRA is not enabled (then
+        there is no LoRA family)."""
         self.registry = CollectorRegistry()
         self._model_name = model_name
         self._last_stats: SchedulerStats | None = None
@@ -93,6 +97,9 @@ class EngineMetrics:
         )
         self._e2e = histogram("e2e_request_latency_seconds", "Arrival to finish.", _E2E_BUCKETS)
         self._spec: _SpecDecodingMetrics | None = None
+        self._lora = (
+            None if max_loras is None else _LoRAMetrics(self.registry, model_name, max_loras)
+        )
 
     def record_scheduler_stats(self, stats: SchedulerStats) -> None:
         """Set the gauges to this snapshot and add the growth of its cumulative counts."""
@@ -111,6 +118,8 @@ class EngineMetrics:
         )
         if stats.spec_decoding is not None:
             self._record_spec_decoding(stats.spec_decoding, last and last.spec_decoding)
+        if self._lora is not None:
+            self._lora.record(stats.running_lora_adapters, stats.waiting_lora_adapters)
         self._last_stats = stats
 
     def _record_spec_decoding(
@@ -182,6 +191,31 @@ class _SpecDecodingMetrics:
         for i, child in enumerate(self._per_pos):
             before = last.num_accepted_tokens_per_pos[i] if last else None
             child.inc(_growth(stats.num_accepted_tokens_per_pos[i], before))
+
+
+class _LoRAMetrics:
+    """vLLM's `lora_requests_info`: a gauge whose labels say which adapters the running
+    and the waiting requests use (sorted names, comma-joined; "" for none) and whose value
+    is the wall-clock time of that snapshot. One series at a time: a change of adapters
+    replaces the series, so a scrape shows the current set only."""
+
+    def __init__(self, registry: CollectorRegistry, model_name: str, max_loras: int) -> None:
+        self._info = Gauge(
+            metric_name("lora_requests_info"),
+            "The LoRA adapters of the running and the waiting requests.",
+            ["model_name", "max_lora", "running_lora_adapters", "waiting_lora_adapters"],
+            registry=registry,
+        )
+        self._fixed = (model_name, str(max_loras))
+        self._labels: tuple[str, ...] | None = None
+        self.record({}, {})  # the series exists from the start
+
+    def record(self, running: dict[str, int], waiting: dict[str, int]) -> None:
+        labels = (*self._fixed, ",".join(sorted(running)), ",".join(sorted(waiting)))
+        if self._labels is not None and labels != self._labels:
+            self._info.remove(*self._labels)
+        self._labels = labels
+        self._info.labels(*labels).set(time.time())
 
 
 def _growth(now: int, before: int | None) -> int:

@@ -34,7 +34,7 @@ class Case:
     """A non-default value for one `serve` parameter and what it must do.
 
     `sets` is the dotted path, in what `serve` hands the server (host, port, api_key,
-    config), of the value that must differ from a start without the flag; `refuses` is
+    lora_modules, config), of the value that must differ from a start without the flag; `refuses` is
     the flag a ValueError must name instead.
     """
 
@@ -49,6 +49,7 @@ CASES = {
     "host": Case(("--host", "127.0.0.1"), sets="host"),
     "port": Case(("--port", "8123"), sets="port"),
     "api_key": Case(("--api-key", "secret"), sets="api_key"),
+    "lora_modules": Case(("--lora-modules", "sql=/adapters/sql"), sets="lora_modules"),
     "model": Case(("--model", "some/model"), sets="config.model.model"),
     "tokenizer": Case(("--tokenizer", "some/tokenizer"), sets="config.model.tokenizer"),
     "served_model_name": Case(
@@ -135,9 +136,15 @@ def served(monkeypatch):
     (or the ValueError's message) its EngineArgs give on `platform`."""
     calls: list[SimpleNamespace] = []
 
-    async def fake_server(engine_args, host, port, api_key):
+    async def fake_server(engine_args, host, port, api_key, lora_modules):
         calls.append(
-            SimpleNamespace(engine_args=engine_args, host=host, port=port, api_key=api_key)
+            SimpleNamespace(
+                engine_args=engine_args,
+                host=host,
+                port=port,
+                api_key=api_key,
+                lora_modules=lora_modules,
+            )
         )
 
     def run(argv: tuple[str, ...], platform: type[Platform]) -> SimpleNamespace:

@@ -3,6 +3,8 @@ the recorded values under the ``core:*`` names with a ``model_name`` label."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -162,3 +164,64 @@ def test_speculative_decoding_counters_appear_with_the_first_speculative_stats(m
     assert value(metrics, "core:spec_decode_num_accepted_tokens_total") == 7
     per_pos = "core:spec_decode_num_accepted_tokens_per_pos_total"
     assert [value(metrics, per_pos, position=str(i)) for i in range(3)] == [4, 2, 1]
+
+
+LORA_INFO = "core:lora_requests_info"
+
+
+def lora_series(metrics: EngineMetrics) -> list[tuple[dict[str, str], float]]:
+    """The (labels, value) of every lora_requests_info series."""
+    return [
+        (dict(labels), v) for (name, labels), v in samples(metrics).items() if name == LORA_INFO
+    ]
+
+
+def lora_stats(running: dict[str, int], waiting: dict[str, int]) -> SchedulerStats:
+    snapshot = stats()
+    snapshot.running_lora_adapters, snapshot.waiting_lora_adapters = running, waiting
+    return snapshot
+
+
+def lora_labels(max_lora: str, running: str, waiting: str) -> dict[str, str]:
+    return {
+        "model_name": MODEL,
+        "max_lora": max_lora,
+        "running_lora_adapters": running,
+        "waiting_lora_adapters": waiting,
+    }
+
+
+def test_lora_info_exists_from_the_start_with_no_adapters():
+    before = time.time()
+    metrics = EngineMetrics(MODEL, max_loras=3)
+    after = time.time()
+    ((labels, stamp),) = lora_series(metrics)
+    assert labels == lora_labels("3", "", "")
+    assert before <= stamp <= after
+
+
+def test_lora_info_names_the_latest_adapters_sorted_in_one_series():
+    metrics = EngineMetrics(MODEL, max_loras=2)
+    metrics.record_scheduler_stats(lora_stats({"sql": 2, "chat": 1}, {"math": 4, "code": 1}))
+    ((labels, _),) = lora_series(metrics)
+    assert labels == lora_labels("2", "chat,sql", "code,math")
+    before = time.time()
+    metrics.record_scheduler_stats(lora_stats({"math": 1}, {}))
+    after = time.time()
+    ((labels, stamp),) = lora_series(metrics)
+    assert labels == lora_labels("2", "math", "")
+    assert before <= stamp <= after
+
+
+def test_lora_info_is_stamped_again_when_the_adapters_stay_the_same():
+    metrics = EngineMetrics(MODEL, max_loras=1)
+    metrics.record_scheduler_stats(lora_stats({"sql": 1}, {}))
+    before = time.time()
+    metrics.record_scheduler_stats(lora_stats({"sql": 3}, {}))
+    ((labels, stamp),) = lora_series(metrics)
+    assert labels == lora_labels("1", "sql", "") and stamp >= before
+
+
+def test_no_lora_info_without_max_loras(metrics):
+    metrics.record_scheduler_stats(lora_stats({"sql": 1}, {}))
+    assert lora_series(metrics) == []

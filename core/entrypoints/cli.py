@@ -41,14 +41,65 @@ def info() -> None:
 
 cli.add_command(bench)
 
+_LORA_MODULES = "--lora-modules"
 
-@cli.command()
+
+class _ServeCommand(click.Command):
+    """`core serve`, whose --lora-modules takes several values after one flag as vLLM's
+    does (`--lora-modules a=/x b=/y`), besides being repeatable."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, _spread_values(args, _LORA_MODULES))
+
+
+def _spread_values(args: list[str], flag: str) -> list[str]:
+    """`FLAG a b --x c` -> `FLAG a FLAG b --x c`: each further value up to the next option
+    gets its own FLAG (so a MODEL argument goes before FLAG, as with vLLM's nargs="+")."""
+    spread: list[str] = []
+    taking = False
+    for i, arg in enumerate(args):
+        if arg.startswith("-"):
+            taking = arg == flag or arg.startswith(f"{flag}=")
+            spread.append(arg)
+        elif taking and args[i - 1] != flag:
+            spread += [flag, arg]
+        else:
+            spread.append(arg)
+    return spread
+
+
+def _lora_modules(_: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple:
+    from core.entrypoints.openai.serving_models import LoRAModulePath
+
+    try:
+        return tuple(LoRAModulePath.parse(value) for value in values)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param=param) from exc
+
+
+@cli.command(cls=_ServeCommand)
 @click.argument("model_tag", metavar="[MODEL]", required=False)
 @click.option("--host", default=None, help="interface to bind (default: all)")
 @click.option("--port", type=int, default=8000, show_default=True)
 @click.option("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1")
+@click.option(
+    _LORA_MODULES,
+    "lora_modules",
+    multiple=True,
+    callback=_lora_modules,
+    metavar="NAME=PATH...",
+    help='LoRA adapters to serve (needs --enable-lora), each name=path or JSON {"name": ..., '
+    '"path": ..., "base_model_name": ...}; one flag takes several',
+)
 @engine_options
-def serve(model_tag: str | None, host: str | None, port: int, api_key: str | None, **options):
+def serve(
+    model_tag: str | None,
+    host: str | None,
+    port: int,
+    api_key: str | None,
+    lora_modules: tuple,
+    **options,
+):
     """Serve MODEL (default: SmolLM2-135M-Instruct) over an OpenAI-compatible API."""
     import asyncio
 
@@ -58,7 +109,8 @@ def serve(model_tag: str | None, host: str | None, port: int, api_key: str | Non
     if model_tag:
         options["model"] = model_tag
     try:
-        asyncio.run(run_server(EngineArgs.from_cli(options), host, port, api_key))
+        engine_args = EngineArgs.from_cli(options)
+        asyncio.run(run_server(engine_args, host, port, api_key, lora_modules))
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
     except KeyboardInterrupt:

@@ -6,20 +6,22 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from http import HTTPStatus
 
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 import core
+from core import envs
 from core.engine.async_llm import AsyncLLM
 from core.engine.core_client import EngineDeadError
 from core.engine_args import EngineArgs
 from core.entrypoints.openai import protocol as p
 from core.entrypoints.openai.errors import OpenAIError, error_response, install_error_handlers
 from core.entrypoints.openai.serving import Serving
+from core.entrypoints.openai.serving_models import LoRAModulePath, ServedModels
 from core.metrics import EngineMetrics
 from core.plugins.groups import ENDPOINTS
 from core.plugins.registry import PluginEntry, get_registry
@@ -27,17 +29,24 @@ from core.plugins.registry import PluginEntry, get_registry
 logger = logging.getLogger(__name__)
 
 
-def build_app(engine: AsyncLLM, api_key: str | None = None) -> FastAPI:
-    served = engine.processor.served_model_name
-    metrics = EngineMetrics(served)
+def build_app(
+    engine: AsyncLLM, api_key: str | None = None, lora_modules: Sequence[LoRAModulePath] = ()
+) -> FastAPI:
+    """The server's app over a started engine. `lora_modules` are served from the start
+    (ValueError naming --lora-modules when one cannot be); the runtime adapter routes are
+    mounted when LoRA is enabled and CORE_ALLOW_RUNTIME_LORA_UPDATING allows them."""
+    models = ServedModels(engine.processor, created=int(time.time()))
+    models.add_lora_modules(lora_modules)
+    lora = engine.processor.config.lora
+    max_loras = None if lora is None else lora.max_loras
+    metrics = EngineMetrics(models.base_model_name, max_loras=max_loras)
     engine.stats_listeners.append(metrics.record_scheduler_stats)
-    serving = Serving(engine, metrics, served)
+    serving = Serving(engine, metrics, models)
     app = FastAPI(title="core", version=core.__version__)
     install_error_handlers(app)
     app.add_exception_handler(EngineDeadError, _on_engine_dead)
     if api_key:
         _require_api_key(app, api_key)
-    created = int(time.time())
 
     @app.get("/health")
     async def health() -> Response:
@@ -50,14 +59,8 @@ def build_app(engine: AsyncLLM, api_key: str | None = None) -> FastAPI:
         return {"version": core.__version__}
 
     @app.get("/v1/models")
-    async def models() -> JSONResponse:
-        card = p.ModelCard(
-            id=served,
-            created=created,
-            owned_by="core",
-            max_model_len=engine.processor.max_model_len,
-        )
-        return JSONResponse(p.ModelList(data=[card]).model_dump())
+    async def list_models() -> JSONResponse:
+        return JSONResponse(p.ModelList(data=models.cards()).model_dump())
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -98,8 +101,32 @@ def build_app(engine: AsyncLLM, api_key: str | None = None) -> FastAPI:
             p.DetokenizeResponse(prompt=engine.tokenizer.decode(req.tokens)).model_dump()
         )
 
+    if models.lora_enabled and envs.allow_runtime_lora_updating():
+        app.include_router(_lora_adapter_router(models))
     _mount_endpoint_plugins(app)
     return app
+
+
+def _lora_adapter_router(models: ServedModels) -> APIRouter:
+    """vLLM's runtime adapter routes (CORE_ALLOW_RUNTIME_LORA_UPDATING). They answer in
+    plain text on success, as vLLM's do; the API key guards them like every /v1 route."""
+    logger.warning(
+        "CORE_ALLOW_RUNTIME_LORA_UPDATING is set: clients can load LoRA adapters from any "
+        "path this server can read (a development setting)"
+    )
+    router = APIRouter()
+
+    @router.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(req: p.LoadLoRAAdapterRequest) -> PlainTextResponse:
+        models.load_lora(req.lora_name, req.lora_path)
+        return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' added successfully.")
+
+    @router.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(req: p.UnloadLoRAAdapterRequest) -> PlainTextResponse:
+        models.unload_lora(req.lora_name)
+        return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' removed successfully.")
+
+    return router
 
 
 def _require_api_key(app: FastAPI, api_key: str) -> None:
@@ -139,11 +166,20 @@ async def _on_engine_dead(_: Request, exc: EngineDeadError) -> JSONResponse:
     )
 
 
-async def serve(engine_args: EngineArgs, host: str | None, port: int, api_key: str | None) -> None:
+async def serve(
+    engine_args: EngineArgs,
+    host: str | None,
+    port: int,
+    api_key: str | None,
+    lora_modules: Sequence[LoRAModulePath] = (),
+) -> None:
     """Start the engine, then serve HTTP until SIGINT/SIGTERM; always stop the engine."""
+    if lora_modules and not engine_args.enable_lora:
+        # Refused before the engine starts, which may take minutes.
+        raise ValueError("--lora-modules: serving LoRA adapters needs --enable-lora")
     engine = await AsyncLLM.start(engine_args)
     try:
-        app = build_app(engine, api_key)
+        app = build_app(engine, api_key, lora_modules)
         config = uvicorn.Config(app, host=host or "0.0.0.0", port=port, log_level="info")
         server = uvicorn.Server(config)
         ready = asyncio.create_task(_announce(server, host or "0.0.0.0", port))

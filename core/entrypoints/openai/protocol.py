@@ -297,6 +297,20 @@ class DetokenizeRequest(_Request):
     tokens: list[TokenId]
 
 
+class LoadLoRAAdapterRequest(_Request):
+    """POST /v1/load_lora_adapter (vLLM's body): serve the PEFT adapter at `lora_path`
+    under the model id `lora_name`."""
+
+    lora_name: str
+    lora_path: str
+
+
+class UnloadLoRAAdapterRequest(_Request):
+    """POST /v1/unload_lora_adapter (vLLM's body): stop serving `lora_name`."""
+
+    lora_name: str
+
+
 # --- responses -----------------------------------------------------------------------------
 
 
@@ -400,10 +414,16 @@ class ChatCompletionStreamResponse(_Response):
 
 
 class ModelCard(_Response):
+    """One entry of /v1/models. As in vLLM, `root` is where the model comes from (the
+    base model's argument, an adapter's path) and `parent` the model a LoRA adapter runs
+    on (None for the base model)."""
+
     id: str
     object: Literal["model"] = "model"
     created: int = _now()
     owned_by: str = "core"
+    root: str | None = None
+    parent: str | None = None
     max_model_len: int
 
 

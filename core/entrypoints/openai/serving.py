@@ -1,5 +1,8 @@
 """The generation endpoints: /v1/completions and /v1/chat/completions.
 
+A request's `model` picks the base model or one of the LoRA adapters served (ServedModels);
+each of its engine requests runs with that adapter, and its responses carry that name.
+
 Each prompt of a request becomes one engine request (n samples each); outputs are
 consumed as deltas, so a client disconnect is noticed between tokens and aborts the
 work, and per-token latencies reach the metrics.
@@ -30,6 +33,8 @@ from core.entrypoints.openai.params import (
     completion_sampling_params,
     field_error,
 )
+from core.entrypoints.openai.serving_models import ServedModels
+from core.lora.request import LoRARequest
 from core.metrics import EngineMetrics
 from core.outputs import CompletionOutput, RequestOutput
 from core.sampling_params import SamplingParams
@@ -41,6 +46,7 @@ class _Tracked:
 
     prompt_index: int
     prepared: PreparedRequest
+    lora_request: LoRARequest | None  # the adapter it runs with; None: the base model
     arrival: float = field(default_factory=time.monotonic)
     first_token: float | None = None
     last_token: float | None = None
@@ -53,22 +59,17 @@ class _Tracked:
 
 
 class Serving:
-    def __init__(self, engine: AsyncLLM, metrics: EngineMetrics, served_model_name: str):
+    def __init__(self, engine: AsyncLLM, metrics: EngineMetrics, models: ServedModels):
         self.engine = engine
         self.metrics = metrics
-        self.served_model_name = served_model_name
+        self.models = models
 
     # -- shared ---------------------------------------------------------------------------
 
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.served_model_name:
-            raise OpenAIError(
-                HTTPStatus.NOT_FOUND,
-                f"The model `{model}` does not exist.",
-                type="NotFoundError",
-                param="model",
-                code="model_not_found",
-            )
+    def check_model(self, model: str | None) -> LoRARequest | None:
+        """The adapter a request's `model` names (None: the base model); a 404 when no
+        served model has that name."""
+        return self.models.lora_request(model)
 
     def _prepare(
         self, prompt: str | list[int], params: SamplingParams, prompt_field: str
@@ -93,7 +94,10 @@ class Serving:
         async def pump(tracked: _Tracked) -> None:
             request_id = f"{base}-{tracked.prompt_index}"
             try:
-                async for output in self.engine.generate(request_id, tracked.prepared):
+                outputs = self.engine.generate(
+                    request_id, tracked.prepared, lora_request=tracked.lora_request
+                )
+                async for output in outputs:
                     await queue.put((tracked, output))
             except BaseException as exc:  # delivered to the consumer, which re-raises
                 await queue.put((tracked, exc))
@@ -185,7 +189,7 @@ class Serving:
     # -- /v1/completions ------------------------------------------------------------------
 
     async def completions(self, req: p.CompletionRequest, raw: Request) -> Any:
-        self.check_model(req.model)
+        lora = self.check_model(req.model)
         requests = []
         for i, prompt in enumerate(req.prompts()):
             prompt_len = (
@@ -197,7 +201,7 @@ class Serving:
                 req, self.engine.processor.max_model_len, prompt_len,
                 self.engine.processor.generation_defaults,
             )  # fmt: skip
-            requests.append(_Tracked(i, self._prepare(prompt, params, "prompt")))
+            requests.append(_Tracked(i, self._prepare(prompt, params, "prompt"), lora))
         n = requests[0].prepared.params.n
         if req.stream:
             choices = self._completion_choices(req, n)
@@ -217,7 +221,7 @@ class Serving:
             for sample in self._final_output(t).outputs
         ]
         response = p.CompletionResponse(
-            model=self.served_model_name, choices=choices, usage=self._usage(requests)
+            model=self.models.model_name(lora), choices=choices, usage=self._usage(requests)
         )
         return JSONResponse(response.model_dump(exclude_none=True))
 
@@ -264,14 +268,14 @@ class Serving:
         header = {
             "id": f"{prefix}-{uuid.uuid4().hex}",
             "created": int(time.time()),
-            "model": self.served_model_name,
+            "model": self.models.model_name(requests[0].lora_request),
         }
         try:
             async for tracked, output in self._deltas(requests, raw):
                 yield self._sse(response_cls(**header, choices=choices_of(tracked, output)))
             if req.stream_options is not None and req.stream_options.include_usage:
                 yield self._sse(response_cls(**header, choices=[], usage=self._usage(requests)))
-        except (OpenAIError, EngineDeadError) as exc:
+        except (OpenAIError, EngineDeadError, ValueError) as exc:
             yield self._sse(_stream_error(exc))
         yield "data: [DONE]\n\n"
 
@@ -292,13 +296,13 @@ class Serving:
             raise OpenAIError(HTTPStatus.BAD_REQUEST, str(exc), param="messages") from exc
 
     async def chat(self, req: p.ChatCompletionRequest, raw: Request) -> Any:
-        self.check_model(req.model)
+        lora = self.check_model(req.model)
         prompt_ids = self.render_chat(req)
         params = chat_sampling_params(
             req, self.engine.processor.max_model_len, len(prompt_ids),
             self.engine.processor.generation_defaults,
         )  # fmt: skip
-        requests = [_Tracked(0, self._prepare(prompt_ids, params, "messages"))]
+        requests = [_Tracked(0, self._prepare(prompt_ids, params, "messages"), lora)]
         num_top = req.top_logprobs or 0
         if req.stream:
             choices = self._chat_choices(num_top)
@@ -309,7 +313,7 @@ class Serving:
         final = self._final_output(requests[0])
         choices = [r.chat_choice(o, self.decode_token, num_top) for o in final.outputs]
         response = p.ChatCompletionResponse(
-            model=self.served_model_name, choices=choices, usage=self._usage(requests)
+            model=self.models.model_name(lora), choices=choices, usage=self._usage(requests)
         )
         return JSONResponse(response.model_dump(exclude_none=True))
 
@@ -354,6 +358,8 @@ def _accumulate(samples: dict[int, CompletionOutput], delta: CompletionOutput) -
 def _stream_error(exc: Exception) -> dict[str, Any]:
     if isinstance(exc, OpenAIError):
         status, message = exc.status, str(exc)
+    elif isinstance(exc, ValueError):  # the engine refused the request (e.g. its adapter)
+        status, message = HTTPStatus.BAD_REQUEST, str(exc)
     else:
         status, message = HTTPStatus.SERVICE_UNAVAILABLE, f"engine unavailable: {exc}"
     return {"error": {"message": message, "type": "server_error", "param": None, "code": status}}

@@ -1,0 +1,231 @@
+"""A real `core serve --enable-lora` over a tiny random Llama and PEFT adapters made here,
+driven by the openai client: each request's greedy tokens are those of transformers + peft
+with the adapter its `model` names, in batches that mix adapters and the base model.
+
+Needs core-lora (the `default` entry of `core.lora`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import torch
+import transformers
+from determinism import assert_greedy_equivalent
+from server_process import ServerProcess
+from tiny_engine_checkpoint import VOCAB, next_token_logits, write_tiny_checkpoint
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not entry_points(group="core.lora", name="default"),
+        reason="core-lora is not installed (optional plugin)",
+    ),
+]
+
+API_KEY = "sesame"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+MAX_TOKENS = 8
+PROMPT = [VOCAB[w] for w in ("<s>", "w3", "w14", "w15", "w9", "w26")]
+# name -> (rank, alpha, target modules): different ranks and targets, all within rank 8.
+ADAPTERS = {
+    "sql": (8, 16, ["q_proj", "v_proj"]),
+    "chat": (4, 8, ["k_proj", "o_proj", "down_proj"]),
+    "math": (6, 12, ["gate_proj", "up_proj"]),  # loaded at runtime
+}
+
+
+def base_model() -> transformers.LlamaForCausalLM:
+    config = transformers.LlamaConfig(
+        vocab_size=len(VOCAB),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        bos_token_id=VOCAB["<s>"],
+        eos_token_id=VOCAB["</s>"],
+        tie_word_embeddings=False,
+        initializer_range=0.5,  # far from uniform logits, so greedy choices are clear
+    )
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def with_adapter(base: transformers.LlamaForCausalLM, name: str, seed: int):
+    """A copy of `base` with a random-weight adapter (B nonzero, so it changes outputs)."""
+    import peft
+
+    rank, alpha, targets = ADAPTERS[name]
+    torch.manual_seed(seed)
+    config = peft.LoraConfig(
+        r=rank, lora_alpha=alpha, target_modules=targets, init_lora_weights=False
+    )
+    return peft.get_peft_model(copy.deepcopy(base), config).eval()
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    """Holds the checkpoint (base/) and the adapters (adapters/NAME/)."""
+    return tmp_path_factory.mktemp("lora")
+
+
+@pytest.fixture(scope="module")
+def references(root) -> dict[str | None, torch.nn.Module]:
+    """{adapter name (None: base): its transformers (+ peft) model}, written under root."""
+    base = base_model()
+    write_tiny_checkpoint(root / "base", base)
+    models: dict[str | None, torch.nn.Module] = {None: base}
+    for seed, name in enumerate(ADAPTERS, start=1):
+        models[name] = with_adapter(base, name, seed)
+        models[name].save_pretrained(root / "adapters" / name)
+    return models
+
+
+@pytest.fixture(scope="module")
+def server(root, references):
+    process = ServerProcess(
+        str(root / "base"),
+        "--dtype", "float32", "--max-model-len", "64", "--kv-cache-memory", "16MiB",
+        "--enable-lora", "--max-loras", "2", "--max-lora-rank", "8",
+        "--lora-modules", f"sql={root / 'adapters' / 'sql'}", f"chat={root / 'adapters' / 'chat'}",
+        "--api-key", API_KEY,
+        env={"CORE_ALLOW_RUNTIME_LORA_UPDATING": "1"},
+    )  # fmt: skip
+    try:
+        yield process.wait_ready()
+    finally:
+        process.stop()
+
+
+def greedy(model: torch.nn.Module, prompt: list[int]) -> list[int]:
+    tokens = list(prompt)
+    for _ in range(MAX_TOKENS):
+        tokens.append(int(next_token_logits(model, tokens).argmax()))
+    return tokens[len(prompt) :]
+
+
+def complete_all(server: ServerProcess, models: list[str], prompt: list[int]) -> list[list[int]]:
+    """The greedy tokens the server generates for `prompt` with each of `models`, all
+    requests sent at once (so they share batches)."""
+
+    async def run() -> list[list[int]]:
+        client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0)
+        async with client:
+            return await asyncio.gather(*(complete(client, m, prompt) for m in models))
+
+    return asyncio.run(run())
+
+
+async def complete(client: openai.AsyncOpenAI, model: str, prompt: list[int]) -> list[int]:
+    out = await client.completions.create(
+        model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, logprobs=1,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    assert out.model == model
+    return [VOCAB[token] for token in out.choices[0].logprobs.tokens]
+
+
+def check_against_reference(references, model: str | None, ours: list[int], prompt: list[int]):
+    reference = references[model]
+    assert_greedy_equivalent(
+        ours,
+        greedy(reference, prompt),
+        lambda tokens: next_token_logits(reference, tokens),
+        prompt,
+        label=f"adapter {model}",
+    )
+
+
+def test_adapters_change_the_reference_outputs(references):
+    """Guards the tests below: each adapter's greedy tokens differ from the others'."""
+    outputs = {name: tuple(greedy(model, PROMPT)) for name, model in references.items()}
+    assert len(set(outputs.values())) == len(outputs), outputs
+
+
+def test_models_lists_the_adapters_under_the_base_model(server, root):
+    response = httpx.get(f"{server.url}/v1/models", headers=AUTH)
+    cards = [(c["id"], c["root"], c["parent"]) for c in response.json()["data"]]
+    assert cards == [
+        ("base", str(root / "base"), None),
+        ("sql", str(root / "adapters" / "sql"), "base"),
+        ("chat", str(root / "adapters" / "chat"), "base"),
+    ]
+
+
+def test_one_batch_mixing_adapters_and_the_base_model_matches_peft(server, references):
+    models = ["sql", "base", "chat", "sql", "chat", "base"]
+    for model, ours in zip(models, complete_all(server, models, PROMPT), strict=True):
+        check_against_reference(references, None if model == "base" else model, ours, PROMPT)
+
+
+def test_chat_with_an_adapter_echoes_its_name_and_matches_peft(server, references):
+    messages = [{"role": "user", "content": "w5 w6 w7"}]
+    prompt = httpx.post(
+        f"{server.url}/tokenize", json={"model": "chat", "messages": messages}
+    ).json()["tokens"]
+    api = openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0)
+    reply = api.chat.completions.create(
+        model="chat", messages=messages, max_tokens=MAX_TOKENS, temperature=0, logprobs=True,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    assert reply.model == "chat"
+    ours = [VOCAB[c.token] for c in reply.choices[0].logprobs.content]
+    check_against_reference(references, "chat", ours, prompt)
+
+
+def test_adapter_loaded_at_runtime_serves_then_unloads(server, root, references):
+    url = server.url
+    body = {"lora_name": "math", "lora_path": str(root / "adapters" / "math")}
+    assert httpx.post(f"{url}/v1/load_lora_adapter", json=body).status_code == 401
+    loaded = httpx.post(f"{url}/v1/load_lora_adapter", json=body, headers=AUTH, timeout=30)
+    assert (loaded.status_code, loaded.text) == (
+        200,
+        "Success: LoRA adapter 'math' added successfully.",
+    )
+    models = list(ADAPTERS)  # three adapters at once, in two slots
+    for model, ours in zip(models, complete_all(server, models, PROMPT), strict=True):
+        check_against_reference(references, model, ours, PROMPT)
+
+    unload = {"lora_name": "math"}
+    removed = httpx.post(f"{url}/v1/unload_lora_adapter", json=unload, headers=AUTH)
+    assert removed.status_code == 200
+    with pytest.raises(openai.NotFoundError):
+        complete_all(server, ["math"], PROMPT)
+
+
+def test_metrics_show_one_lora_info_series(server):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{server.url}/metrics").text
+    series = [
+        s.labels
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "core:lora_requests_info"
+    ]
+    assert len(series) == 1 and series[0]["max_lora"] == "2"
+
+
+def test_adapter_the_engine_cannot_serve_stops_startup(root, references):
+    process = ServerProcess(
+        str(root / "base"),
+        "--dtype", "float32", "--max-model-len", "64", "--kv-cache-memory", "16MiB",
+        "--enable-lora", "--max-lora-rank", "4",
+        "--lora-modules", f"sql={root / 'adapters' / 'sql'}",
+    )  # fmt: skip
+    try:
+        returncode = process.proc.wait(timeout=120)
+    finally:
+        process.stop()
+    log = process.log.read_text()
+    assert returncode == 1, log
+    assert f"Error: --lora-modules sql={root / 'adapters' / 'sql'}: LoRA adapter 'sql'" in log
