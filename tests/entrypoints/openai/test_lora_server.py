@@ -113,11 +113,11 @@ def greedy(model: torch.nn.Module, prompt: list[int]) -> list[int]:
     return tokens[len(prompt) :]
 
 
-def complete_all(server: ServerProcess, models: list[str], prompt: list[int]) -> list[list[int]]:
-    """The greedy tokens the server generates for `prompt` with each of `models`, all
-    requests sent at once (so they share batches)."""
+def complete_all(server: ServerProcess, models: list[str], prompt: list[int]) -> list[tuple]:
+    """`complete`'s answer for `prompt` with each of `models`, all requests sent at once
+    (so they share batches)."""
 
-    async def run() -> list[list[int]]:
+    async def run() -> list[tuple]:
         client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0)
         async with client:
             return await asyncio.gather(*(complete(client, m, prompt) for m in models))
@@ -125,13 +125,17 @@ def complete_all(server: ServerProcess, models: list[str], prompt: list[int]) ->
     return asyncio.run(run())
 
 
-async def complete(client: openai.AsyncOpenAI, model: str, prompt: list[int]) -> list[int]:
+async def complete(
+    client: openai.AsyncOpenAI, model: str, prompt: list[int]
+) -> tuple[list[int], list[dict[str, float]]]:
+    """The greedy tokens and each step's top-5 logprobs {token: logprob}."""
     out = await client.completions.create(
-        model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, logprobs=1,
+        model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, logprobs=5,
         extra_body={"ignore_eos": True},
     )  # fmt: skip
     assert out.model == model
-    return [VOCAB[token] for token in out.choices[0].logprobs.tokens]
+    logprobs = out.choices[0].logprobs
+    return [VOCAB[token] for token in logprobs.tokens], logprobs.top_logprobs
 
 
 def check_against_reference(references, model: str | None, ours: list[int], prompt: list[int]):
@@ -161,10 +165,26 @@ def test_models_lists_the_adapters_under_the_base_model(server, root):
     ]
 
 
+def check_logprobs(reference, ours: list[int], top: list[dict[str, float]], prompt: list[int]):
+    """Each step's top-5 logprobs are the reference's log-softmax after the same tokens
+    (within 1e-4 of the logit scale). Special tokens' text is "" in logprobs, so only the
+    word tokens among the five are compared (at least three: the vocabulary is mostly words)."""
+    for step, top_step in enumerate(top):
+        logits = next_token_logits(reference, prompt + ours[:step]).double()
+        want = torch.log_softmax(logits, -1)
+        scale = max(1.0, float(logits.abs().max()))
+        words = {text: logprob for text, logprob in top_step.items() if text in VOCAB}
+        assert len(words) >= 3, top_step
+        for text, logprob in words.items():
+            assert abs(logprob - float(want[VOCAB[text]])) <= 1e-4 * scale, (step, text)
+
+
 def test_one_batch_mixing_adapters_and_the_base_model_matches_peft(server, references):
     models = ["sql", "base", "chat", "sql", "chat", "base"]
-    for model, ours in zip(models, complete_all(server, models, PROMPT), strict=True):
-        check_against_reference(references, None if model == "base" else model, ours, PROMPT)
+    for model, (ours, top) in zip(models, complete_all(server, models, PROMPT), strict=True):
+        name = None if model == "base" else model
+        check_against_reference(references, name, ours, PROMPT)
+        check_logprobs(references[name], ours, top, PROMPT)
 
 
 def test_chat_with_an_adapter_echoes_its_name_and_matches_peft(server, references):
@@ -192,7 +212,7 @@ def test_adapter_loaded_at_runtime_serves_then_unloads(server, root, references)
         "Success: LoRA adapter 'math' added successfully.",
     )
     models = list(ADAPTERS)  # three adapters at once, in two slots
-    for model, ours in zip(models, complete_all(server, models, PROMPT), strict=True):
+    for model, (ours, _) in zip(models, complete_all(server, models, PROMPT), strict=True):
         check_against_reference(references, model, ours, PROMPT)
 
     unload = {"lora_name": "math"}
