@@ -11,7 +11,6 @@ may still name its weights there.
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -20,6 +19,7 @@ from core.engine.processor import InputProcessor
 from core.entrypoints.openai import protocol as p
 from core.entrypoints.openai.errors import OpenAIError
 from core.lora.request import LoRARequest
+from core.plugins.components import parse_json_object
 
 __all__ = ["LoRAModulePath", "ServedModels"]
 
@@ -48,12 +48,7 @@ class LoRAModulePath:
 
     @classmethod
     def _from_json(cls, text: str) -> LoRAModulePath:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{text!r} is not valid JSON: {exc}") from exc
-        if not isinstance(data, dict):
-            raise ValueError(f"{text!r} is not a JSON object")
+        data = parse_json_object(repr(text), text)
         unknown = sorted(set(data) - set(_JSON_KEYS))
         if unknown:
             raise ValueError(f"{text!r}: unknown keys {unknown} (known: {list(_JSON_KEYS)})")

@@ -166,7 +166,7 @@ def test_lora_module_is_name_equals_path_or_vllm_json(text, expected):
         ("sql", "neither name=path nor a JSON object"),
         ("=/a", "neither name=path nor a JSON object"),
         ("sql=", "neither name=path nor a JSON object"),
-        ('{"name": "sql"', "is not valid JSON"),
+        ('{"name": "sql"', "must be a JSON object"),
         ('{"name": "sql"}', "missing ['path']"),
         ('{"name": "", "path": "/a"}', "['name'] must be non-empty strings"),
         ('{"name": "sql", "path": "/a", "rank": 8}', "unknown keys ['rank']"),

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from core import LLM, LoRARequest, SamplingParams
+from core.testing.test_lora import engine as kit_engine
 from core.testing.test_lora import reference_run
 from core.testing.tiny_checkpoint import VOCAB, reference_model, write_tiny_checkpoint
 
@@ -54,16 +55,8 @@ def setup(tmp_path_factory) -> dict:
 
 
 def engine(setup: dict, **overrides) -> LLM:
-    settings = dict(
-        dtype="float32",
-        max_model_len=64,
-        kv_cache_memory="4MiB",
-        enable_lora=True,
-        max_loras=3,
-        max_lora_rank=8,
-        max_logprobs=len(VOCAB),
-    )
-    return LLM(str(setup["root"] / "base"), **{**settings, **overrides})
+    """The kit's engine settings (3 slots, rank <= 8, full-vocabulary logprobs), core-lora."""
+    return kit_engine(setup, "default", **overrides)
 
 
 def prompt(i: int, length: int = 6) -> list[int]:

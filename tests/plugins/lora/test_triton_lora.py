@@ -10,11 +10,11 @@ exactly (and back by truncation, see `_interpreted_rounding`).
 
 from __future__ import annotations
 
-import importlib.util
 from types import ModuleType
 
 import pytest
 import torch
+from triton_interpreted import load_interpreted
 
 pytest.importorskip("core_lora", reason="core-lora is not installed (optional plugin)")
 # Imported here, before any TRITON_INTERPRET is set: triton decorates its own @jit helpers at
@@ -32,13 +32,7 @@ IN_FEATURES, WIDTH, OUT_FEATURES = 80, 24, 72
 @pytest.fixture(scope="module")
 def interpreted() -> ModuleType:
     """A private copy of `core_lora.triton_lora` whose kernel runs in the interpreter."""
-    origin = importlib.util.find_spec("core_lora.triton_lora").origin
-    spec = importlib.util.spec_from_file_location("_triton_lora_interpreted", origin)
-    module = importlib.util.module_from_spec(spec)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TRITON_INTERPRET", "1")
-        spec.loader.exec_module(module)
-    return module
+    return load_interpreted("core_lora.triton_lora")
 
 
 def _randn(*shape, dtype=torch.float32, device="cpu", seed=0):

@@ -8,13 +8,12 @@ run compiled, bf16 included.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-import sys
 from types import ModuleType
 
 import pytest
 import torch
+from triton_interpreted import load_interpreted
 
 awq_format = pytest.importorskip(
     "core_quant_awq.awq_format", reason="core-quant-awq is not installed (optional plugin)"
@@ -36,14 +35,7 @@ FP32_SUM_ORDER = 1e-4  # relative to max(|x| @ |W|^T): fp32 summation order, sev
 @pytest.fixture(scope="module")
 def interpreted() -> ModuleType:
     """A private copy of `core_quant_awq.triton_awq` whose kernel runs in the interpreter."""
-    origin = importlib.util.find_spec("core_quant_awq.triton_awq").origin
-    spec = importlib.util.spec_from_file_location("_triton_awq_interpreted", origin)
-    module = importlib.util.module_from_spec(spec)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TRITON_INTERPRET", "1")
-        patch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up
-        spec.loader.exec_module(module)
-    return module
+    return load_interpreted("core_quant_awq.triton_awq")
 
 
 def _awq_layer(in_features, out_features, group_size, device="cpu", seed=0):
