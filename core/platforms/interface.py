@@ -22,6 +22,7 @@ from core.config import (
     CompilationConfig,
     UsageContext,
 )
+from core.distributed.communicator import DeviceCommunicator
 from core.platforms.unavailable import Unavailable
 
 __all__ = ["MemoryInfo", "Platform", "Unavailable"]
@@ -49,7 +50,10 @@ class Platform(ABC):
 
     Contract:
     - `device_type` is the torch device type ("cpu", "cuda", ...); `device_name` a
-      human-readable name; `dist_backend` the torch.distributed backend to use.
+      human-readable name; `dist_backend` the torch.distributed backend of the device
+      groups (gloo on the CPU, nccl on CUDA and ROCm); `device_communicator_cls` the
+      collectives over them (core.distributed.communicator.DeviceCommunicator, which a
+      GPU plugin may subclass with a custom all-reduce).
     - `supported_dtypes` lists the model dtypes it runs, the first one being the
       default; `supported_quantization` the quantization method names it accepts.
     - `preferred_attention_backends` and `preferred_sampler` name entry points, in
@@ -70,6 +74,7 @@ class Platform(ABC):
     device_type: ClassVar[str]
     device_name: ClassVar[str]
     dist_backend: ClassVar[str]
+    device_communicator_cls: ClassVar[type[DeviceCommunicator]] = DeviceCommunicator
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]]
     supported_quantization: ClassVar[tuple[str, ...]] = ()
     preferred_attention_backends: ClassVar[tuple[str, ...]]
