@@ -97,7 +97,8 @@ class EngineArgs:
     )
     distributed_executor_backend: str | None = _option(
         "parallel", "distributed_executor_backend", "--distributed-executor-backend",
-        "executor (only 'uni' is built so far)",
+        "executor: uni (one worker, in the engine core) or mp (a process per rank); "
+        "default: uni for one rank, mp for more",
         type=click.Choice(["uni", "mp", "ray"]),
     )  # fmt: skip
     device: str | None = _option("device", "device", "--device", "platform entry name")
@@ -185,12 +186,19 @@ class EngineArgs:
             lora=lora,
         )
         _refuse_unbuilt(config)
+        tp_size = config.parallel.tensor_parallel_size
         if stored_quantization is not None:
             dtype = config.model.torch_dtype(platform.default_dtype)
             config.model.quantization = resolve_quantization(
                 config.model.quantization,
                 stored_quantization,
-                keep_blocks=packed_weights_pay_off(platform.device_type, dtype),
+                # Packed blocks cannot be split across ranks yet: dequantize under TP.
+                keep_blocks=packed_weights_pay_off(platform.device_type, dtype) and tp_size == 1,
+            )
+        if tp_size > 1 and config.model.quantization is not None:
+            raise ValueError(
+                f"--tensor-parallel-size {tp_size}: {config.model.quantization!r} weights cannot "
+                "be split across ranks yet; use --quantization none (dequantized) or one rank"
             )
         if model_max_len is not None:
             budget = platform.default_max_num_batched_tokens(usage)
@@ -213,19 +221,23 @@ class EngineArgs:
 
 
 def _refuse_unbuilt(config: EngineConfig) -> None:
-    """Refuse, naming the flag, what vLLM users may ask for but this build does not have."""
+    """Refuse, naming the flag, what vLLM users may ask for but this build does not have;
+    fill the executor backend (uni for one rank, mp for more)."""
     parallel = config.parallel
-    for flag, size in (
-        ("--tensor-parallel-size", parallel.tensor_parallel_size),
-        ("--pipeline-parallel-size", parallel.pipeline_parallel_size),
-    ):
-        if size > 1:
-            raise ValueError(f"{flag} {size}: only one worker per engine is built so far; use 1")
-    backend = parallel.distributed_executor_backend
-    if backend not in (None, "uni"):
+    if parallel.pipeline_parallel_size > 1:
         raise ValueError(
-            f"--distributed-executor-backend {backend}: only 'uni' (the worker inside the "
-            "engine-core process) is built so far"
+            f"--pipeline-parallel-size {parallel.pipeline_parallel_size}: pipeline parallelism "
+            "is not built yet; use 1"
+        )
+    world_size = parallel.tensor_parallel_size
+    parallel.set_default("distributed_executor_backend", "uni" if world_size == 1 else "mp")
+    backend = parallel.distributed_executor_backend
+    if backend == "ray":
+        raise ValueError("--distributed-executor-backend ray: the Ray executor is not built yet")
+    if backend == "uni" and world_size > 1:
+        raise ValueError(
+            f"--distributed-executor-backend uni runs one worker, but --tensor-parallel-size "
+            f"{world_size} needs {world_size}; use mp"
         )
     if config.kv_transfer.model_fields_set:
         raise ValueError(

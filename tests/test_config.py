@@ -130,16 +130,22 @@ def test_cli_flags_use_vllm_names():
     assert bad.exit_code == 2 and "tensor-parallel-size" in bad.output
 
 
-def test_parallel_sizes_above_one_are_refused_naming_the_flag():
-    with pytest.raises(ValueError, match="--tensor-parallel-size 2"):
-        EngineArgs(tensor_parallel_size=2).create_engine_config(CpuPlatform())
+def test_tensor_parallel_defaults_to_worker_processes_and_pipeline_is_refused():
+    config = EngineArgs(tensor_parallel_size=2).create_engine_config(CpuPlatform())
+    assert config.parallel.distributed_executor_backend == "mp"
+    assert (
+        EngineArgs().create_engine_config(CpuPlatform()).parallel.distributed_executor_backend
+        == "uni"
+    )
+    with pytest.raises(ValueError, match="--pipeline-parallel-size 2"):
+        EngineArgs(pipeline_parallel_size=2).create_engine_config(CpuPlatform())
 
 
 @pytest.mark.parametrize(
     ("adjust", "message"),
     [
         (lambda config: setattr(config.compilation, "level", 2), "-O2"),
-        (lambda config: setattr(config.parallel, "tensor_parallel_size", 2), "--tensor-parallel"),
+        (lambda config: setattr(config.parallel, "pipeline_parallel_size", 2), "--pipeline-par"),
     ],
 )
 def test_a_hook_cannot_leave_what_the_flags_could_not_set(adjust, message):

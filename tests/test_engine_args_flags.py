@@ -87,12 +87,15 @@ CASES = {
         ("--no-enable-chunked-prefill",), sets="config.scheduler.enable_chunked_prefill"
     ),
     "scheduling_policy": Case(("--scheduling-policy", "priority"), sets="config.scheduler.policy"),
-    "tensor_parallel_size": Case(("--tensor-parallel-size", "2"), refuses="--tensor-parallel-size"),
+    "tensor_parallel_size": Case(
+        ("--tensor-parallel-size", "2"), sets="config.parallel.tensor_parallel_size"
+    ),
     "pipeline_parallel_size": Case(
         ("--pipeline-parallel-size", "2"), refuses="--pipeline-parallel-size"
     ),
     "distributed_executor_backend": Case(
-        ("--distributed-executor-backend", "mp"), refuses="--distributed-executor-backend"
+        ("--distributed-executor-backend", "mp"),
+        sets="config.parallel.distributed_executor_backend",
     ),
     "device": Case(("--device", "cpu"), sets="config.device.device"),
     "optimization_level": Case(("-O", "1"), refuses="-O1"),
@@ -221,12 +224,14 @@ def test_a_level_the_platform_lacks_is_refused_with_what_it_supports():
     assert str(refused.value) == message
 
 
-def test_only_the_uni_executor_is_accepted():
-    config = EngineArgs(distributed_executor_backend="uni").create_engine_config(CpuPlatform())
-    assert config.parallel.distributed_executor_backend == "uni"
-    for backend in ("mp", "ray"):
-        with pytest.raises(ValueError, match=f"^--distributed-executor-backend {backend}: only"):
-            EngineArgs(distributed_executor_backend=backend).create_engine_config(CpuPlatform())
+def test_the_uni_and_mp_executors_are_accepted_and_ray_is_refused():
+    for backend in ("uni", "mp"):
+        args = EngineArgs(distributed_executor_backend=backend)
+        assert args.create_engine_config(CpuPlatform()).parallel.distributed_executor_backend == (
+            backend
+        )
+    with pytest.raises(ValueError, match="^--distributed-executor-backend ray: the Ray"):
+        EngineArgs(distributed_executor_backend="ray").create_engine_config(CpuPlatform())
 
 
 def test_kv_transfer_config_is_parsed_then_refused():

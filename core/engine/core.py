@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from core.config import EngineConfig
 from core.engine.protocol import EngineCoreOutputs, EngineCoreRequest
+from core.executor.interface import Executor
 from core.executor.uniproc import UniProcExecutor
 from core.kv_cache.budget import (
     check_max_model_len_fits,
@@ -56,6 +57,15 @@ def _num_lookahead_tokens(config: EngineConfig) -> int:
     return spec.num_speculative_tokens
 
 
+def _build_executor(config: EngineConfig, platform: Platform, checkpoint: Checkpoint) -> Executor:
+    """`--distributed-executor-backend`: the worker in this process, or one process per rank."""
+    if config.parallel.distributed_executor_backend == "mp":
+        from core.executor.multiproc import MultiprocExecutor
+
+        return MultiprocExecutor(config, platform, checkpoint)
+    return UniProcExecutor(config, platform, checkpoint)
+
+
 def _grammar_backend(config: EngineConfig, checkpoint: Checkpoint) -> XgrammarBackend:
     """Built on the first structured-output request (xgrammar takes seconds to import)."""
     from core.structured_output.xgrammar_backend import XgrammarBackend
@@ -80,7 +90,7 @@ class EngineCore:
         self.hooks = hooks
         self.max_model_len = config.model.max_model_len
         checkpoint = checkpoint or resolve_model(config.model.model)
-        self.executor = UniProcExecutor(config, platform, checkpoint)
+        self.executor = _build_executor(config, platform, checkpoint)
         self.kv = self._init_kv_cache(platform)
         self.grammars = StructuredOutputManager(partial(_grammar_backend, config, checkpoint))
         self.scheduler = Scheduler(

@@ -8,7 +8,6 @@ It dies with its parent (PDEATHSIG), so a killed server leaves no orphan.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
@@ -27,6 +26,7 @@ from core.engine.protocol import (
     FinishReason,
     SchedulerStats,
 )
+from core.process_lifetime import die_with_parent
 
 logger = logging.getLogger(__name__)
 
@@ -35,12 +35,10 @@ ADD, ABORT, UTILITY = b"ADD", b"ABORT", b"UTILITY"
 # Engine core -> frontend.
 READY, OUTPUTS, FAILED = b"READY", b"OUTPUTS", b"FAILED"
 
-_PR_SET_PDEATHSIG = 1
-
 
 def run_engine_core(config_json: str, model: str, input_addr: str, output_addr: str) -> None:
     """Process entry point: build the engine core, then serve until SIGTERM."""
-    _die_with_parent()
+    die_with_parent()
     signal.signal(signal.SIGTERM, _raise_exit)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the frontend decides when to stop
     logging.basicConfig(level=logging.INFO, format="%(levelname)s engine-core: %(message)s")
@@ -130,14 +128,6 @@ class _EngineCoreLoop:
             self.core.call_utility(name)
         except ValueError as exc:  # the client checks the name; this is a last line of defence
             logger.warning("utility refused: %s", exc)
-
-
-def _die_with_parent() -> None:
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:  # not Linux: the frontend's shutdown still terminates us
-        pass
 
 
 def _raise_exit(signum: int, frame: Any) -> None:

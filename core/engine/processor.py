@@ -87,6 +87,7 @@ class EngineSetup:
             build_quantization_config(config.model.quantization, checkpoint.hf_config, registry)
         if config.lora is not None:
             lora_manager_class(config.lora, registry)  # installed, or the package to install
+        arch.check_tensor_parallel(config.parallel.tensor_parallel_size)
         return cls(config, choice.platform, checkpoint, hooks)
 
 

@@ -99,6 +99,29 @@ class ArchConfig:
             return self.sliding_window
         return None
 
+    def check_tensor_parallel(self, tp_size: int) -> None:
+        """ValueError naming --tensor-parallel-size when the model cannot be split into
+        `tp_size` equal shares: attention heads, KV heads (or their replicas, when there are
+        fewer KV heads than ranks), MLP width and vocabulary must divide evenly."""
+        if tp_size == 1:
+            return
+        flag = f"--tensor-parallel-size {tp_size}"
+        kv = self.num_key_value_heads
+        problems = []
+        if self.num_attention_heads % tp_size:
+            problems.append(f"the {self.num_attention_heads} attention heads")
+        if (kv % tp_size) if kv >= tp_size else (tp_size % kv):
+            problems.append(f"the {kv} KV heads (nor is it a multiple of them)")
+        if self.intermediate_size % tp_size:
+            problems.append(f"the MLP width {self.intermediate_size}")
+        if self.vocab_size % tp_size:
+            problems.append(f"the vocabulary of {self.vocab_size}")
+        if problems:
+            raise ValueError(
+                f"{flag} does not divide {', '.join(problems)} of this model; choose a size "
+                "that does"
+            )
+
     def _validate(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(

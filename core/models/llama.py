@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from core.attention.layer import Attention
+from core.distributed.parallel_state import get_tensor_model_parallel_world_size
 from core.models.arch_config import ArchConfig
 from core.models.hf_weights import StackedParam, load_hf_weights
 from core.models.layers import (
@@ -87,21 +88,24 @@ class LlamaAttention(nn.Module):
         dtype: torch.dtype,
     ) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        tp_size = get_tensor_model_parallel_world_size()
+        # This rank's heads: an equal share of the queries, and of the KV heads (or one
+        # KV head, replicated, when there are fewer KV heads than ranks).
+        self.num_heads = config.num_attention_heads // tp_size
+        self.num_kv_heads = max(config.num_key_value_heads // tp_size, 1)
         self.head_dim = config.head_dim
         self.qkv_proj = QKVLinear(
             config.hidden_size,
             self.head_dim,
-            self.num_heads,
-            self.num_kv_heads,
+            config.num_attention_heads,
+            config.num_key_value_heads,
             bias=options.qkv_bias,
             quant_config=quant_config,
             prefix=f"{prefix}.qkv_proj",
             dtype=dtype,
         )
         self.o_proj = RowParallelLinear(
-            self.num_heads * self.head_dim,
+            config.num_attention_heads * self.head_dim,
             config.hidden_size,
             bias=options.o_proj_bias,
             quant_config=quant_config,

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from core.quantization.interface import LinearMethod, LinearPartition
-from core.quantization.weight_loader import add_parameter, fused_weight_loader
+from core.quantization.weight_loader import add_parameter, fused_weight_loader, set_shard_dims
 
 
 class UnquantizedLinearMethod(LinearMethod):
@@ -30,9 +30,9 @@ class UnquantizedLinearMethod(LinearMethod):
         loader = fused_weight_loader(output_sizes)
         output_size = sum(output_sizes)
         shape = (output_size, partition.input_size_per_partition)
-        add_parameter(layer, "weight", shape, dtype, loader)
+        set_shard_dims(add_parameter(layer, "weight", shape, dtype, loader), 0, 1)
         if bias:
-            add_parameter(layer, "bias", (output_size,), dtype, loader)
+            set_shard_dims(add_parameter(layer, "bias", (output_size,), dtype, loader), 0, None)
 
     def apply(
         self,

@@ -43,6 +43,18 @@ def add_parameter(
     return param
 
 
+def set_shard_dims(param: nn.Parameter, output_dim: int | None, input_dim: int | None) -> None:
+    """Say which dimensions of the checkpoint tensor `param`'s loader takes run along W's
+    outputs and inputs (None: the tensor does not extend along that axis, e.g. a bias's
+    input), so that a tensor-parallel layer can hand the loader its rank's slice. A
+    parameter without them cannot be sharded: tensor parallelism refuses its layer."""
+    param.shard_dims = (output_dim, input_dim)
+
+
+def get_shard_dims(param: nn.Parameter) -> tuple[int | None, int | None] | None:
+    return getattr(param, "shard_dims", None)
+
+
 RandomValues = Callable[[torch.Generator], torch.Tensor]
 
 

@@ -6,6 +6,10 @@ QuantizationConfig picks creates the parameters and does the matmul. Each parame
 `weight_loader` accepts the layer's own shard ids ("q", "k", "v" for QKVLinear; 0, 1 for
 MergedLinear) and hands the method's loader the shard's index into `output_sizes`; shard
 None (a tensor for the whole parameter) passes through for the method's loader to judge.
+
+Under tensor parallelism (core.distributed.parallel_state) each layer holds its rank's
+partition and its loaders cut this rank's slice out of every checkpoint tensor, along the
+dimensions the method declared (`set_shard_dims`), before the method's loader sees it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,11 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from core.distributed.parallel_state import (
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+    get_tp_group,
+)
 from core.quantization.interface import (
     LinearMethod,
     LinearPartition,
@@ -25,7 +34,12 @@ from core.quantization.interface import (
     WrappedLinearMethod,
 )
 from core.quantization.unquantized import UnquantizedLinearMethod
-from core.quantization.weight_loader import ShardId, WeightLoader, set_weight_loader
+from core.quantization.weight_loader import (
+    ShardId,
+    WeightLoader,
+    get_shard_dims,
+    set_weight_loader,
+)
 
 
 class LinearBase(nn.Module):
@@ -33,8 +47,7 @@ class LinearBase(nn.Module):
 
     `prefix` is the module's name in the model (e.g. "model.layers.0.mlp.down_proj"), the
     name the QuantizationConfig is asked about. `partition` is the part of W this rank
-    holds; tensor parallelism is not built yet (the platforms refuse
-    --tensor-parallel-size above 1), so every layer is rank 0 of 1 and holds all of W.
+    holds: the tensor-parallel rank and size of the process (0 of 1 without one).
     """
 
     def __init__(
@@ -48,7 +61,13 @@ class LinearBase(nn.Module):
         dtype: torch.dtype,
     ) -> None:
         super().__init__()
-        self.partition = LinearPartition(input_size, tuple(output_sizes), split)
+        self.partition = LinearPartition(
+            input_size,
+            tuple(output_sizes),
+            split,
+            get_tensor_model_parallel_rank(),
+            get_tensor_model_parallel_world_size(),
+        )
         self.params_dtype = dtype
         self.prefix = prefix
         self.register_parameter("bias", None)  # the method replaces it when bias is true
@@ -91,12 +110,18 @@ class LinearBase(nn.Module):
         """The index into `output_sizes` of the layer's shard `shard_id`."""
         raise ValueError(f"{self.prefix} is not fused, got shard {shard_id!r}")
 
+    def checkpoint_rows(self, shard: int) -> tuple[int, int]:
+        """(start, length) of this rank's rows in the checkpoint tensor of output `shard`
+        (a column-parallel layer): its equal share."""
+        length = self.partition.output_sizes_per_partition[shard]
+        return self.partition.tp_rank * length, length
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, input] -> [T, sum(outputs)]
         return self.linear_method.apply(self, x, self.bias)
 
     def _translate_shard_ids(self, params: Iterable[nn.Parameter]) -> None:
         for param in params:
-            set_weight_loader(param, partial(_load_shard, param.weight_loader, self.shard_index))
+            set_weight_loader(param, partial(_load_shard, param.weight_loader, self))
 
 
 class _SingleOutputLinear(LinearBase):
@@ -125,9 +150,15 @@ class ReplicatedLinear(_SingleOutputLinear):
 class RowParallelLinear(_SingleOutputLinear):
     """One output whose input dimension tensor parallelism splits (attention's o_proj,
     the MLP's down_proj): each rank multiplies its slice of x, and the partial outputs
-    are summed across ranks (one rank today, so nothing to sum)."""
+    are summed across ranks; the bias is added once (by rank 0, before the sum)."""
 
     split = LinearSplit.ROW
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, input / tp] -> [T, output]
+        if self.partition.tp_size == 1:
+            return self.linear_method.apply(self, x, self.bias)
+        bias = self.bias if self.partition.tp_rank == 0 else None
+        return get_tp_group().all_reduce(self.linear_method.apply(self, x, bias))
 
 
 class MergedLinear(LinearBase):
@@ -163,7 +194,8 @@ class QKVLinear(LinearBase):
 
     Shard ids "q", "k", "v". With grouped-query attention k and v have
     `num_kv_heads * head_dim` outputs each, q `num_heads * head_dim`; `q_size` and
-    `kv_size` are this rank's.
+    `kv_size` are this rank's. With fewer KV heads than tensor-parallel ranks each KV head
+    is replicated on `tp_size / num_kv_heads` consecutive ranks (every rank holds one).
     """
 
     _SHARDS = ("q", "k", "v")
@@ -179,7 +211,11 @@ class QKVLinear(LinearBase):
         prefix: str = "",
         dtype: torch.dtype = torch.float32,
     ) -> None:
-        q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+        tp_size = get_tensor_model_parallel_world_size()
+        self.head_dim = head_dim
+        self.kv_head_replicas = max(tp_size // num_kv_heads, 1)
+        # k and v as the partition sees them: the replicated heads count once per rank.
+        q_size, kv_size = num_heads * head_dim, num_kv_heads * self.kv_head_replicas * head_dim
         super().__init__(
             hidden_size,
             [q_size, kv_size, kv_size],
@@ -196,12 +232,49 @@ class QKVLinear(LinearBase):
             raise ValueError(f"{self.prefix}: shard id should be one of {self._SHARDS}")
         return self._SHARDS.index(shard_id)
 
+    def checkpoint_rows(self, shard: int) -> tuple[int, int]:
+        if shard == 0 or self.kv_head_replicas == 1:
+            return super().checkpoint_rows(shard)
+        head = self.partition.tp_rank // self.kv_head_replicas
+        return head * self.head_dim, self.head_dim
+
+
+def rank_slice(
+    partition: LinearPartition,
+    param: nn.Parameter,
+    loaded: torch.Tensor,
+    rows: tuple[int, int],
+    owner: str,
+) -> torch.Tensor:
+    """This rank's part of the checkpoint tensor `loaded` for `param`: `rows` (start,
+    length) along the output dimension of a column-parallel layer, the rank's share of
+    the input dimension of a row-parallel one; all of it with one rank or a replicated
+    layer. ValueError naming `owner` when the method did not say how to cut `param`."""
+    if partition.tp_size == 1 or partition.split is LinearSplit.REPLICATED:
+        return loaded
+    dims = get_shard_dims(param)
+    if dims is None:
+        raise ValueError(
+            f"{owner}: its weights cannot be split across {partition.tp_size} tensor-parallel "
+            "ranks (the method does not say along which dimensions)"
+        )
+    output_dim, input_dim = dims
+    if partition.split is LinearSplit.COLUMN:
+        return loaded if output_dim is None else loaded.narrow(output_dim, *rows)
+    if input_dim is None:
+        return loaded  # e.g. a row-parallel layer's bias: whole on every rank
+    length = partition.input_size_per_partition
+    return loaded.narrow(input_dim, partition.tp_rank * length, length)
+
 
 def _load_shard(
     method_loader: WeightLoader,
-    shard_index: Callable[[int | str], int],
+    layer: LinearBase,
     param: nn.Parameter,
     loaded: torch.Tensor,
     shard_id: ShardId = None,
 ) -> None:
-    method_loader(param, loaded, None if shard_id is None else shard_index(shard_id))
+    shard = None if shard_id is None else layer.shard_index(shard_id)
+    rows = layer.checkpoint_rows(0 if shard is None else shard)
+    loaded = rank_slice(layer.partition, param, loaded, rows, layer.prefix)
+    method_loader(param, loaded, shard)

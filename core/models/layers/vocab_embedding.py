@@ -4,15 +4,27 @@ Both hold a matrix W [vocab, hidden] through a LinearMethod, the one the quantiz
 config gives for embeddings (`QuantizationConfig.get_embedding_method`; unquantized
 unless the method keeps them packed, as GGUF's does): the embedding looks rows up
 (`LinearMethod.embed`), the head multiplies (`LinearMethod.apply`).
+
+Under tensor parallelism the vocabulary is split: each rank holds an equal, contiguous
+share of W's rows. The embedding looks up the ids in its share (zero for the others) and
+the ranks' rows are summed; the head computes its share of the logits and the shares are
+gathered, so every rank has the full logits (and samples the same tokens).
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import ClassVar
 
 import torch
 from torch import nn
 
+from core.distributed.parallel_state import (
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+    get_tp_group,
+)
+from core.models.layers.linear import rank_slice
 from core.quantization.interface import (
     LinearMethod,
     LinearPartition,
@@ -20,6 +32,7 @@ from core.quantization.interface import (
     QuantizationConfig,
 )
 from core.quantization.unquantized import UnquantizedLinearMethod
+from core.quantization.weight_loader import WeightLoader, set_weight_loader
 
 
 class VocabMatrix(nn.Module):
@@ -41,15 +54,28 @@ class VocabMatrix(nn.Module):
         prefix: str | None = None,
     ) -> None:
         super().__init__()
-        self.partition = LinearPartition(hidden_size, (vocab_size,), LinearSplit.REPLICATED)
+        tp_rank, tp_size = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+        split = LinearSplit.COLUMN if tp_size > 1 else LinearSplit.REPLICATED
+        self.partition = LinearPartition(hidden_size, (vocab_size,), split, tp_rank, tp_size)
         self.params_dtype = dtype
         self.prefix = prefix or self.default_prefix
         method = None if quant_config is None else quant_config.get_embedding_method(self.prefix)
         self.linear_method: LinearMethod = method or UnquantizedLinearMethod()
         self.linear_method.create_weights(self, self.partition, False, dtype)
+        for param in self.parameters(recurse=False):
+            set_weight_loader(param, partial(_load_rows, param.weight_loader, self))
+
+    @property
+    def vocab_rows(self) -> tuple[int, int]:
+        """(first id, count) of this rank's share of the vocabulary."""
+        count = self.partition.output_sizes_per_partition[0]
+        return self.partition.tp_rank * count, count
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
-        return self.linear_method.apply(self, hidden, None)
+        local = self.linear_method.apply(self, hidden, None)  # [N, vocab / tp]
+        if self.partition.tp_size == 1:
+            return local
+        return get_tp_group().all_gather(local, dim=-1)
 
 
 class VocabEmbedding(VocabMatrix):
@@ -58,7 +84,13 @@ class VocabEmbedding(VocabMatrix):
     default_prefix = "model.embed_tokens"
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden_size]
-        return self.linear_method.embed(self, input_ids)
+        if self.partition.tp_size == 1:
+            return self.linear_method.embed(self, input_ids)
+        first, count = self.vocab_rows
+        local = input_ids - first
+        elsewhere = (local < 0) | (local >= count)
+        rows = self.linear_method.embed(self, local.masked_fill(elsewhere, 0))
+        return get_tp_group().all_reduce(rows.masked_fill_(elsewhere[:, None], 0))
 
 
 class LMHead(VocabMatrix):
@@ -68,6 +100,13 @@ class LMHead(VocabMatrix):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
         return self.logits(hidden)
+
+
+def _load_rows(
+    method_loader: WeightLoader, matrix: VocabMatrix, param: nn.Parameter, loaded, shard_id=None
+) -> None:
+    loaded = rank_slice(matrix.partition, param, loaded, matrix.vocab_rows, matrix.prefix)
+    method_loader(param, loaded, shard_id)
 
 
 class TiedLMHead(nn.Module):

@@ -1,0 +1,120 @@
+"""A worker process of the multiprocess executor: one tensor-parallel rank.
+
+Started by MultiprocExecutor as `python -m core.executor.worker_proc` (a fresh
+interpreter, not fork: the engine core has torch threads; not multiprocessing's spawn:
+it would re-run the user's __main__), with a pickled WorkerSetup on stdin. It joins the
+process groups, loads its share of the model, reports READY, then runs every call the
+executor broadcasts through the shared-memory queue, replying over ZMQ when asked (rank 0
+always; every rank for calls whose answer differs per rank). It dies with its parent.
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from core.process_lifetime import die_with_parent
+
+# Executor -> worker call that ends the loop.
+SHUTDOWN = "__shutdown__"
+
+
+@dataclass(frozen=True)
+class WorkerSetup:
+    config_json: str
+    model: str
+    rank: int
+    world_size: int
+    distributed_init_method: str
+    rpc_handle: Any  # core.distributed.shm_broadcast handle of the call queue
+    reply_address: str  # the executor's ZMQ PULL socket
+    num_threads: int
+
+
+@dataclass(frozen=True)
+class Reply:
+    rank: int
+    value: Any = None
+    error: str | None = None  # the formatted traceback when the call raised
+
+
+def run_worker(setup: WorkerSetup) -> None:
+    die_with_parent()
+    ctx = zmq.Context()
+    reply = ctx.socket(zmq.PUSH)
+    reply.connect(setup.reply_address)
+    try:
+        worker, calls = _start(setup)
+    except Exception:
+        reply.send(pickle.dumps(Reply(setup.rank, error=traceback.format_exc())))
+        raise
+    reply.send(pickle.dumps(Reply(setup.rank, value="READY")))
+    try:
+        _serve(worker, calls, reply, setup.rank)
+    finally:
+        calls.close()
+        ctx.destroy(linger=1000)
+
+
+def _start(setup: WorkerSetup):
+    import torch
+
+    from core.config import EngineConfig
+    from core.distributed.parallel_state import (
+        init_distributed_environment,
+        initialize_model_parallel,
+    )
+    from core.distributed.shm_broadcast import MessageQueue
+    from core.model_loader import resolve_model
+    from core.platforms.selection import select_platform
+    from core.plugins.registry import get_registry
+    from core.worker.worker import Worker
+
+    torch.set_num_threads(setup.num_threads)
+    registry = get_registry()
+    registry.run_general_plugins()
+    config = EngineConfig.model_validate_json(setup.config_json).freeze()
+    platform = select_platform(registry, config.device.device).platform
+    init_distributed_environment(
+        setup.world_size,
+        setup.rank,
+        setup.distributed_init_method,
+        local_rank=setup.rank,
+        backend=platform.dist_backend,
+    )
+    initialize_model_parallel(
+        tensor_parallel_size=config.parallel.tensor_parallel_size,
+        backend=platform.dist_backend,
+        communicator_cls=platform.device_communicator_cls,
+    )
+    worker = Worker(config, platform, rank=setup.rank, local_rank=setup.rank)
+    worker.init_device()
+    worker.load_model(resolve_model(setup.model))
+    calls = MessageQueue.create_reader(setup.rpc_handle, setup.rank)
+    return worker, calls
+
+
+def _serve(worker: Any, calls: Any, reply: zmq.Socket, rank: int) -> None:
+    while True:
+        method, args, kwargs, reply_ranks = calls.dequeue()
+        if method == SHUTDOWN:
+            return
+        try:
+            answer = Reply(rank, value=getattr(worker, method)(*args, **kwargs))
+        except Exception:
+            answer = Reply(rank, error=traceback.format_exc())
+        if reply_ranks is None or rank in reply_ranks:
+            reply.send(pickle.dumps(answer))
+
+
+if __name__ == "__main__":
+    # python -m core.executor.worker_proc < pickled WorkerSetup. Run the module's own copy
+    # (not __main__'s), so the Replies it pickles name a class the executor can load.
+    from core.executor import worker_proc
+
+    worker_proc.run_worker(pickle.loads(sys.stdin.buffer.read()))

@@ -1,0 +1,46 @@
+"""The tiny random llama of the tensor-parallel tests: hidden 64, 4 heads, 2 KV heads, a
+vocabulary of 256 (a word-level tokenizer of 256 words), as the issue sets it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import tokenizers
+import torch
+import transformers
+from tokenizers import models, pre_tokenizers
+
+SPECIAL = ["<unk>", "<s>", "</s>"]
+VOCAB = {token: i for i, token in enumerate([*SPECIAL, *(f"w{i}" for i in range(253))])}
+
+
+def tp_model(seed: int = 0) -> transformers.LlamaForCausalLM:
+    config = transformers.LlamaConfig(
+        vocab_size=len(VOCAB),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        bos_token_id=VOCAB["<s>"],
+        eos_token_id=VOCAB["</s>"],
+        tie_word_embeddings=False,
+        initializer_range=0.5,  # far from uniform logits, so greedy choices are clear
+    )
+    torch.manual_seed(seed)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def write_tp_checkpoint(
+    directory: Path, model: transformers.LlamaForCausalLM | None = None
+) -> Path:
+    (model or tp_model()).save_pretrained(directory)
+    backend = tokenizers.Tokenizer(models.WordLevel(VOCAB, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.add_special_tokens(SPECIAL)
+    backend.save(str(directory / "tokenizer.json"))
+    config = {"bos_token": "<s>", "eos_token": "</s>"}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return directory
