@@ -62,6 +62,31 @@ def run_worker(setup: WorkerSetup) -> None:
 
 
 def _start(setup: WorkerSetup):
+    from core.distributed.shm_broadcast import MessageQueue
+
+    worker = start_rank_worker(
+        setup.config_json,
+        setup.model,
+        setup.rank,
+        setup.world_size,
+        setup.distributed_init_method,
+        setup.num_threads,
+    )
+    return worker, MessageQueue.create_reader(setup.rpc_handle, setup.rank)
+
+
+def start_rank_worker(
+    config_json: str,
+    model: str,
+    rank: int,
+    world_size: int,
+    distributed_init_method: str,
+    num_threads: int,
+    local_rank: int | None = None,
+) -> Any:
+    """The Worker of global rank `rank`, in this process: plugins loaded, process groups
+    joined (torch.distributed at `distributed_init_method`), its share of `model` loaded.
+    What every executor's worker process runs first (mp's here, Ray's in its actors)."""
     import torch
 
     from core.config import EngineConfig
@@ -69,34 +94,34 @@ def _start(setup: WorkerSetup):
         init_distributed_environment,
         initialize_model_parallel,
     )
-    from core.distributed.shm_broadcast import MessageQueue
     from core.model_loader import resolve_model
     from core.platforms.selection import select_platform
     from core.plugins.registry import get_registry
     from core.worker.worker import Worker
 
-    torch.set_num_threads(setup.num_threads)
+    local_rank = rank if local_rank is None else local_rank
+    torch.set_num_threads(num_threads)
     registry = get_registry()
     registry.run_general_plugins()
-    config = EngineConfig.model_validate_json(setup.config_json).freeze()
+    config = EngineConfig.model_validate_json(config_json).freeze()
     platform = select_platform(registry, config.device.device).platform
     init_distributed_environment(
-        setup.world_size,
-        setup.rank,
-        setup.distributed_init_method,
-        local_rank=setup.rank,
+        world_size,
+        rank,
+        distributed_init_method,
+        local_rank=local_rank,
         backend=platform.dist_backend,
     )
     initialize_model_parallel(
         tensor_parallel_size=config.parallel.tensor_parallel_size,
+        pipeline_parallel_size=config.parallel.pipeline_parallel_size,
         backend=platform.dist_backend,
         communicator_cls=platform.device_communicator_cls,
     )
-    worker = Worker(config, platform, rank=setup.rank, local_rank=setup.rank)
+    worker = Worker(config, platform, rank=rank, local_rank=local_rank)
     worker.init_device()
-    worker.load_model(resolve_model(setup.model))
-    calls = MessageQueue.create_reader(setup.rpc_handle, setup.rank)
-    return worker, calls
+    worker.load_model(resolve_model(model))
+    return worker
 
 
 def _serve(worker: Any, calls: Any, reply: zmq.Socket, rank: int) -> None:
