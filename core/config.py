@@ -96,6 +96,7 @@ class SchedulerConfig(_Config):
 class ParallelConfig(_Config):
     tensor_parallel_size: int = Field(default=1, ge=1)
     pipeline_parallel_size: int = Field(default=1, ge=1)
+    data_parallel_size: int = Field(default=1, ge=1)  # engine cores behind one frontend
     distributed_executor_backend: Literal["uni", "mp", "ray"] | None = None
 
 

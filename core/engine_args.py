@@ -6,6 +6,7 @@ as explicit values, so levels and platforms never override them.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
@@ -95,6 +96,10 @@ class EngineArgs:
     pipeline_parallel_size: int | None = _option(
         "parallel", "pipeline_parallel_size", "--pipeline-parallel-size", "PP ranks", type=int
     )
+    data_parallel_size: int | None = _option(
+        "parallel", "data_parallel_size", "--data-parallel-size",
+        "engine cores behind one server, each with its own TP x PP ranks", type=int,
+    )  # fmt: skip
     distributed_executor_backend: str | None = _option(
         "parallel", "distributed_executor_backend", "--distributed-executor-backend",
         "executor: uni (one worker, in the engine core) or mp (a process per rank); "
@@ -224,20 +229,25 @@ def _refuse_unbuilt(config: EngineConfig) -> None:
     """Refuse, naming the flag, what vLLM users may ask for but this build does not have;
     fill the executor backend (uni for one rank, mp for more)."""
     parallel = config.parallel
-    if parallel.pipeline_parallel_size > 1:
-        raise ValueError(
-            f"--pipeline-parallel-size {parallel.pipeline_parallel_size}: pipeline parallelism "
-            "is not built yet; use 1"
-        )
-    world_size = parallel.tensor_parallel_size
+    world_size = parallel.tensor_parallel_size * parallel.pipeline_parallel_size
     parallel.set_default("distributed_executor_backend", "uni" if world_size == 1 else "mp")
+    if world_size > 1:
+        for flag, enabled in (
+            ("--speculative-config", config.speculative is not None),
+            ("--enable-lora", config.lora is not None),
+        ):
+            if enabled:
+                raise ValueError(
+                    f"{flag} with tensor or pipeline parallelism is not built yet; use one rank"
+                )
     backend = parallel.distributed_executor_backend
-    if backend == "ray":
-        raise ValueError("--distributed-executor-backend ray: the Ray executor is not built yet")
+    if backend == "ray" and importlib.util.find_spec("ray") is None:
+        raise ValueError("--distributed-executor-backend ray needs Ray: pip install 'core[ray]'")
     if backend == "uni" and world_size > 1:
         raise ValueError(
             f"--distributed-executor-backend uni runs one worker, but --tensor-parallel-size "
-            f"{world_size} needs {world_size}; use mp"
+            f"{parallel.tensor_parallel_size} x --pipeline-parallel-size "
+            f"{parallel.pipeline_parallel_size} needs {world_size}; use mp"
         )
     if config.kv_transfer.model_fields_set:
         raise ValueError(

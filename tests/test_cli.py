@@ -236,3 +236,15 @@ def _installed(distribution: str) -> bool:
     except metadata.PackageNotFoundError:
         return False
     return True
+
+
+def test_info_prints_the_rank_layout_of_the_parallel_sizes():
+    from core.entrypoints.cli import cli
+
+    args = ["info", "--tensor-parallel-size", "2", "--pipeline-parallel-size", "2"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "rank layout: DP 1 x PP 2 x TP 2 = 4 ranks" in result.output
+    assert "  rank 3: dp 0, pp 1, tp 1" in result.output
+    assert "  TP groups: [[0, 1], [2, 3]]" in result.output
+    assert "  PP groups: [[0, 2], [1, 3]]" in result.output

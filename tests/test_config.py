@@ -130,22 +130,26 @@ def test_cli_flags_use_vllm_names():
     assert bad.exit_code == 2 and "tensor-parallel-size" in bad.output
 
 
-def test_tensor_parallel_defaults_to_worker_processes_and_pipeline_is_refused():
-    config = EngineArgs(tensor_parallel_size=2).create_engine_config(CpuPlatform())
-    assert config.parallel.distributed_executor_backend == "mp"
+def test_parallelism_defaults_to_worker_processes_and_one_rank_to_the_engine_core():
+    for args in (dict(tensor_parallel_size=2), dict(pipeline_parallel_size=2)):
+        config = EngineArgs(**args).create_engine_config(CpuPlatform())
+        assert config.parallel.distributed_executor_backend == "mp"
     assert (
         EngineArgs().create_engine_config(CpuPlatform()).parallel.distributed_executor_backend
         == "uni"
     )
-    with pytest.raises(ValueError, match="--pipeline-parallel-size 2"):
-        EngineArgs(pipeline_parallel_size=2).create_engine_config(CpuPlatform())
+
+
+def _two_ranks_in_one_process(parallel) -> None:
+    parallel.tensor_parallel_size = 2
+    parallel.distributed_executor_backend = "uni"
 
 
 @pytest.mark.parametrize(
     ("adjust", "message"),
     [
         (lambda config: setattr(config.compilation, "level", 2), "-O2"),
-        (lambda config: setattr(config.parallel, "pipeline_parallel_size", 2), "--pipeline-par"),
+        (lambda config: _two_ranks_in_one_process(config.parallel), "use mp"),
     ],
 )
 def test_a_hook_cannot_leave_what_the_flags_could_not_set(adjust, message):

@@ -91,7 +91,10 @@ CASES = {
         ("--tensor-parallel-size", "2"), sets="config.parallel.tensor_parallel_size"
     ),
     "pipeline_parallel_size": Case(
-        ("--pipeline-parallel-size", "2"), refuses="--pipeline-parallel-size"
+        ("--pipeline-parallel-size", "2"), sets="config.parallel.pipeline_parallel_size"
+    ),
+    "data_parallel_size": Case(
+        ("--data-parallel-size", "2"), sets="config.parallel.data_parallel_size"
     ),
     "distributed_executor_backend": Case(
         ("--distributed-executor-backend", "mp"),
@@ -224,14 +227,12 @@ def test_a_level_the_platform_lacks_is_refused_with_what_it_supports():
     assert str(refused.value) == message
 
 
-def test_the_uni_and_mp_executors_are_accepted_and_ray_is_refused():
-    for backend in ("uni", "mp"):
+def test_the_uni_mp_and_ray_executors_are_accepted():
+    for backend in ("uni", "mp", "ray"):
         args = EngineArgs(distributed_executor_backend=backend)
         assert args.create_engine_config(CpuPlatform()).parallel.distributed_executor_backend == (
             backend
         )
-    with pytest.raises(ValueError, match="^--distributed-executor-backend ray: the Ray"):
-        EngineArgs(distributed_executor_backend="ray").create_engine_config(CpuPlatform())
 
 
 def test_kv_transfer_config_is_parsed_then_refused():

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 
 from core.config import UsageContext
 from core.engine.core_client import EngineDeadError, MPClient
+from core.engine.dp_client import DPClient
 from core.engine.frontend import EngineFrontend
 from core.engine.output_processor import RequestOutputKind
 from core.engine.processor import EngineSetup, PreparedRequest
@@ -28,7 +29,8 @@ logger = logging.getLogger(__name__)
 
 class AsyncLLM(EngineFrontend):
     def __init__(self, setup: EngineSetup) -> None:
-        super().__init__(setup, MPClient(setup))
+        dp_size = setup.config.parallel.data_parallel_size
+        super().__init__(setup, DPClient(setup, dp_size) if dp_size > 1 else MPClient(setup))
         self.scheduler_stats: SchedulerStats | None = None
         self.stats_listeners: list[Callable[[SchedulerStats], None]] = []
         self._queues: dict[str, asyncio.Queue] = {}

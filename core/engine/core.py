@@ -58,11 +58,17 @@ def _num_lookahead_tokens(config: EngineConfig) -> int:
 
 
 def _build_executor(config: EngineConfig, platform: Platform, checkpoint: Checkpoint) -> Executor:
-    """`--distributed-executor-backend`: the worker in this process, or one process per rank."""
-    if config.parallel.distributed_executor_backend == "mp":
+    """`--distributed-executor-backend`: the worker in this process, one process per rank,
+    or one Ray actor per rank."""
+    backend = config.parallel.distributed_executor_backend
+    if backend == "mp":
         from core.executor.multiproc import MultiprocExecutor
 
         return MultiprocExecutor(config, platform, checkpoint)
+    if backend == "ray":
+        from core.executor.ray_executor import RayExecutor  # Ray is an optional extra
+
+        return RayExecutor(config, platform, checkpoint)
     return UniProcExecutor(config, platform, checkpoint)
 
 
@@ -99,15 +105,21 @@ class EngineCore:
         self._call_hook("core_engine_started")
 
     def _init_kv_cache(self, platform: Platform) -> KVCacheManager:
-        specs = self.executor.get_kv_cache_specs()[0]
+        # One spec per rank: pipeline stages hold different layers. Every rank gets as
+        # many blocks as the fullest one can hold within the budget, so one block table
+        # (the scheduler's) addresses all of them.
+        rank_specs = self.executor.get_kv_cache_specs()
         spec_registry = load_spec_registry()
-        spec_registry.validate(specs)
+        for specs in rank_specs:
+            spec_registry.validate(specs)
         cache = self.config.cache
         budget = cache.kv_cache_memory_bytes or default_kv_cache_budget(platform)
-        num_blocks = num_blocks_for_budget(specs, budget)
-        check_max_model_len_fits(specs, num_blocks, self.max_model_len, budget)
-        kv_cache_config = kv_cache_config_for_blocks(specs, num_blocks)
-        self.executor.initialize_kv_cache(kv_cache_config)
+        num_blocks = min(num_blocks_for_budget(specs, budget) for specs in rank_specs)
+        for specs in rank_specs:
+            check_max_model_len_fits(specs, num_blocks, self.max_model_len, budget)
+        configs = [kv_cache_config_for_blocks(specs, num_blocks) for specs in rank_specs]
+        self.executor.initialize_kv_cache(configs)
+        kv_cache_config = configs[0]
         logger.info(
             "KV cache: %s for %d blocks of %d tokens (%d tokens, %d groups)",
             format_bytes(budget),

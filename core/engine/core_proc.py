@@ -48,6 +48,7 @@ def run_engine_core(config_json: str, model: str, input_addr: str, output_addr: 
     encoder = msgspec.msgpack.Encoder()
     try:
         core = _build_core(config_json, model)
+        core.executor.on_failure = _FailureSignal()
         info = {"pid": os.getpid(), "num_blocks": core.num_gpu_blocks}
         output.send_multipart([READY, encoder.encode(info)])
         inputs = ctx.socket(zmq.PULL)
@@ -128,6 +129,28 @@ class _EngineCoreLoop:
             self.core.call_utility(name)
         except ValueError as exc:  # the client checks the name; this is a last line of defence
             logger.warning("utility refused: %s", exc)
+
+
+class ExecutorFailed(RuntimeError):
+    """The executor cannot run steps any more (a worker died)."""
+
+
+class _FailureSignal:
+    """The executor's `on_failure`: turns a failure its monitor thread reports into
+    ExecutorFailed raised in the main thread, even while that waits for input, so the
+    frontend learns at once (FAILED) and fails its requests. Built in the main thread,
+    the only one that may install the signal handler."""
+
+    def __init__(self) -> None:
+        self.reason = "executor failed"
+        signal.signal(signal.SIGUSR1, self._raise)
+
+    def __call__(self, reason: str) -> None:
+        self.reason = reason
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    def _raise(self, signum: int, frame: Any) -> None:
+        raise ExecutorFailed(self.reason)
 
 
 def _raise_exit(signum: int, frame: Any) -> None:

@@ -23,6 +23,11 @@ class LLMEngine(EngineFrontend):
 
     def __init__(self, engine_args: EngineArgs) -> None:
         setup = EngineSetup.from_engine_args(engine_args)
+        if setup.config.parallel.data_parallel_size > 1:
+            raise ValueError(
+                "data_parallel_size > 1 is served by `core serve` (AsyncLLM); offline, run one "
+                "LLM per process"
+            )
         super().__init__(setup, InprocClient(setup))
         run_inline(self.client.start())
 

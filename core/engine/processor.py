@@ -26,6 +26,7 @@ from core.lora.selector import lora_manager_class
 from core.model_loader import Checkpoint, resolve_model
 from core.model_loader.gguf_loader import GGUFCheckpoint
 from core.models.arch_config import ArchConfig
+from core.models.pipeline import stage_layers
 from core.models.registry import resolve_model_class
 from core.platforms.interface import Platform
 from core.platforms.selection import select_platform
@@ -88,6 +89,7 @@ class EngineSetup:
         if config.lora is not None:
             lora_manager_class(config.lora, registry)  # installed, or the package to install
         arch.check_tensor_parallel(config.parallel.tensor_parallel_size)
+        stage_layers(arch.num_hidden_layers, 0, config.parallel.pipeline_parallel_size)
         return cls(config, choice.platform, checkpoint, hooks)
 
 

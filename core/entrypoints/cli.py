@@ -32,11 +32,16 @@ def plugins(hooks: bool) -> None:
 
 
 @cli.command()
-def info() -> None:
-    """Show the platform chosen and why, rejected platforms, torch and memory."""
-    from core.entrypoints.reports import info_report
+@click.option("--tensor-parallel-size", "tp", type=click.IntRange(min=1), default=1)
+@click.option("--pipeline-parallel-size", "pp", type=click.IntRange(min=1), default=1)
+@click.option("--data-parallel-size", "dp", type=click.IntRange(min=1), default=1)
+def info(tp: int, pp: int, dp: int) -> None:
+    """Show the platform chosen and why, rejected platforms, torch and memory, and the
+    rank layout of the parallel sizes given."""
+    from core.entrypoints.reports import info_report, rank_layout_lines
 
     click.echo(info_report())
+    click.echo("\n".join(rank_layout_lines(tp, pp, dp)))
 
 
 cli.add_command(bench)

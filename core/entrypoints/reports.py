@@ -95,6 +95,24 @@ def _selected_components(registry: PluginRegistry) -> str:
     return "\n".join(lines)
 
 
+def rank_layout_lines(tp: int, pp: int, dp: int) -> list[str]:
+    """The DP x PP x TP rank grid as `core info` prints it: each rank's coordinates and the
+    groups of each axis (the multiprocess executor runs one process per rank of a DP
+    engine)."""
+    from core.distributed.parallel_state import RankGrid
+
+    grid = RankGrid(tp, pp, dp)
+    lines = [f"rank layout: DP {dp} x PP {pp} x TP {tp} = {grid.world_size} ranks"]
+    for rank in range(grid.world_size):
+        lines.append(f"  rank {rank}: dp {rank // (tp * pp)}, pp {rank // tp % pp}, tp {rank % tp}")
+    lines += [
+        f"  TP groups: {grid.tp_group_ranks()}",
+        f"  PP groups: {grid.pp_group_ranks()}",
+        f"  DP groups: {grid.dp_group_ranks()}",
+    ]
+    return lines
+
+
 def info_report(registry: PluginRegistry | None = None) -> str:
     import torch
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 from core.config import EngineConfig
@@ -22,6 +23,10 @@ class Executor(ABC):
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        # Called (from a monitor thread) with the reason when the executor can no longer
+        # run steps, e.g. a worker process died: the engine-core process stops at once
+        # instead of at its next step. None: the next call raises instead.
+        self.on_failure: Callable[[str], None] | None = None
 
     @abstractmethod
     def collective_rpc(
@@ -29,10 +34,12 @@ class Executor(ABC):
     ) -> list[Any]: ...
 
     def get_kv_cache_specs(self) -> list[dict[str, KVCacheSpec]]:
+        """Each rank's attention layers' specs, in rank order (pipeline stages differ)."""
         return self.collective_rpc("get_kv_cache_spec")
 
-    def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
-        self.collective_rpc("initialize_kv_cache", (kv_cache_config,))
+    def initialize_kv_cache(self, kv_cache_configs: list[KVCacheConfig]) -> None:
+        """Give rank r the cache of `kv_cache_configs[r]`."""
+        self.collective_rpc("initialize_kv_cache_of_rank", (kv_cache_configs,))
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.collective_rpc("execute_model", (scheduler_output,))[0]

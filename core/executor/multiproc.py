@@ -49,9 +49,9 @@ class MultiprocExecutor(Executor):
         self, config: EngineConfig, platform: Platform, checkpoint: Checkpoint | None = None
     ) -> None:
         super().__init__(config)
-        self.world_size = (
-            config.parallel.tensor_parallel_size * config.parallel.pipeline_parallel_size
-        )
+        parallel = config.parallel
+        self.world_size = parallel.tensor_parallel_size * parallel.pipeline_parallel_size
+        self.output_rank = (parallel.pipeline_parallel_size - 1) * parallel.tensor_parallel_size
         checkpoint = checkpoint or resolve_model(config.model.model)
         self._ipc_dir = tempfile.mkdtemp(prefix="core-workers-")
         self._ctx = zmq.Context()
@@ -111,7 +111,9 @@ class MultiprocExecutor(Executor):
         return self._collect(ranks, timeout_s=None)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        return self.collective_rpc("execute_model", (scheduler_output,), reply_ranks=(0,))[0]
+        """The output of the last pipeline stage's first tensor-parallel rank (it sampled)."""
+        reply = (self.output_rank,)
+        return self.collective_rpc("execute_model", (scheduler_output,), reply_ranks=reply)[0]
 
     def _collect(self, ranks, timeout_s: float | None) -> list[Any]:
         wanted = set(ranks)
@@ -140,6 +142,8 @@ class MultiprocExecutor(Executor):
                     self._dead = f"worker rank {rank} (pid {process.pid}) exited with code {code}"
                     logger.error("%s; stopping the other workers", self._dead)
                     self._terminate()
+                    if self.on_failure is not None:
+                        self.on_failure(self._dead)
                     return
             time.sleep(_POLL_MS / 1000)
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from core.attention.layer import Attention
-from core.distributed.parallel_state import get_tensor_model_parallel_world_size
+from core.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_world_size
 from core.models.arch_config import ArchConfig
 from core.models.hf_weights import StackedParam, load_hf_weights
 from core.models.layers import (
@@ -31,6 +31,7 @@ from core.models.layers import (
     VocabEmbedding,
     apply_rotary_emb,
 )
+from core.models.pipeline import IntermediateTensors, MissingLayer, stage_layers
 from core.quantization.interface import QuantizationConfig
 
 # Checkpoint projections that the decoder fuses into one matmul each.
@@ -171,7 +172,12 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    """Embedding, decoder layers and final norm: token ids to last hidden states."""
+    """Embedding, decoder layers and final norm: token ids to last hidden states.
+
+    Under pipeline parallelism it holds its stage only (core.models.pipeline): the
+    embedding on the first stage (and on the last when the head is tied to it), its
+    decoder layers `start`..`end`, the final norm on the last stage.
+    """
 
     def __init__(
         self,
@@ -182,8 +188,18 @@ class LlamaModel(nn.Module):
         dtype: torch.dtype,
     ) -> None:
         super().__init__()
-        self.embed_tokens = VocabEmbedding(
-            config.vocab_size, config.hidden_size, dtype, quant_config, f"{prefix}.embed_tokens"
+        pp = get_pp_group()
+        self.is_first_stage, self.is_last_stage = pp.is_first_rank, pp.is_last_rank
+        self.start, self.end = stage_layers(
+            config.num_hidden_layers, pp.rank_in_group, pp.world_size
+        )
+        needs_embedding = self.is_first_stage or (self.is_last_stage and config.tie_word_embeddings)
+        self.embed_tokens = (
+            VocabEmbedding(
+                config.vocab_size, config.hidden_size, dtype, quant_config, f"{prefix}.embed_tokens"
+            )
+            if needs_embedding
+            else MissingLayer()
         )
         # One table for all layers: it is indexed by position only.
         self.rotary_emb = RotaryEmbedding(
@@ -191,20 +207,33 @@ class LlamaModel(nn.Module):
         )
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, options, i, quant_config, f"{prefix}.layers.{i}", dtype)
+            if self.start <= i < self.end
+            else MissingLayer()
             for i in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.norm = (
+            RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+            if self.is_last_stage
+            else MissingLayer()
+        )
 
     def forward(
         self,
         input_ids: torch.Tensor,  # [T] int64
         positions: torch.Tensor,  # [T] int64
         num_layers: int | None = None,
-    ) -> torch.Tensor:  # [T, hidden]
-        hidden = self.embed_tokens(input_ids)
+        intermediate_tensors: IntermediateTensors | None = None,
+    ) -> torch.Tensor | IntermediateTensors:  # [T, hidden]
+        if self.is_first_stage:
+            hidden = self.embed_tokens(input_ids)
+        else:
+            hidden = intermediate_tensors["hidden_states"]
         cos, sin = self.rotary_emb(positions)
-        for layer in self.layers[:num_layers]:
+        end = self.end if num_layers is None else min(num_layers, self.end)
+        for layer in self.layers[self.start : end]:
             hidden = layer(hidden, cos, sin)
+        if not self.is_last_stage:
+            return IntermediateTensors({"hidden_states": hidden})
         return self.norm(hidden)
 
 
@@ -246,16 +275,24 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         options = self.decoder_options(config)
         self.model = LlamaModel(config, options, quant_config, "model", dtype)
-        self.lm_head: nn.Module = (
-            TiedLMHead(self.model.embed_tokens)
-            if config.tie_word_embeddings
-            else LMHead(config.vocab_size, config.hidden_size, dtype, quant_config, "lm_head")
-        )
+        if not self.model.is_last_stage:
+            self.lm_head: nn.Module = MissingLayer()
+        elif config.tie_word_embeddings:
+            self.lm_head = TiedLMHead(self.model.embed_tokens)
+        else:
+            self.lm_head = LMHead(
+                config.vocab_size, config.hidden_size, dtype, quant_config, "lm_head"
+            )
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, num_layers: int | None = None
-    ) -> torch.Tensor:
-        return self.model(input_ids, positions, num_layers)  # [T] -> [T, hidden]
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        num_layers: int | None = None,
+        intermediate_tensors: IntermediateTensors | None = None,
+    ) -> torch.Tensor | IntermediateTensors:
+        # [T] -> [T, hidden]; a stage before the last returns what the next one takes.
+        return self.model(input_ids, positions, num_layers, intermediate_tensors)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)  # [N, hidden] -> [N, vocab]
@@ -270,9 +307,21 @@ class LlamaForCausalLM(nn.Module):
         load_hf_weights(self, weights, self.stacked_params, self._skips_weight)
 
     def _skips_weight(self, hf_name: str) -> bool:
-        if "rotary_emb" in hf_name.split("."):
+        parts = hf_name.split(".")
+        if "rotary_emb" in parts:
             return True
-        return self.config.tie_word_embeddings and hf_name == "lm_head.weight"
+        if self.config.tie_word_embeddings and hf_name == "lm_head.weight":
+            return True
+        return self._in_other_stage(parts)
+
+    def _in_other_stage(self, parts: list[str]) -> bool:
+        """Whether the checkpoint tensor named `parts` belongs to another pipeline stage."""
+        model = self.model
+        if parts[:2] == ["model", "layers"]:
+            return not model.start <= int(parts[2]) < model.end
+        owner = {"model.embed_tokens": model.embed_tokens, "model.norm": model.norm}
+        module = self.lm_head if parts[0] == "lm_head" else owner.get(".".join(parts[:2]))
+        return isinstance(module, MissingLayer)
 
 
 def _head_norm(config: ArchConfig, options: DecoderOptions, dtype: torch.dtype) -> nn.Module:

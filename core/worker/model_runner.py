@@ -14,6 +14,11 @@ for the next step, looking at the batch with the accepted tokens appended.
 
 With LoRA (`lora` given), each step first gets slots for the batch's adapters; every
 forward context then carries each token's slot (`ForwardContext.lora_mapping`).
+
+Under pipeline parallelism every stage runs the same steps on the same batch: a stage
+after the first receives its input hidden states from the previous one, a stage before
+the last sends its output to the next and takes the tokens the last stage sampled (which
+it broadcasts), so every stage's batch holds the same tokens.
 """
 
 from __future__ import annotations
@@ -26,9 +31,11 @@ import torch
 from torch import nn
 
 from core.attention.interface import AttentionMetadataBuilder, CommonAttentionMetadata
+from core.distributed.parallel_state import GroupCoordinator, get_pp_group
 from core.forward_context import ForwardContext, set_forward_context
 from core.kv_cache.layout import KVCacheConfig
 from core.lora.interface import NO_SLOT, LoRAManager
+from core.models.pipeline import IntermediateTensors
 from core.sample.interface import Sampler
 from core.sample.logprobs import compute_prompt_logprobs
 from core.sample.metadata import SamplingMetadata
@@ -237,8 +244,14 @@ class ModelRunner:
         num_drafts = self._num_drafts(so)
         inputs = self._prepare_inputs(so, num_drafts)
         input_ids = self._tensor(batch.token_ids[inputs.rows, inputs.positions])
+        pp = get_pp_group()
         with set_forward_context(self._context(inputs)):
-            hidden = self.model(input_ids, self._tensor(inputs.positions))  # [T, H]
+            if pp.world_size == 1:
+                hidden = self.model(input_ids, self._tensor(inputs.positions))  # [T, H]
+            else:
+                hidden = self._pipeline_stage(pp, input_ids, self._tensor(inputs.positions))
+        if not pp.is_last_rank:
+            return self._follow_last_stage(pp)
         known = batch.num_tokens[: batch.num_reqs] + num_drafts
         sample_rows = np.flatnonzero(inputs.seq_lens == known)
         prompt_rows, prompt_index, prompt_targets = self._prompt_logprob_positions(inputs)
@@ -259,7 +272,30 @@ class ModelRunner:
             output.spec_token_ids = self.speculator.propose(
                 self._proposal_batch(sample_rows, inputs.seq_lens)
             )
+        if pp.world_size > 1:
+            pp.broadcast_object(output.sampled_token_ids, src=pp.world_size - 1)
         return output
+
+    def _pipeline_stage(
+        self, pp: GroupCoordinator, input_ids: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor | None:
+        """Run this stage: its input from the previous stage (unless first), its output to
+        the next (unless last: then the hidden states to compute logits from)."""
+        received = None if pp.is_first_rank else IntermediateTensors(pp.recv_tensor_dict())
+        out = self.model(input_ids, positions, intermediate_tensors=received)
+        if pp.is_last_rank:
+            return out
+        pp.send_tensor_dict(out.tensors)
+        return None
+
+    def _follow_last_stage(self, pp: GroupCoordinator) -> ModelRunnerOutput:
+        """A stage before the last: append the tokens the last stage sampled."""
+        batch = self._require_batch()
+        sampled: list[list[int]] = pp.broadcast_object(None, src=pp.world_size - 1)
+        for row, tokens in enumerate(sampled):
+            for token_id in tokens:
+                batch.append_token(row, token_id)
+        return ModelRunnerOutput(req_ids=batch.req_ids, sampled_token_ids=sampled)
 
     def _num_drafts(self, so: SchedulerOutput) -> np.ndarray:
         """[num_reqs] drafts scheduled for each batch row."""

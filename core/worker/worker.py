@@ -170,6 +170,10 @@ class Worker:
             specs |= self.speculator.proposer.kv_cache_spec(block_size, self.dtype)
         return specs
 
+    def initialize_kv_cache_of_rank(self, kv_cache_configs: list[KVCacheConfig]) -> None:
+        """`initialize_kv_cache` with this rank's entry of a list indexed by global rank."""
+        self.initialize_kv_cache(kv_cache_configs[self.rank])
+
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
         """Allocate each KVCacheTensor and bind every layer to its view."""
         layers = {layer.layer_name: layer for layer in self.attention_layers()}

@@ -80,11 +80,20 @@ def test_tp_that_does_not_divide_the_heads_is_refused_before_any_process() -> No
     ("args", "message"),
     [
         (dict(tensor_parallel_size=2, distributed_executor_backend="uni"), "use mp"),
-        (dict(pipeline_parallel_size=2), "--pipeline-parallel-size 2"),
-        (dict(distributed_executor_backend="ray"), "--distributed-executor-backend ray"),
+        (dict(pipeline_parallel_size=2, enable_lora=True), "--enable-lora with tensor or"),
+        (dict(pipeline_parallel_size=40), "--pipeline-parallel-size 40 is more than"),
         (dict(tensor_parallel_size=3, quantization="gguf"), "'gguf' weights cannot be split"),
     ],
 )
 def test_unbuilt_parallel_settings_are_refused_naming_the_flag(args, message) -> None:
     with pytest.raises(ValueError, match=message):
         EngineSetup.from_engine_args(EngineArgs(**args))
+
+
+def test_pipeline_stages_split_the_layers_evenly_earlier_ones_taking_fewer() -> None:
+    from core.models.pipeline import stage_layers
+
+    assert [stage_layers(30, s, 2) for s in range(2)] == [(0, 15), (15, 30)]
+    assert [stage_layers(5, s, 3) for s in range(3)] == [(0, 1), (1, 3), (3, 5)]
+    with pytest.raises(ValueError, match="--pipeline-parallel-size 3 is more than the model's 2"):
+        stage_layers(2, 0, 3)

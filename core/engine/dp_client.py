@@ -1,0 +1,142 @@
+"""DPClient: data parallelism, N engine cores behind one frontend (`--data-parallel-size`).
+
+Each engine core is an MPClient of its own process with its own workers (its own TP/PP
+groups); they share nothing but the frontend. A new request goes to the engine with the
+fewest unfinished requests, ties broken by the lower KV-cache usage of its last stats, and
+stays there (aborts follow it). Outputs come from whichever engine answers first. The
+engines run independently: core's models are dense, so no engine waits for another
+(MoE models, whose expert layers span DP ranks, would need them kept in lock-step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from core.engine.core_client import EngineCoreClient, EngineDeadError, MPClient, check_utility
+from core.engine.protocol import (
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    SchedulerStats,
+    SpecDecodingStats,
+)
+
+if TYPE_CHECKING:
+    from core.engine.processor import EngineSetup
+
+__all__ = ["DPClient"]
+
+
+class DPClient(EngineCoreClient):
+    def __init__(self, setup: EngineSetup, size: int) -> None:
+        super().__init__()
+        self.engines = [MPClient(setup) for _ in range(size)]
+        self._owner: dict[str, int] = {}  # request id -> engine index
+        self._load = [0] * size  # unfinished requests per engine
+        self._stats: list[SchedulerStats | None] = [None] * size
+        self._waiting: dict[int, asyncio.Task] = {}  # engine index -> its get_outputs
+
+    async def start(self) -> dict[str, Any]:
+        infos = await asyncio.gather(*(engine.start() for engine in self.engines))
+        return {
+            "pid": [info["pid"] for info in infos],
+            "num_blocks": min(info["num_blocks"] for info in infos),
+        }
+
+    def choose(self) -> int:
+        """The engine a new request goes to: fewest unfinished, then least KV in use."""
+
+        def load(index: int) -> tuple[int, float]:
+            stats = self._stats[index]
+            return self._load[index], stats.kv_cache_usage if stats else 0.0
+
+        return min(range(len(self.engines)), key=load)
+
+    async def add_request(self, request: EngineCoreRequest) -> None:
+        self._check_alive()
+        index = self.choose()
+        self._owner[request.request_id] = index
+        self._load[index] += 1
+        await self.engines[index].add_request(request)
+
+    async def abort_requests(self, request_ids: list[str]) -> None:
+        by_engine: dict[int, list[str]] = {}
+        for request_id in request_ids:
+            index = self._owner.pop(request_id, None)
+            if index is not None:
+                self._load[index] -= 1
+                by_engine.setdefault(index, []).append(request_id)
+        for index, ids in by_engine.items():
+            await self.engines[index].abort_requests(ids)
+
+    async def utility(self, name: str) -> None:
+        check_utility(name)
+        for engine in self.engines:
+            await engine.utility(name)
+
+    async def get_outputs(self) -> EngineCoreOutputs:
+        """The next outputs of any engine; EngineDeadError as soon as one engine dies."""
+        for index, engine in enumerate(self.engines):
+            if index not in self._waiting:
+                self._waiting[index] = asyncio.create_task(engine.get_outputs())
+        done, _ = await asyncio.wait(self._waiting.values(), return_when=asyncio.FIRST_COMPLETED)
+        index = next(i for i, task in self._waiting.items() if task in done)
+        task = self._waiting.pop(index)
+        try:
+            outputs = task.result()
+        except EngineDeadError as exc:
+            self.dead_reason = f"data-parallel engine {index}: {exc}"
+            raise EngineDeadError(self.dead_reason) from exc
+        for output in outputs.outputs:
+            if output.finish_reason is not None and self._owner.pop(output.request_id, None):
+                self._load[index] -= 1
+        for request_id in outputs.finished_requests:
+            if self._owner.pop(request_id, None) is not None:
+                self._load[index] -= 1
+        if outputs.scheduler_stats is not None:
+            self._stats[index] = outputs.scheduler_stats
+            outputs.scheduler_stats = _combined([s for s in self._stats if s is not None])
+        return outputs
+
+    def _check_alive(self) -> None:
+        if self.dead_reason is not None:
+            raise EngineDeadError(self.dead_reason)
+
+    def shutdown(self) -> None:
+        for task in self._waiting.values():
+            task.cancel()
+        for engine in self.engines:
+            engine.shutdown()
+
+
+def _combined(stats: list[SchedulerStats]) -> SchedulerStats:
+    """One snapshot of all engines: counts summed (the cumulative ones too: each engine's
+    is its own total), KV usage averaged (the engines have equal caches)."""
+    spec = [s.spec_decoding for s in stats if s.spec_decoding is not None]
+    return SchedulerStats(
+        num_running=sum(s.num_running for s in stats),
+        num_waiting=sum(s.num_waiting for s in stats),
+        kv_cache_usage=sum(s.kv_cache_usage for s in stats) / len(stats),
+        prefix_cache_queries=sum(s.prefix_cache_queries for s in stats),
+        prefix_cache_hits=sum(s.prefix_cache_hits for s in stats),
+        num_preemptions=sum(s.num_preemptions for s in stats),
+        spec_decoding=_summed_spec(spec) if spec else None,
+        running_lora_adapters=_summed([s.running_lora_adapters for s in stats]),
+        waiting_lora_adapters=_summed([s.waiting_lora_adapters for s in stats]),
+    )
+
+
+def _summed_spec(stats: list[SpecDecodingStats]) -> SpecDecodingStats:
+    return SpecDecodingStats(
+        num_drafts=sum(s.num_drafts for s in stats),
+        num_draft_tokens=sum(s.num_draft_tokens for s in stats),
+        num_accepted_tokens=sum(s.num_accepted_tokens for s in stats),
+        num_accepted_tokens_per_pos=[
+            sum(p) for p in zip(*(s.num_accepted_tokens_per_pos for s in stats), strict=True)
+        ],
+    )
+
+
+def _summed(counts: list[dict[str, int]]) -> dict[str, int]:
+    return dict(sum((Counter(c) for c in counts), Counter()))

@@ -1,0 +1,134 @@
+"""`core serve --tensor-parallel-size 2`: the openai client gets one worker's greedy
+tokens; a killed worker fails the requests in flight with a 5xx and /health turns 503
+within 5 s; SIGTERM stops every rank; no process outlives the server."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import psutil
+import pytest
+from test_multiproc_executor import PROMPTS, engine
+from tp_checkpoint import write_tp_checkpoint
+
+from core import SamplingParams
+
+pytestmark = pytest.mark.slow  # two servers of two worker processes, about 30 s
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "entrypoints" / "openai"))
+from server_process import ServerProcess  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return write_tp_checkpoint(tmp_path_factory.mktemp("tp-server"))
+
+
+def start(model_dir) -> tuple[ServerProcess, list[psutil.Process]]:
+    server = ServerProcess(
+        str(model_dir), "--dtype", "float32", "--max-model-len", "128",
+        "--kv-cache-memory", "4MiB", "--tensor-parallel-size", "2",
+    ).wait_ready()  # fmt: skip
+    tree = psutil.Process(server.proc.pid).children(recursive=True)
+    return server, tree
+
+
+def workers(tree: list[psutil.Process]) -> list[psutil.Process]:
+    return [p for p in tree if "core.executor.worker_proc" in " ".join(p.cmdline())]
+
+
+def test_two_ranks_serve_one_workers_tokens_and_sigterm_stops_them_all(model_dir) -> None:
+    llm = engine(model_dir, max_num_batched_tokens=None)
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    want = [o.outputs[0].text for o in llm.generate(PROMPTS, greedy, use_tqdm=False)]
+    llm.engine.shutdown()
+    server, tree = start(model_dir)
+    try:
+        assert len(workers(tree)) == 2
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        model = client.models.list().data[0].id
+        for prompt, expected in zip(PROMPTS, want, strict=True):
+            out = client.completions.create(
+                model=model, prompt=prompt, max_tokens=24, temperature=0,
+                extra_body={"ignore_eos": True},
+            )  # fmt: skip
+            assert out.choices[0].text == expected
+    finally:
+        server.stop()  # SIGTERM
+    _, alive = psutil.wait_procs(tree, timeout=10)
+    assert not alive
+
+
+def test_a_killed_worker_fails_requests_in_flight_and_turns_health_unhealthy(model_dir) -> None:
+    server, tree = start(model_dir)
+    errors: list[int] = []
+
+    def long_request() -> None:
+        try:
+            response = httpx.post(
+                f"{server.url}/v1/completions",
+                json={"prompt": PROMPTS[3], "max_tokens": 90, "ignore_eos": True},
+                timeout=30,
+            )
+            errors.append(response.status_code)
+        except httpx.HTTPError as exc:  # a dropped connection also counts as a failure
+            errors.append(type(exc).__name__)
+
+    try:
+        request = threading.Thread(target=long_request)
+        request.start()
+        time.sleep(0.3)
+        workers(tree)[1].kill()
+        killed = time.monotonic()
+        request.join(30)
+        assert errors and (not isinstance(errors[0], int) or errors[0] >= 500), errors
+        while httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
+            assert time.monotonic() - killed < 5, "/health still 200 five seconds after"
+            time.sleep(0.1)
+        assert httpx.get(f"{server.url}/health", timeout=2).status_code == 503
+    finally:
+        server.stop()
+    _, alive = psutil.wait_procs(tree, timeout=10)
+    assert not alive
+
+
+def test_two_data_parallel_engines_share_the_requests_and_answer_like_one(model_dir) -> None:
+    llm = engine(model_dir, max_num_batched_tokens=None)
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    want = [o.outputs[0].text for o in llm.generate(PROMPTS, greedy, use_tqdm=False)]
+    llm.engine.shutdown()
+    server = ServerProcess(
+        str(model_dir), "--dtype", "float32", "--max-model-len", "128",
+        "--kv-cache-memory", "4MiB", "--data-parallel-size", "2",
+    ).wait_ready()  # fmt: skip
+    tree = psutil.Process(server.proc.pid).children(recursive=True)
+    try:
+        engines = [p for p in tree if "core.engine.core_proc" in " ".join(p.cmdline())]
+        assert len(engines) == 2
+        client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+
+        async def complete(prompt: list[int]) -> str:
+            out = await client.completions.create(
+                model=None, prompt=prompt, max_tokens=24, temperature=0,
+                extra_body={"ignore_eos": True},
+            )  # fmt: skip
+            return out.choices[0].text
+
+        async def all_at_once() -> list[str]:
+            async with client:
+                return await asyncio.gather(*(complete(p) for p in PROMPTS))
+
+        before = [sum(e.cpu_times()[:2]) for e in engines]
+        assert asyncio.run(all_at_once()) == want
+        worked = [sum(e.cpu_times()[:2]) - b for e, b in zip(engines, before, strict=True)]
+        assert min(worked) > 0.2 * max(worked), worked  # the requests were shared
+    finally:
+        server.stop()
+    _, alive = psutil.wait_procs(tree, timeout=10)
+    assert not alive
