@@ -1,6 +1,6 @@
 """Side-by-side benchmarks: the same workloads on core and its peers in one run, with ratios.
 
-    python -m benchmarks [--workloads W1,W2,W3,W4,W5,W6,Q]
+    python -m benchmarks [--workloads W1,W2,W3,W4,W5,W6,W7,Q]
                          [--peers core,core-fp32,core-gguf,core-awq,transformers,llama.cpp]
                          [--quick] [--threads N] [--output-json PATH] [--results-md PATH]
 
@@ -26,6 +26,7 @@ from benchmarks import (
     ceilings,
     llama_cpp_build,
     lora,
+    parallel,
     quality,
     report,
     speculative,
@@ -35,7 +36,7 @@ from benchmarks import (
 from benchmarks.workloads import Metrics, Prompts, Sizes
 
 # Q, quality, is no engine's: it loads its three models itself, whatever --peers says.
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "Q")
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "Q")
 ENGINES = ("core", "core-fp32", "core-gguf", "core-awq", "transformers", "llama.cpp")
 # Which workloads each engine takes part in (W4 and W5 measure core's own prefix cache and
 # speculative decoding).
@@ -44,7 +45,7 @@ ENGINES = ("core", "core-fp32", "core-gguf", "core-awq", "transformers", "llama.
 # "core-gguf" and "core-awq" repeat them at the default dtype with 4-bit weights kept
 # packed: the GGUF's own blocks, and the AWQ checkpoint `core quantize awq` makes of it.
 ENGINE_WORKLOADS = {
-    "core": ("W1", "W2", "W3", "W4", "W5", "W6"),
+    "core": ("W1", "W2", "W3", "W4", "W5", "W6", "W7"),
     "core-fp32": ("W1", "W2"),
     "core-gguf": ("W1", "W2"),
     "core-awq": ("W1", "W2"),
@@ -180,6 +181,9 @@ def run_core(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
         found["W5"] = _timed("core W5", speculative.core_w5, inputs.gguf, inputs.tokenizer, sizes)
     if "W6" in selected:
         found["W6"] = _timed("core W6", lora.core_w6, inputs.gguf, inputs.w1, sizes)
+    if "W7" in selected:
+        found["W7"] = _timed("core W7", parallel.core_w7, inputs.gguf, inputs.w1, sizes,
+                             args.threads)  # fmt: skip
     return found
 
 

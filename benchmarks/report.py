@@ -185,6 +185,23 @@ def w6_section(core: dict[str, Any]) -> str:
     return f"## W6: multi-LoRA\n\n{note}\n\n" + markdown_table(headers, rows)
 
 
+def w7_section(core: dict[str, Any]) -> str:
+    one, two, comm = core["tp1"], core["tp2"], core["comm"]
+    rows = [
+        ["TP=1", fmt(one["total_tokens_per_s"]), "1.00x"],
+        ["TP=2", fmt(two["total_tokens_per_s"]),
+         f"{two['total_tokens_per_s'] / one['total_tokens_per_s']:.2f}x"],
+    ]  # fmt: skip
+    step_s = comm["seconds"]
+    note = (f"core only, {core['how']}. The collectives of one decode step of 64 requests, "
+            f"timed alone: {step_s * 1e3:.1f} ms for {comm['bytes'] / 2**20:.1f} MiB, "
+            f"{comm['share_of_mean_step']:.0%} of TP=2's mean step "
+            f"({two['mean_step_s'] * 1e3:.0f} ms; "
+            f"TP=1: {one['mean_step_s'] * 1e3:.0f} ms).")  # fmt: skip
+    headers = ["tensor parallel", "W1 total tok/s", "vs TP=1"]
+    return f"## W7: tensor parallelism (CPU)\n\n{note}\n\n" + markdown_table(headers, rows)
+
+
 def _w5_row(name: str, m: dict[str, Any], none: dict[str, Any]) -> list[str]:
     single, streams, w2 = m["w5_single"], m["w5_streams"], m["w2"]
     rate, length = "acceptance_rate", "mean_accepted_length"
@@ -243,6 +260,8 @@ def workload_sections(results: Results, c: Ceilings) -> list[str]:
         sections.append(w5_section(results["W5"]["core"]))
     if results.get("W6", {}).get("core"):
         sections.append(w6_section(results["W6"]["core"]))
+    if results.get("W7", {}).get("core"):
+        sections.append(w7_section(results["W7"]["core"]))
     if results.get("Q"):
         sections.append(quality_section(results["Q"]))
     return sections
