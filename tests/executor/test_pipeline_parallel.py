@@ -2,9 +2,8 @@
 sent stage to stage, the last stage's tokens broadcast back to the others.
 
 The tiny TP llama generates the same greedy tokens with 2 stages and with 2 stages x 2
-tensor-parallel ranks as with one worker; the default model (GGUF, 30 layers, tied head)
-with 2 stages as with one, and with 3 tensor-parallel ranks (9 heads, 3 KV heads; its
-weights cut from the GGUF file) as one dequantized worker.
+tensor-parallel ranks as with one worker; the default model (GGUF, 30 layers, tied head:
+the last stage holds the embedding too) with 2 stages as with one.
 """
 
 from __future__ import annotations
@@ -56,10 +55,11 @@ def whole():
     llm.engine.shutdown()
 
 
-@pytest.mark.parametrize("args", [dict(pipeline_parallel_size=2), dict(tensor_parallel_size=3)])
-def test_the_default_model_split_generates_what_it_does_whole(whole, args) -> None:
+def test_the_default_model_in_two_stages_generates_what_it_does_whole(whole) -> None:
     want, reference = whole
-    llm = LLM(None, max_model_len=256, dtype="float32", quantization="none", **args)
+    llm = LLM(
+        None, max_model_len=256, dtype="float32", quantization="none", pipeline_parallel_size=2
+    )
     try:
         ours = default_model(llm)
     finally:
