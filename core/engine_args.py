@@ -231,15 +231,13 @@ def _refuse_unbuilt(config: EngineConfig) -> None:
     parallel = config.parallel
     world_size = parallel.tensor_parallel_size * parallel.pipeline_parallel_size
     parallel.set_default("distributed_executor_backend", "uni" if world_size == 1 else "mp")
-    if world_size > 1:
+    if parallel.pipeline_parallel_size > 1:
         for flag, enabled in (
             ("--speculative-config", config.speculative is not None),
             ("--enable-lora", config.lora is not None),
         ):
             if enabled:
-                raise ValueError(
-                    f"{flag} with tensor or pipeline parallelism is not built yet; use one rank"
-                )
+                raise ValueError(f"{flag} with pipeline parallelism is not built yet; use 1 stage")
     backend = parallel.distributed_executor_backend
     if backend == "ray" and importlib.util.find_spec("ray") is None:
         raise ValueError("--distributed-executor-backend ray needs Ray: pip install 'core[ray]'")

@@ -102,7 +102,8 @@ class ArchConfig:
     def check_tensor_parallel(self, tp_size: int) -> None:
         """ValueError naming --tensor-parallel-size when the model cannot be split into
         `tp_size` equal shares: attention heads, KV heads (or their replicas, when there are
-        fewer KV heads than ranks), MLP width and vocabulary must divide evenly."""
+        fewer KV heads than ranks) and MLP width must divide evenly (the vocabulary is
+        padded)."""
         if tp_size == 1:
             return
         flag = f"--tensor-parallel-size {tp_size}"
@@ -114,8 +115,6 @@ class ArchConfig:
             problems.append(f"the {kv} KV heads (nor is it a multiple of them)")
         if self.intermediate_size % tp_size:
             problems.append(f"the MLP width {self.intermediate_size}")
-        if self.vocab_size % tp_size:
-            problems.append(f"the vocabulary of {self.vocab_size}")
         if problems:
             raise ValueError(
                 f"{flag} does not divide {', '.join(problems)} of this model; choose a size "

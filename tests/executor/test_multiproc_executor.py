@@ -82,3 +82,12 @@ def test_a_killed_worker_fails_the_generation_and_leaves_no_process(model_dir) -
     assert time.monotonic() - started < 10
     llm.engine.shutdown()
     assert not children()
+
+
+def test_speculative_decoding_over_tensor_parallel_ranks_keeps_the_outputs(model_dir, one_rank):
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+             "prompt_lookup_max": 3}  # fmt: skip
+    llm = engine(model_dir, tensor_parallel_size=2, speculative_config=ngram)
+    core = llm.engine.core
+    assert generate(llm) == one_rank
+    assert core.scheduler.make_stats().spec_decoding.num_draft_tokens > 0

@@ -80,7 +80,7 @@ def test_tp_that_does_not_divide_the_heads_is_refused_before_any_process() -> No
     ("args", "message"),
     [
         (dict(tensor_parallel_size=2, distributed_executor_backend="uni"), "use mp"),
-        (dict(pipeline_parallel_size=2, enable_lora=True), "--enable-lora with tensor or"),
+        (dict(pipeline_parallel_size=2, enable_lora=True), "--enable-lora with pipeline"),
         (dict(pipeline_parallel_size=40), "--pipeline-parallel-size 40 is more than"),
         (dict(tensor_parallel_size=3, quantization="gguf"), "'gguf' weights cannot be split"),
     ],
@@ -97,3 +97,18 @@ def test_pipeline_stages_split_the_layers_evenly_earlier_ones_taking_fewer() -> 
     assert [stage_layers(5, s, 3) for s in range(3)] == [(0, 1), (1, 3), (3, 5)]
     with pytest.raises(ValueError, match="--pipeline-parallel-size 3 is more than the model's 2"):
         stage_layers(2, 0, 3)
+
+
+def test_a_vocabulary_that_does_not_divide_is_padded_with_zero_rows(tmp_path) -> None:
+    """The kit's tiny model has 51 tokens: with 2 ranks, rank 1 holds rows 26-50 and one
+    zero row, and the logits it gathers are cut back to 51."""
+    from core.testing.tiny_checkpoint import reference_model, write_tiny_checkpoint
+
+    model = reference_model()
+    checkpoint = resolve_model(str(write_tiny_checkpoint(tmp_path, model)))
+    hf = dict(model.named_parameters())["model.embed_tokens.weight"]
+    assert hf.shape[0] == 51
+    with patch_tensor_parallel(1, 2):
+        ours = build_model(checkpoint).model.embed_tokens
+    assert torch.equal(ours.weight[:25], hf[26:]) and not ours.weight[25].any()
+    assert ours.vocab_rows == (26, 26) and ours.vocab_size == 51

@@ -110,6 +110,12 @@ class LinearBase(nn.Module):
         """The index into `output_sizes` of the layer's shard `shard_id`."""
         raise ValueError(f"{self.prefix} is not fused, got shard {shard_id!r}")
 
+    @property
+    def checkpoint_output_sizes(self) -> tuple[int, ...]:
+        """The output sizes of the checkpoint's tensors of each shard (the partition's,
+        but for KV heads replicated across ranks, which the checkpoint holds once)."""
+        return self.partition.output_sizes
+
     def checkpoint_rows(self, shard: int) -> tuple[int, int]:
         """(start, length) of this rank's rows in the checkpoint tensor of output `shard`
         (a column-parallel layer): its equal share."""
@@ -231,6 +237,12 @@ class QKVLinear(LinearBase):
         if shard_id not in self._SHARDS:
             raise ValueError(f"{self.prefix}: shard id should be one of {self._SHARDS}")
         return self._SHARDS.index(shard_id)
+
+    @property
+    def checkpoint_output_sizes(self) -> tuple[int, ...]:
+        q_size, kv_size, _ = self.partition.output_sizes
+        kv_size //= self.kv_head_replicas
+        return q_size, kv_size, kv_size
 
     def checkpoint_rows(self, shard: int) -> tuple[int, int]:
         if shard == 0 or self.kv_head_replicas == 1:

@@ -6,7 +6,8 @@ unless the method keeps them packed, as GGUF's does): the embedding looks rows u
 (`LinearMethod.embed`), the head multiplies (`LinearMethod.apply`).
 
 Under tensor parallelism the vocabulary is split: each rank holds an equal, contiguous
-share of W's rows. The embedding looks up the ids in its share (zero for the others) and
+share of W's rows (the vocabulary padded with zero rows to a multiple of the ranks; the
+padding's logits are cut off). The embedding looks up the ids in its share (zero for the others) and
 the ranks' rows are summed; the head computes its share of the logits and the shares are
 gathered, so every rank has the full logits (and samples the same tokens).
 """
@@ -56,7 +57,9 @@ class VocabMatrix(nn.Module):
         super().__init__()
         tp_rank, tp_size = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
         split = LinearSplit.COLUMN if tp_size > 1 else LinearSplit.REPLICATED
-        self.partition = LinearPartition(hidden_size, (vocab_size,), split, tp_rank, tp_size)
+        self.vocab_size = vocab_size
+        padded = -(-vocab_size // tp_size) * tp_size
+        self.partition = LinearPartition(hidden_size, (padded,), split, tp_rank, tp_size)
         self.params_dtype = dtype
         self.prefix = prefix or self.default_prefix
         method = None if quant_config is None else quant_config.get_embedding_method(self.prefix)
@@ -72,10 +75,10 @@ class VocabMatrix(nn.Module):
         return self.partition.tp_rank * count, count
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
-        local = self.linear_method.apply(self, hidden, None)  # [N, vocab / tp]
+        local = self.linear_method.apply(self, hidden, None)  # [N, padded vocab / tp]
         if self.partition.tp_size == 1:
             return local
-        return get_tp_group().all_gather(local, dim=-1)
+        return get_tp_group().all_gather(local, dim=-1)[:, : self.vocab_size]
 
 
 class VocabEmbedding(VocabMatrix):
@@ -105,7 +108,12 @@ class LMHead(VocabMatrix):
 def _load_rows(
     method_loader: WeightLoader, matrix: VocabMatrix, param: nn.Parameter, loaded, shard_id=None
 ) -> None:
-    loaded = rank_slice(matrix.partition, param, loaded, matrix.vocab_rows, matrix.prefix)
+    first, count = matrix.vocab_rows
+    real = max(0, min(count, matrix.vocab_size - first))  # the rest is padding: zeros
+    loaded = rank_slice(matrix.partition, param, loaded, (first, real), matrix.prefix)
+    if real < count and matrix.partition.tp_size > 1:
+        padding = loaded.new_zeros((count - real, *loaded.shape[1:]))
+        loaded = torch.cat([loaded, padding])
     method_loader(param, loaded, shard_id)
 
 

@@ -167,8 +167,8 @@ def _layer_targets(
 
 
 def _target(name: str, layer: LinearBase, shard: int) -> LoRATarget:
-    partition = layer.partition
-    return LoRATarget(name, shard, partition.input_size, partition.output_sizes[shard])
+    size = layer.checkpoint_output_sizes[shard]
+    return LoRATarget(name, shard, layer.partition.input_size, size)
 
 
 def _plan(

@@ -8,7 +8,10 @@ Each slot holds one adapter's weights for every shard of the layer (q, k, v of a
 QKV layer), zero-padded to `max_rank` per shard, as two stacked buffers:
 `lora_a` [max_loras * W, input] and `lora_b` [max_loras * W, output], W = shards * max_rank,
 where rows j*max_rank.. of a slot are shard j's A rows and B columns, and B is zero outside
-shard j's output columns. One matmul shrinks every token against every used slot, the
+shard j's output columns. Under tensor parallelism a slot holds the rank's part: the
+rank's rows of B for a column-parallel layer, its columns of A for a row-parallel one
+(whose partial deltas the layer's all-reduce sums with the base's). One matmul shrinks
+every token against every used slot, the
 mask of the forward's SlotMapping keeps each token's own slot, one matmul expands: three
 kernels per layer whatever the mix of adapters (the CPU path; on CUDA the Triton kernels
 read each token's slot directly).
@@ -22,7 +25,13 @@ import torch
 from torch import nn
 
 from core.forward_context import get_forward_context
-from core.quantization.interface import LinearMethod, LinearPartition, WrappedLinearMethod
+from core.models.layers.linear import LinearBase
+from core.quantization.interface import (
+    LinearMethod,
+    LinearPartition,
+    LinearSplit,
+    WrappedLinearMethod,
+)
 from core_lora.adapter import LoRAWeights
 from core_lora.mapping import SlotMapping
 
@@ -41,7 +50,7 @@ class LoRALinearMethod(WrappedLinearMethod):
         self.output_sizes = partition.output_sizes_per_partition
         width = len(self.output_sizes) * self.max_rank
         rows = self.num_slots * width
-        a = torch.zeros(rows, partition.input_size, dtype=dtype, device=device)
+        a = torch.zeros(rows, partition.input_size_per_partition, dtype=dtype, device=device)
         b = torch.zeros(rows, sum(self.output_sizes), dtype=dtype, device=device)
         # Not persistent: adapters come and go; they are never part of the model's state.
         layer.register_buffer("lora_a", a, persistent=False)
@@ -59,11 +68,12 @@ class LoRALinearMethod(WrappedLinearMethod):
         a.zero_()
         b.zero_()
         for shard, weights in shards.items():
-            rank = weights.a.shape[0]
+            shard_a, shard_b = _rank_part(layer, shard, weights)
+            rank = shard_a.shape[0]
             rows = slice(shard * self.max_rank, shard * self.max_rank + rank)
             start = sum(self.output_sizes[:shard])
-            a[rows] = weights.a
-            b[rows, start : start + self.output_sizes[shard]] = weights.b.T
+            a[rows] = shard_a
+            b[rows, start : start + self.output_sizes[shard]] = shard_b.T
 
     def delta_weight(self, layer: nn.Module, slot: int) -> torch.Tensor:
         """[output, input]: what the adapter in `slot` adds to the layer's W (the dense
@@ -97,3 +107,19 @@ class LoRALinearMethod(WrappedLinearMethod):
     def _slot_rows(self, layer: nn.Module, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         rows = slice(slot * self.width, (slot + 1) * self.width)
         return layer.lora_a[rows], layer.lora_b[rows]
+
+
+def _rank_part(
+    layer: LinearBase, shard: int, weights: LoRAWeights
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """This tensor-parallel rank's A and B of one shard: B's rows of the rank's outputs in
+    a column-parallel layer, A's columns of its inputs in a row-parallel one."""
+    partition = layer.partition
+    if partition.tp_size == 1 or partition.split is LinearSplit.REPLICATED:
+        return weights.a, weights.b
+    if partition.split is LinearSplit.COLUMN:
+        start, length = layer.checkpoint_rows(shard)
+        return weights.a, weights.b[start : start + length]
+    length = partition.input_size_per_partition
+    start = partition.tp_rank * length
+    return weights.a[:, start : start + length], weights.b

@@ -86,10 +86,18 @@ def test_each_adapter_changes_greedy_tokens(setup) -> None:
         assert [reference_run(setup["references"][name], p)[0] for p in prompts] != base, name
 
 
-def test_a_mixed_batch_matches_peft_with_each_adapter_alone(setup) -> None:
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_mixed_batch_matches_peft_with_each_adapter_alone(setup, tp) -> None:
+    """Also over two tensor-parallel worker processes: each holds its rank's rows of B
+    (column-parallel layers) or columns of A (row-parallel, summed with the base)."""
     choices = ["sql", "chat", "code", None, "chat", "sql", None, "code"]
     prompts = [prompt(i) for i in range(len(choices))]
-    assert_matches_peft(setup, generate(engine(setup), setup, choices, prompts), choices, prompts)
+    llm = engine(setup, tensor_parallel_size=tp)
+    try:
+        outputs = generate(llm, setup, choices, prompts)
+    finally:
+        llm.engine.shutdown()
+    assert_matches_peft(setup, outputs, choices, prompts)
 
 
 def test_two_slots_serve_three_adapters_with_at_most_two_per_step(setup) -> None:
