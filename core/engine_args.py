@@ -200,11 +200,7 @@ class EngineArgs:
                 # Packed blocks cannot be split across ranks yet: dequantize under TP.
                 keep_blocks=packed_weights_pay_off(platform.device_type, dtype) and tp_size == 1,
             )
-        if tp_size > 1 and config.model.quantization is not None:
-            raise ValueError(
-                f"--tensor-parallel-size {tp_size}: {config.model.quantization!r} weights cannot "
-                "be split across ranks yet; use --quantization none (dequantized) or one rank"
-            )
+
         if model_max_len is not None:
             budget = platform.default_max_num_batched_tokens(usage)
             _apply_model_limits(config, model_max_len, budget)

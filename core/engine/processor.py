@@ -83,12 +83,20 @@ class EngineSetup:
             usage=usage,
             stored_quantization=checkpoint.stored_quantization,
         )
+        tp_size = config.parallel.tensor_parallel_size
         if config.model.quantization is not None:
             # Fail here, naming the flag or the plugin to install, not in the engine core.
-            build_quantization_config(config.model.quantization, checkpoint.hf_config, registry)
+            method = build_quantization_config(
+                config.model.quantization, checkpoint.hf_config, registry
+            )
+            if tp_size > 1 and not method.tensor_parallel:
+                raise ValueError(
+                    f"--tensor-parallel-size {tp_size}: {config.model.quantization!r} weights "
+                    "cannot be split across ranks yet; use --quantization none or one rank"
+                )
         if config.lora is not None:
             lora_manager_class(config.lora, registry)  # installed, or the package to install
-        arch.check_tensor_parallel(config.parallel.tensor_parallel_size)
+        arch.check_tensor_parallel(tp_size)
         stage_layers(arch.num_hidden_layers, 0, config.parallel.pipeline_parallel_size)
         return cls(config, choice.platform, checkpoint, hooks)
 

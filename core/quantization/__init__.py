@@ -15,6 +15,7 @@ from core.quantization.weight_loader import (
     default_weight_loader,
     fused_weight_loader,
     get_weight_loader,
+    set_shard_dims,
     set_weight_loader,
 )
 
@@ -31,5 +32,6 @@ __all__ = [
     "fused_weight_loader",
     "get_quantization_config_class",
     "get_weight_loader",
+    "set_shard_dims",
     "set_weight_loader",
 ]

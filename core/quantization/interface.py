@@ -244,6 +244,10 @@ class QuantizationConfig(ABC):
     """
 
     name: ClassVar[str]
+    # Whether its methods declare, for every parameter, how it lies along W
+    # (`set_shard_dims`), so that its layers split across tensor-parallel ranks; the
+    # frontend refuses --tensor-parallel-size above 1 for a method that does not.
+    tensor_parallel: ClassVar[bool] = False
 
     @classmethod
     @abstractmethod

@@ -10,6 +10,7 @@ plugins build their parameters' loaders from the helpers here.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -43,15 +44,33 @@ def add_parameter(
     return param
 
 
-def set_shard_dims(param: nn.Parameter, output_dim: int | None, input_dim: int | None) -> None:
-    """Say which dimensions of the checkpoint tensor `param`'s loader takes run along W's
-    outputs and inputs (None: the tensor does not extend along that axis, e.g. a bias's
-    input), so that a tensor-parallel layer can hand the loader its rank's slice. A
-    parameter without them cannot be sharded: tensor parallelism refuses its layer."""
-    param.shard_dims = (output_dim, input_dim)
+@dataclass(frozen=True)
+class ShardDims:
+    """Which dimensions of a checkpoint tensor run along W's outputs and inputs (None: the
+    tensor does not extend along that axis, e.g. a bias's input), and how many of W's
+    outputs / inputs one element along each covers (8 for eight 4-bit values packed per
+    int32, the group size for per-group scales)."""
+
+    output_dim: int | None
+    input_dim: int | None
+    output_unit: int = 1
+    input_unit: int = 1
 
 
-def get_shard_dims(param: nn.Parameter) -> tuple[int | None, int | None] | None:
+def set_shard_dims(
+    param: nn.Parameter,
+    output_dim: int | None,
+    input_dim: int | None,
+    output_unit: int = 1,
+    input_unit: int = 1,
+) -> None:
+    """Say how the checkpoint tensors `param`'s loader takes lie along W (ShardDims), so
+    that a tensor-parallel layer can hand the loader its rank's slice. A parameter without
+    them cannot be sharded: tensor parallelism refuses its layer."""
+    param.shard_dims = ShardDims(output_dim, input_dim, output_unit, input_unit)
+
+
+def get_shard_dims(param: nn.Parameter) -> ShardDims | None:
     return getattr(param, "shard_dims", None)
 
 

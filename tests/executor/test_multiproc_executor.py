@@ -91,3 +91,16 @@ def test_speculative_decoding_over_tensor_parallel_ranks_keeps_the_outputs(model
     core = llm.engine.core
     assert generate(llm) == one_rank
     assert core.scheduler.make_stats().spec_decoding.num_draft_tokens > 0
+
+
+def test_awq_weights_split_across_ranks_generate_what_one_worker_does(model_dir, tmp_path):
+    """AWQ declares how qweight / qzeros / scales lie along W (packed outputs, grouped
+    inputs): two ranks load their slices and compute what one worker does."""
+    from core_quant_awq.awq import AWQConfig
+
+    from core.model_loader import resolve_model
+
+    awq_dir = tmp_path / "awq"
+    AWQConfig.quantize_checkpoint(resolve_model(str(model_dir)), awq_dir, {"group_size": 32})
+    whole = generate(engine(awq_dir))
+    assert generate(engine(awq_dir, tensor_parallel_size=2)) == whole

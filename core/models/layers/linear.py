@@ -270,13 +270,28 @@ def rank_slice(
             f"{owner}: its weights cannot be split across {partition.tp_size} tensor-parallel "
             "ranks (the method does not say along which dimensions)"
         )
-    output_dim, input_dim = dims
     if partition.split is LinearSplit.COLUMN:
-        return loaded if output_dim is None else loaded.narrow(output_dim, *rows)
-    if input_dim is None:
+        if dims.output_dim is None:
+            return loaded
+        return _narrow(loaded, dims.output_dim, rows, dims.output_unit, owner)
+    if dims.input_dim is None:
         return loaded  # e.g. a row-parallel layer's bias: whole on every rank
     length = partition.input_size_per_partition
-    return loaded.narrow(input_dim, partition.tp_rank * length, length)
+    inputs = (partition.tp_rank * length, length)
+    return _narrow(loaded, dims.input_dim, inputs, dims.input_unit, owner)
+
+
+def _narrow(
+    loaded: torch.Tensor, dim: int, span: tuple[int, int], unit: int, owner: str
+) -> torch.Tensor:
+    """`loaded` along `dim` over W's [start, start + length), `unit` of W per element."""
+    start, length = span
+    if start % unit or length % unit:
+        raise ValueError(
+            f"{owner}: a rank's share ({length} from {start}) is not a whole number of "
+            f"{unit}-wide packed elements or groups"
+        )
+    return loaded.narrow(dim, start // unit, length // unit)
 
 
 def _load_shard(

@@ -24,6 +24,7 @@ from core.quantization import (
     UnquantizedLinearMethod,
     add_parameter,
     fused_weight_loader,
+    set_shard_dims,
 )
 from core.quantization.packed import PackedWeight, drop_parameters, store, stored
 from core_quant_awq import awq_format
@@ -38,6 +39,7 @@ class AWQConfig(QuantizationConfig):
     spellings `w_bit` and `q_group_size` are read too)."""
 
     name = "awq"
+    tensor_parallel = True
 
     def __init__(self, group_size: int, modules_to_not_convert: tuple[str, ...] = ()) -> None:
         self.group_size = group_size
@@ -105,14 +107,21 @@ class AWQLinearMethod(LinearMethod):
         groups = in_features // self.group_size
         packed_sizes = [size // awq_format.PACK for size in sizes]
         packed_loader = fused_weight_loader(packed_sizes, output_dim=1)
-        add_parameter(
+        qweight = add_parameter(
             layer, "qweight", (in_features, sum(packed_sizes)), torch.int32, packed_loader
         )
-        add_parameter(layer, "qzeros", (groups, sum(packed_sizes)), torch.int32, packed_loader)
+        # How each tensor lies along W, so tensor-parallel layers load their rank's slice.
+        set_shard_dims(qweight, 1, 0, output_unit=awq_format.PACK)
+        qzeros = add_parameter(
+            layer, "qzeros", (groups, sum(packed_sizes)), torch.int32, packed_loader
+        )
+        set_shard_dims(qzeros, 1, 0, output_unit=awq_format.PACK, input_unit=self.group_size)
         scale_loader = fused_weight_loader(sizes, output_dim=1)
-        add_parameter(layer, "scales", (groups, sum(sizes)), torch.float16, scale_loader)
+        scales = add_parameter(layer, "scales", (groups, sum(sizes)), torch.float16, scale_loader)
+        set_shard_dims(scales, 1, 0, input_unit=self.group_size)
         if bias:
-            add_parameter(layer, "bias", (sum(sizes),), dtype, fused_weight_loader(sizes))
+            loader = fused_weight_loader(sizes)
+            set_shard_dims(add_parameter(layer, "bias", (sum(sizes),), dtype, loader), 0, None)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         if layer.qweight.device.type == "cuda":
