@@ -8,6 +8,7 @@ turns the scheduler's decision into model work and the results into EngineCoreOu
 from __future__ import annotations
 
 import logging
+from collections import deque
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ from core.request import Request, RequestStatus
 from core.scheduler.scheduler import Scheduler
 from core.spec_decode.selector import proposer_class
 from core.structured_output.manager import StructuredOutputManager
+from core.worker.contract import ModelRunnerOutput
 
 if TYPE_CHECKING:
     from core.structured_output.xgrammar_backend import XgrammarBackend
@@ -102,6 +104,10 @@ class EngineCore:
         self.scheduler = Scheduler(
             config, self.kv, self.max_model_len, self.grammars, _num_lookahead_tokens(config)
         )
+        # Pipeline parallelism: the steps in flight, oldest first (None: one at a time).
+        self.batch_queue: deque | None = (
+            deque() if config.parallel.pipeline_parallel_size > 1 else None
+        )
         self._call_hook("core_engine_started")
 
     def _init_kv_cache(self, platform: Platform) -> KVCacheManager:
@@ -153,12 +159,37 @@ class EngineCore:
     def step(self) -> EngineCoreOutputs:
         if not self.scheduler.has_unfinished_requests():
             return EngineCoreOutputs()
+        if self.batch_queue is not None:
+            return self._step_with_batch_queue(self.batch_queue)
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.total_num_scheduled_tokens == 0:
             # Only grammars still compiling: wait for one instead of spinning.
             self.grammars.wait(0.05)
         runner_output = self.executor.execute_model(scheduler_output)
         return self.scheduler.update_from_output(scheduler_output, runner_output)
+
+    def _step_with_batch_queue(self, queue: deque) -> EngineCoreOutputs:
+        """Pipeline parallelism: keep up to one step in flight per stage. Schedule and start
+        a step while there is room and work; otherwise (or once the queue is full) wait for
+        the oldest step and turn its output into EngineCoreOutputs. A request runs in one
+        in-flight step at a time: once its known tokens are all scheduled, it waits for
+        the token its step will sample."""
+        if len(queue) < self.config.parallel.pipeline_parallel_size:
+            scheduler_output = self.scheduler.schedule()
+            # A step with no tokens still tells the workers which requests finished.
+            if scheduler_output.total_num_scheduled_tokens or scheduler_output.finished_req_ids:
+                queue.append(
+                    (scheduler_output, self.executor.execute_model_async(scheduler_output))
+                )
+                if len(queue) < self.config.parallel.pipeline_parallel_size:
+                    return EngineCoreOutputs()
+            elif not queue:
+                self.grammars.wait(0.05)  # only grammars still compiling
+                return self.scheduler.update_from_output(
+                    scheduler_output, ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
+                )
+        scheduler_output, wait = queue.popleft()
+        return self.scheduler.update_from_output(scheduler_output, wait())
 
     def reset_prefix_cache(self) -> bool:
         return self.kv.reset_prefix_cache()

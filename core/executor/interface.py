@@ -44,5 +44,15 @@ class Executor(ABC):
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.collective_rpc("execute_model", (scheduler_output,))[0]
 
+    def execute_model_async(
+        self, scheduler_output: SchedulerOutput
+    ) -> Callable[[], ModelRunnerOutput]:
+        """Start the step; return a function that waits for its output. Several steps may
+        be started before the first is waited for (pipeline stages then work on different
+        steps at once); their outputs are waited for in the order they started. The
+        default runs the step now."""
+        output = self.execute_model(scheduler_output)
+        return lambda: output
+
     def shutdown(self) -> None:
         """Release the workers; the default has nothing to release."""

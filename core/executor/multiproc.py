@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -60,6 +61,7 @@ class MultiprocExecutor(Executor):
         self._replies.bind(reply_address)
         self._calls = MessageQueue(self.world_size)
         self._dead: str | None = None
+        self._started = self._waited = 0  # execute_model calls sent / answered
         self._stopping = False
         init_method = f"tcp://127.0.0.1:{_free_port()}"
         threads = max(1, (os.cpu_count() or 1) // self.world_size)
@@ -106,14 +108,32 @@ class MultiprocExecutor(Executor):
         rank order. WorkerDiedError when a worker is gone; RuntimeError carrying a
         worker's traceback when the call raised there."""
         self._check_alive()
+        if self._started != self._waited:
+            raise RuntimeError(f"{method}: a step is still in flight; wait for it first")
         self._calls.enqueue((method, args, kwargs or {}, reply_ranks))
         ranks = range(self.world_size) if reply_ranks is None else reply_ranks
         return self._collect(ranks, timeout_s=None)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """The output of the last pipeline stage's first tensor-parallel rank (it sampled)."""
-        reply = (self.output_rank,)
-        return self.collective_rpc("execute_model", (scheduler_output,), reply_ranks=reply)[0]
+        return self.execute_model_async(scheduler_output)()
+
+    def execute_model_async(
+        self, scheduler_output: SchedulerOutput
+    ) -> Callable[[], ModelRunnerOutput]:
+        self._check_alive()
+        self._calls.enqueue(("execute_model", (scheduler_output,), {}, (self.output_rank,)))
+        self._started += 1
+        step = self._started
+
+        def wait() -> ModelRunnerOutput:
+            # Only the output rank answers, one reply per step, in the order they started.
+            if step != self._waited + 1:
+                raise RuntimeError("steps' outputs must be waited for in the order they started")
+            self._waited = step
+            return self._collect((self.output_rank,), timeout_s=None)[0]
+
+        return wait
 
     def _collect(self, ranks, timeout_s: float | None) -> list[Any]:
         wanted = set(ranks)

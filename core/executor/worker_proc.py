@@ -133,7 +133,8 @@ def _serve(worker: Any, calls: Any, reply: zmq.Socket, rank: int) -> None:
             answer = Reply(rank, value=getattr(worker, method)(*args, **kwargs))
         except Exception:
             answer = Reply(rank, error=traceback.format_exc())
-        if reply_ranks is None or rank in reply_ranks:
+        # Errors always: a rank that fails leaves the others waiting on it.
+        if reply_ranks is None or rank in reply_ranks or answer.error is not None:
             reply.send(pickle.dumps(answer))
 
 

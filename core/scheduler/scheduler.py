@@ -81,6 +81,11 @@ class Scheduler:
         self.grammars = structured_outputs
         self.num_lookahead_tokens = num_lookahead_tokens
         self.max_loras = config.lora.max_loras if config.lora is not None else 0
+        # Pipeline parallelism: tokens sampled by the last stage that the other stages have
+        # not been told yet (they get them with the request's next scheduling).
+        self._unsent_tokens: dict[str, list[int]] | None = (
+            {} if config.parallel.pipeline_parallel_size > 1 else None
+        )
         spec = config.speculative
         self.spec_stats = SpecDecodingStats.empty(spec.num_speculative_tokens) if spec else None
         # Requests finished outside a step (a grammar that failed to compile), reported
@@ -117,6 +122,8 @@ class Scheduler:
             self._free(request)
 
     def _free(self, request: Request) -> None:
+        if self._unsent_tokens is not None:
+            self._unsent_tokens.pop(request.request_id, None)
         if self.grammars is not None:
             self.grammars.remove(request.request_id)
         self.kv.free(request)
@@ -311,6 +318,8 @@ class Scheduler:
             else:
                 cached.new_block_ids.append(added if any(added) else None)
             cached.num_computed_tokens.append(request.num_computed_tokens)
+            if self._unsent_tokens is not None:
+                cached.new_token_ids.append(self._unsent_tokens.pop(request.request_id, []))
         finished, self.finished_req_ids = self.finished_req_ids, set()
         return SchedulerOutput(
             scheduled_new_reqs=new,
@@ -338,6 +347,8 @@ class Scheduler:
             if scheduled_drafts:
                 self._roll_back_rejected(request, len(scheduled_drafts), len(sampled) - 1)
             new_token_ids = self._append_until_stop(request, sampled)
+            if self._unsent_tokens is not None and not request.is_finished:
+                self._unsent_tokens.setdefault(req_id, []).extend(new_token_ids)
             request.spec_token_ids = (
                 [] if request.is_finished else self._fit_drafts(request, next_drafts)
             )

@@ -48,13 +48,16 @@ class CachedRequestData(msgspec.Struct, kw_only=True):
 
     A request resumed from preemption lost its blocks: its `new_block_ids` replace the
     old ones instead of extending them, and its computation restarts from
-    `num_computed_tokens`.
+    `num_computed_tokens`. Under pipeline parallelism `new_token_ids` carries the tokens
+    sampled since the request was last scheduled, for the stages that did not sample them
+    (empty without pipeline parallelism: the one stage sampled them itself).
     """
 
     req_ids: list[str] = msgspec.field(default_factory=list)
     resumed_from_preemption: list[bool] = msgspec.field(default_factory=list)
     new_block_ids: list[tuple[list[int], ...] | None] = msgspec.field(default_factory=list)
     num_computed_tokens: list[int] = msgspec.field(default_factory=list)
+    new_token_ids: list[list[int]] = msgspec.field(default_factory=list)
 
 
 BITS_PER_WORD = 32  # a GrammarBitmask word is an int32

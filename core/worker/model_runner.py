@@ -17,8 +17,9 @@ forward context then carries each token's slot (`ForwardContext.lora_mapping`).
 
 Under pipeline parallelism every stage runs the same steps on the same batch: a stage
 after the first receives its input hidden states from the previous one, a stage before
-the last sends its output to the next and takes the tokens the last stage sampled (which
-it broadcasts), so every stage's batch holds the same tokens.
+the last sends its output to the next and returns nothing; the tokens the last stage
+sampled reach the other stages with the request's next scheduling
+(`CachedRequestData.new_token_ids`), so stages work on different batches at once.
 """
 
 from __future__ import annotations
@@ -125,8 +126,12 @@ class ModelRunner:
     def _update_cached(self, so: SchedulerOutput) -> None:
         batch = self._require_batch()
         cached = so.scheduled_cached_reqs
+        # A stage that did not sample them learns the request's new tokens here.
+        learns_tokens = bool(cached.new_token_ids) and not get_pp_group().is_last_rank
         for i, req_id in enumerate(cached.req_ids):
             state = self.requests[req_id]
+            if learns_tokens:
+                self._append_sampled(state, cached.new_token_ids[i])
             state.num_computed_tokens = cached.num_computed_tokens[i]
             new_ids = cached.new_block_ids[i]
             if cached.resumed_from_preemption[i]:
@@ -142,6 +147,14 @@ class ModelRunner:
             if new_ids is not None:
                 for table, added in zip(batch.block_tables, new_ids, strict=True):
                     table.append_row(row, added)
+
+    def _append_sampled(self, state: CachedRequestState, token_ids: list[int]) -> None:
+        row = self._require_batch().req_id_to_row.get(state.req_id)
+        if row is None:
+            state.output_token_ids.extend(token_ids)  # the batch copies them when it adds it
+            return
+        for token_id in token_ids:
+            self._require_batch().append_token(row, token_id)
 
     def _generator(self, seed: int | None) -> torch.Generator | None:
         if seed is None:
@@ -251,7 +264,7 @@ class ModelRunner:
             else:
                 hidden = self._pipeline_stage(pp, input_ids, self._tensor(inputs.positions))
         if not pp.is_last_rank:
-            return self._follow_last_stage(pp)
+            return ModelRunnerOutput(req_ids=batch.req_ids, sampled_token_ids=[])
         known = batch.num_tokens[: batch.num_reqs] + num_drafts
         sample_rows = np.flatnonzero(inputs.seq_lens == known)
         prompt_rows, prompt_index, prompt_targets = self._prompt_logprob_positions(inputs)
@@ -272,8 +285,6 @@ class ModelRunner:
             output.spec_token_ids = self.speculator.propose(
                 self._proposal_batch(sample_rows, inputs.seq_lens)
             )
-        if pp.world_size > 1:
-            pp.broadcast_object(output.sampled_token_ids, src=pp.world_size - 1)
         return output
 
     def _pipeline_stage(
@@ -287,15 +298,6 @@ class ModelRunner:
             return out
         pp.send_tensor_dict(out.tensors)
         return None
-
-    def _follow_last_stage(self, pp: GroupCoordinator) -> ModelRunnerOutput:
-        """A stage before the last: append the tokens the last stage sampled."""
-        batch = self._require_batch()
-        sampled: list[list[int]] = pp.broadcast_object(None, src=pp.world_size - 1)
-        for row, tokens in enumerate(sampled):
-            for token_id in tokens:
-                batch.append_token(row, token_id)
-        return ModelRunnerOutput(req_ids=batch.req_ids, sampled_token_ids=sampled)
 
     def _num_drafts(self, so: SchedulerOutput) -> np.ndarray:
         """[num_reqs] drafts scheduled for each batch row."""

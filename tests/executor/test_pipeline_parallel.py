@@ -31,8 +31,18 @@ def one_rank(model_dir) -> list[list[int]]:
 @pytest.mark.parametrize(("pp", "tp"), [(2, 1), (2, 2)])
 def test_pipeline_stages_generate_what_one_worker_does(model_dir, one_rank, pp, tp) -> None:
     llm = engine(model_dir, pipeline_parallel_size=pp, tensor_parallel_size=tp)
-    assert len(llm.engine.core.executor.workers) == pp * tp
+    core = llm.engine.core
+    assert len(core.executor.workers) == pp * tp
+    in_flight: list[int] = []
+    start = core.executor.execute_model_async
+
+    def counted(scheduler_output):
+        in_flight.append(len(core.batch_queue) + 1)
+        return start(scheduler_output)
+
+    core.executor.execute_model_async = counted
     assert generate(llm) == one_rank
+    assert max(in_flight) == pp  # the stages worked on different steps at once
     assert not children()
 
 
