@@ -97,6 +97,15 @@ class ParallelConfig(_Config):
     tensor_parallel_size: int = Field(default=1, ge=1)
     pipeline_parallel_size: int = Field(default=1, ge=1)
     data_parallel_size: int = Field(default=1, ge=1)  # engine cores behind one frontend
+    # Which of them this engine core is (set by the frontend for each): its workers use
+    # the devices after those of the engine cores before it.
+    data_parallel_rank: int = Field(default=0, ge=0)
+
+    @property
+    def world_size(self) -> int:
+        """The worker ranks of one engine core: tensor x pipeline parallel."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
     distributed_executor_backend: Literal["uni", "mp", "ray"] | None = None
 
 

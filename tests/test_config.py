@@ -170,3 +170,17 @@ def test_lora_flags_fill_the_lora_config_and_need_enable_lora():
         EngineArgs(max_loras=2, max_cpu_loras=3).create_engine_config(platform)
     with pytest.raises(ValueError, match="max_cpu_loras"):
         EngineArgs(enable_lora=True, max_loras=4, max_cpu_loras=2).create_engine_config(platform)
+
+
+def test_more_ranks_than_devices_are_refused_before_any_process_starts():
+    class OneDevice(CpuPlatform):
+        name = "onedevice"
+
+        def device_count(self) -> int:
+            return 1
+
+    with pytest.raises(ValueError, match=r"= 2 ranks need 2 onedevice devices; this host has 1"):
+        EngineArgs(tensor_parallel_size=2).create_engine_config(OneDevice())
+    with pytest.raises(ValueError, match=r"--data-parallel-size 2 = 2 ranks"):
+        EngineArgs(data_parallel_size=2).create_engine_config(OneDevice())
+    assert EngineArgs().create_engine_config(OneDevice()).parallel.world_size == 1

@@ -12,6 +12,7 @@ notebook's). A sync-shaped interface would instead need a thread to wait on the 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import subprocess
@@ -30,6 +31,7 @@ from core.engine.core import EngineCore, check_utility
 from core.engine.protocol import EngineCoreOutputs, EngineCoreRequest
 
 if TYPE_CHECKING:
+    from core.config import EngineConfig
     from core.engine.processor import EngineSetup
 
 __all__ = ["EngineCoreClient", "EngineDeadError", "InprocClient", "MPClient", "run_inline"]
@@ -149,7 +151,7 @@ class MPClient(EngineCoreClient):
     polling. Its coroutines need a running event loop (AsyncLLM's).
     """
 
-    def __init__(self, setup: EngineSetup) -> None:
+    def __init__(self, setup: EngineSetup, data_parallel_rank: int = 0) -> None:
         super().__init__()
         self._ipc_dir = tempfile.mkdtemp(prefix="core-ipc-")
         input_addr = f"ipc://{self._ipc_dir}/input"
@@ -163,7 +165,7 @@ class MPClient(EngineCoreClient):
         self.outputs_decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
         model = str(setup.checkpoint.path)
         self._command = [sys.executable, "-m", core_proc.__name__, model, input_addr, output_addr]
-        self._config_json = setup.config.model_dump_json()
+        self._config_json = _with_data_parallel_rank(setup.config, data_parallel_rank)
         self.proc: subprocess.Popen | None = None
         self._pidfd: int | None = None
         self._poller = zmq.asyncio.Poller()
@@ -239,3 +241,10 @@ class MPClient(EngineCoreClient):
             self._pidfd = None
         self.ctx.destroy(linger=0)
         shutil.rmtree(self._ipc_dir, ignore_errors=True)
+
+
+def _with_data_parallel_rank(config: EngineConfig, rank: int) -> str:
+    """`config` as JSON for the engine core of data-parallel rank `rank`."""
+    data = json.loads(config.model_dump_json())
+    data["parallel"]["data_parallel_rank"] = rank
+    return json.dumps(data)

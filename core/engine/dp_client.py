@@ -31,7 +31,7 @@ __all__ = ["DPClient"]
 class DPClient(EngineCoreClient):
     def __init__(self, setup: EngineSetup, size: int) -> None:
         super().__init__()
-        self.engines = [MPClient(setup) for _ in range(size)]
+        self.engines = [MPClient(setup, data_parallel_rank=rank) for rank in range(size)]
         self._owner: dict[str, int] = {}  # request id -> engine index
         self._load = [0] * size  # unfinished requests per engine
         self._stats: list[SchedulerStats | None] = [None] * size

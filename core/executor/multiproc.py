@@ -51,7 +51,9 @@ class MultiprocExecutor(Executor):
     ) -> None:
         super().__init__(config)
         parallel = config.parallel
-        self.world_size = parallel.tensor_parallel_size * parallel.pipeline_parallel_size
+        self.world_size = parallel.world_size
+        # A data-parallel engine core's workers take the devices after the ones before it.
+        first_device = parallel.data_parallel_rank * self.world_size
         self.output_rank = (parallel.pipeline_parallel_size - 1) * parallel.tensor_parallel_size
         checkpoint = checkpoint or resolve_model(config.model.model)
         self._ipc_dir = tempfile.mkdtemp(prefix="core-workers-")
@@ -76,6 +78,7 @@ class MultiprocExecutor(Executor):
                     rpc_handle=self._calls.handle(),
                     reply_address=reply_address,
                     num_threads=threads,
+                    local_rank=first_device + rank,
                 ),
                 threads,
             )

@@ -34,6 +34,7 @@ class WorkerSetup:
     rpc_handle: Any  # core.distributed.shm_broadcast handle of the call queue
     reply_address: str  # the executor's ZMQ PULL socket
     num_threads: int
+    local_rank: int  # the device this rank computes on
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ def _start(setup: WorkerSetup):
         setup.world_size,
         setup.distributed_init_method,
         setup.num_threads,
+        setup.local_rank,
     )
     return worker, MessageQueue.create_reader(setup.rpc_handle, setup.rank)
 

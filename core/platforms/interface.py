@@ -104,6 +104,11 @@ class Platform(ABC):
         """The torch device a worker of `local_rank` computes on."""
         return torch.device(self.device_type, self.logical_to_visible(local_rank))
 
+    def device_count(self) -> int | None:
+        """How many devices this host lets the engine use (after `device_control_env_var`);
+        None when ranks share the host's one device (the CPU)."""
+        return None
+
     @abstractmethod
     def memory_info(self) -> MemoryInfo:
         """Total and currently available memory of one device, in bytes."""
@@ -128,6 +133,19 @@ class Platform(ABC):
             )
         config.compilation.apply_level(self.default_optimization_level)
         self._check_compilation(config.compilation)
+        self._check_device_count(config.parallel)
+
+    def _check_device_count(self, parallel: Any) -> None:
+        """Refuse more ranks on this host than it has devices, naming the flags."""
+        count = self.device_count()
+        needed = parallel.world_size * parallel.data_parallel_size
+        if count is not None and needed > count:
+            raise ValueError(
+                f"--tensor-parallel-size {parallel.tensor_parallel_size} x "
+                f"--pipeline-parallel-size {parallel.pipeline_parallel_size} x "
+                f"--data-parallel-size {parallel.data_parallel_size} = {needed} ranks need "
+                f"{needed} {self.name} devices; this host has {count}"
+            )
 
     def _check_compilation(self, compilation: CompilationConfig) -> None:
         """Refuse a level this platform cannot honour.

@@ -127,7 +127,8 @@ def test_two_data_parallel_engines_share_the_requests_and_answer_like_one(model_
         before = [sum(e.cpu_times()[:2]) for e in engines]
         assert asyncio.run(all_at_once()) == want
         worked = [sum(e.cpu_times()[:2]) - b for e, b in zip(engines, before, strict=True)]
-        assert min(worked) > 0.2 * max(worked), worked  # the requests were shared
+        assert min(worked) > 0.05 * max(worked), worked  # the requests were shared (an idle
+        # engine core waits on its socket and uses next to no CPU)
     finally:
         server.stop()
     _, alive = psutil.wait_procs(tree, timeout=10)

@@ -18,6 +18,9 @@ class CudaPlatform(Platform):
     preferred_attention_backends = ("flash", "torch_ref")
     device_control_env_var = "CUDA_VISIBLE_DEVICES"
 
+    def device_count(self) -> int:
+        return torch.cuda.device_count()  # NVML-based: does not initialise CUDA
+
     def memory_info(self) -> MemoryInfo:
         free, total = torch.cuda.mem_get_info()
         return MemoryInfo(total_bytes=total, available_bytes=free)

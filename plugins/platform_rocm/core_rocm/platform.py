@@ -22,6 +22,9 @@ class RocmPlatform(Platform):
     preferred_attention_backends = ("torch_ref",)
     device_control_env_var = "HIP_VISIBLE_DEVICES"
 
+    def device_count(self) -> int:
+        return torch.cuda.device_count()  # torch's HIP build counts ROCm devices here
+
     def memory_info(self) -> MemoryInfo:
         free, total = torch.cuda.mem_get_info()
         return MemoryInfo(total_bytes=total, available_bytes=free)
