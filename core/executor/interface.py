@@ -15,10 +15,11 @@ from core.worker.contract import ModelRunnerOutput, SchedulerOutput
 class Executor(ABC):
     """Runs the same call on every worker and gathers the results.
 
-    `collective_rpc(method, args, kwargs)` calls `method` on each worker (a Worker method
-    name) and returns their results in rank order. The other methods are that call with
-    a fixed method name; `execute_model` returns the driver worker's output, since every
-    rank computes the same sampled tokens.
+    `collective_rpc(method, args, kwargs, reply_ranks)` calls `method` on each worker (a
+    Worker method name) and returns the results of `reply_ranks` (default: every rank) in
+    rank order. The other methods are that call with a fixed method name; `execute_model`
+    returns the output of `output_rank`, the first tensor-parallel rank of the last
+    pipeline stage: it sampled (and every rank of that stage samples the same tokens).
     """
 
     def __init__(self, config: EngineConfig) -> None:
@@ -30,8 +31,17 @@ class Executor(ABC):
 
     @abstractmethod
     def collective_rpc(
-        self, method: str, args: tuple = (), kwargs: dict[str, Any] | None = None
+        self,
+        method: str,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+        reply_ranks: tuple[int, ...] | None = None,
     ) -> list[Any]: ...
+
+    @property
+    def output_rank(self) -> int:
+        parallel = self.config.parallel
+        return (parallel.pipeline_parallel_size - 1) * parallel.tensor_parallel_size
 
     def get_kv_cache_specs(self) -> list[dict[str, KVCacheSpec]]:
         """Each rank's attention layers' specs, in rank order (pipeline stages differ)."""
@@ -42,7 +52,8 @@ class Executor(ABC):
         self.collective_rpc("initialize_kv_cache_of_rank", (kv_cache_configs,))
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        return self.collective_rpc("execute_model", (scheduler_output,))[0]
+        reply = (self.output_rank,)
+        return self.collective_rpc("execute_model", (scheduler_output,), reply_ranks=reply)[0]
 
     def execute_model_async(
         self, scheduler_output: SchedulerOutput

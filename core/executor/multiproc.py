@@ -54,7 +54,6 @@ class MultiprocExecutor(Executor):
         self.world_size = parallel.world_size
         # A data-parallel engine core's workers take the devices after the ones before it.
         first_device = parallel.data_parallel_rank * self.world_size
-        self.output_rank = (parallel.pipeline_parallel_size - 1) * parallel.tensor_parallel_size
         checkpoint = checkpoint or resolve_model(config.model.model)
         self._ipc_dir = tempfile.mkdtemp(prefix="core-workers-")
         self._ctx = zmq.Context()
@@ -107,9 +106,8 @@ class MultiprocExecutor(Executor):
         kwargs: dict[str, Any] | None = None,
         reply_ranks: tuple[int, ...] | None = None,
     ) -> list[Any]:
-        """Run `method` on every worker; the answers of `reply_ranks` (default: all), in
-        rank order. WorkerDiedError when a worker is gone; RuntimeError carrying a
-        worker's traceback when the call raised there."""
+        """WorkerDiedError when a worker is gone; RuntimeError carrying a worker's
+        traceback when the call raised there."""
         self._check_alive()
         if self._started != self._waited:
             raise RuntimeError(f"{method}: a step is still in flight; wait for it first")

@@ -32,7 +32,6 @@ from core.executor.multiproc import WorkerDiedError
 from core.executor.worker_proc import Reply, start_rank_worker
 from core.model_loader import Checkpoint, resolve_model
 from core.platforms.interface import Platform
-from core.worker.contract import ModelRunnerOutput, SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -92,9 +91,7 @@ class RayExecutor(Executor):
         self, config: EngineConfig, platform: Platform, checkpoint: Checkpoint | None = None
     ) -> None:
         super().__init__(config)
-        parallel = config.parallel
-        self.world_size = parallel.tensor_parallel_size * parallel.pipeline_parallel_size
-        self.output_rank = (parallel.pipeline_parallel_size - 1) * parallel.tensor_parallel_size
+        self.world_size = config.parallel.world_size
         checkpoint = checkpoint or resolve_model(config.model.model)
         self._dead: str | None = None
         self._stopping = False
@@ -121,9 +118,8 @@ class RayExecutor(Executor):
         kwargs: dict[str, Any] | None = None,
         reply_ranks: tuple[int, ...] | None = None,
     ) -> list[Any]:
-        """Run `method` on every worker; the answers of `reply_ranks` (default: all), in
-        rank order. WorkerDiedError when an actor is gone; RuntimeError carrying a
-        worker's traceback when the call raised there."""
+        """WorkerDiedError when an actor is gone; RuntimeError carrying a worker's
+        traceback when the call raised there."""
         self._check_alive()
         ranks = range(self.world_size) if reply_ranks is None else reply_ranks
         calls = [
@@ -132,11 +128,6 @@ class RayExecutor(Executor):
         ]
         answers = self._gather(calls, timeout_s=None)
         return [answers[rank] for rank in sorted(ranks)]
-
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """The output of the last pipeline stage's first tensor-parallel rank (it sampled)."""
-        reply = (self.output_rank,)
-        return self.collective_rpc("execute_model", (scheduler_output,), reply_ranks=reply)[0]
 
     def _gather(self, calls: list[ray.ObjectRef], timeout_s: float | None) -> list[Any]:
         """Every rank's answer to `calls` (one per rank, in rank order), as soon as all

@@ -21,6 +21,10 @@ class UniProcExecutor(Executor):
         self.worker.load_model(checkpoint)
 
     def collective_rpc(
-        self, method: str, args: tuple = (), kwargs: dict[str, Any] | None = None
+        self,
+        method: str,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+        reply_ranks: tuple[int, ...] | None = None,
     ) -> list[Any]:
-        return [getattr(self.worker, method)(*args, **(kwargs or {}))]
+        return [getattr(self.worker, method)(*args, **(kwargs or {}))]  # rank 0 is all

@@ -20,6 +20,7 @@ import transformers
 from determinism import assert_greedy_equivalent
 from server_process import ServerProcess
 from tiny_engine_checkpoint import VOCAB, next_token_logits, write_tiny_checkpoint
+from tp_checkpoint import tp_model
 
 pytestmark = [
     pytest.mark.slow,
@@ -39,25 +40,6 @@ ADAPTERS = {
     "chat": (4, 8, ["k_proj", "o_proj", "down_proj"]),
     "math": (6, 12, ["gate_proj", "up_proj"]),  # loaded at runtime
 }
-
-
-def base_model() -> transformers.LlamaForCausalLM:
-    config = transformers.LlamaConfig(
-        vocab_size=len(VOCAB),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        bos_token_id=VOCAB["<s>"],
-        eos_token_id=VOCAB["</s>"],
-        tie_word_embeddings=False,
-        initializer_range=0.5,  # far from uniform logits, so greedy choices are clear
-    )
-    config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(config).eval()
 
 
 def with_adapter(base: transformers.LlamaForCausalLM, name: str, seed: int):
@@ -81,7 +63,7 @@ def root(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def references(root) -> dict[str | None, torch.nn.Module]:
     """{adapter name (None: base): its transformers (+ peft) model}, written under root."""
-    base = base_model()
+    base = tp_model(vocab=VOCAB)
     write_tiny_checkpoint(root / "base", base)
     models: dict[str | None, torch.nn.Module] = {None: base}
     for seed, name in enumerate(ADAPTERS, start=1):

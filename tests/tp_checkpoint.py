@@ -1,5 +1,5 @@
-"""The tiny random llama of the tensor-parallel tests: hidden 64, 4 heads, 2 KV heads, a
-vocabulary of 256 (a word-level tokenizer of 256 words), as the issue sets it."""
+"""The tiny random llama of the tensor-parallel (and LoRA server) tests: hidden 64, 4
+heads, 2 KV heads, a vocabulary of 256 (a word-level tokenizer of 256 words)."""
 
 from __future__ import annotations
 
@@ -15,20 +15,23 @@ SPECIAL = ["<unk>", "<s>", "</s>"]
 VOCAB = {token: i for i, token in enumerate([*SPECIAL, *(f"w{i}" for i in range(253))])}
 
 
-def tp_model(seed: int = 0) -> transformers.LlamaForCausalLM:
+def tp_model(seed: int = 0, vocab: dict[str, int] = VOCAB) -> transformers.LlamaForCausalLM:
+    """The random llama: hidden 64, 4 heads, 2 KV heads, MLP 128, two layers; `vocab`'s
+    size and special tokens (default: this module's 256 words)."""
     config = transformers.LlamaConfig(
-        vocab_size=len(VOCAB),
+        vocab_size=len(vocab),
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=128,
-        bos_token_id=VOCAB["<s>"],
-        eos_token_id=VOCAB["</s>"],
+        bos_token_id=vocab["<s>"],
+        eos_token_id=vocab["</s>"],
         tie_word_embeddings=False,
         initializer_range=0.5,  # far from uniform logits, so greedy choices are clear
     )
+    config._attn_implementation = "eager"
     torch.manual_seed(seed)
     return transformers.LlamaForCausalLM(config).eval()
 
