@@ -100,6 +100,19 @@ class ParallelConfig(_Config):
     # Which of them this engine core is (set by the frontend for each): its workers use
     # the devices after those of the engine cores before it.
     data_parallel_rank: int = Field(default=0, ge=0)
+    # Several nodes: this node runs engine cores start_rank .. start_rank + size_local - 1
+    # (None: all of them); the others connect to the primary node's address, over TCP from
+    # rpc_port on (two ports per remote engine core).
+    data_parallel_size_local: int | None = Field(default=None, ge=1)
+    data_parallel_start_rank: int = Field(default=0, ge=0)
+    data_parallel_address: str = "127.0.0.1"
+    data_parallel_rpc_port: int = Field(default=13345, ge=1, le=65535)
+
+    @property
+    def local_data_parallel_ranks(self) -> range:
+        """The data-parallel ranks whose engine cores run on this node."""
+        local = self.data_parallel_size_local or self.data_parallel_size
+        return range(self.data_parallel_start_rank, self.data_parallel_start_rank + local)
 
     @property
     def world_size(self) -> int:

@@ -100,6 +100,22 @@ class EngineArgs:
         "parallel", "data_parallel_size", "--data-parallel-size",
         "engine cores behind one server, each with its own TP x PP ranks", type=int,
     )  # fmt: skip
+    data_parallel_size_local: int | None = _option(
+        "parallel", "data_parallel_size_local", "--data-parallel-size-local",
+        "engine cores on this node (default: all)", type=int,
+    )  # fmt: skip
+    data_parallel_start_rank: int | None = _option(
+        "parallel", "data_parallel_start_rank", "--data-parallel-start-rank",
+        "the first data-parallel rank on this node (a headless node's)", type=int,
+    )  # fmt: skip
+    data_parallel_address: str | None = _option(
+        "parallel", "data_parallel_address", "--data-parallel-address",
+        "the primary node's address, which remote engine cores connect to",
+    )  # fmt: skip
+    data_parallel_rpc_port: int | None = _option(
+        "parallel", "data_parallel_rpc_port", "--data-parallel-rpc-port",
+        "first TCP port of the remote engine cores (two each)", type=int,
+    )  # fmt: skip
     distributed_executor_backend: str | None = _option(
         "parallel", "distributed_executor_backend", "--distributed-executor-backend",
         "executor: uni (one worker, in the engine core) or mp (a process per rank); "
@@ -234,6 +250,12 @@ def _refuse_unbuilt(config: EngineConfig) -> None:
         ):
             if enabled:
                 raise ValueError(f"{flag} with pipeline parallelism is not built yet; use 1 stage")
+    local = parallel.local_data_parallel_ranks
+    if local.stop > parallel.data_parallel_size:
+        raise ValueError(
+            f"--data-parallel-start-rank {local.start} + --data-parallel-size-local "
+            f"{len(local)} exceeds --data-parallel-size {parallel.data_parallel_size}"
+        )
     backend = parallel.distributed_executor_backend
     if backend == "ray" and importlib.util.find_spec("ray") is None:
         raise ValueError("--distributed-executor-backend ray needs Ray: pip install 'core[ray]'")

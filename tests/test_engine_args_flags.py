@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from core.config import UsageContext
 from core.engine_args import EngineArgs
+from core.entrypoints import headless
 from core.entrypoints.cli import serve
 from core.entrypoints.openai import api_server
 from core.platforms.cpu import CpuPlatform
@@ -96,6 +97,20 @@ CASES = {
     "data_parallel_size": Case(
         ("--data-parallel-size", "2"), sets="config.parallel.data_parallel_size"
     ),
+    "data_parallel_size_local": Case(
+        ("--data-parallel-size", "2", "--data-parallel-size-local", "1"),
+        sets="config.parallel.data_parallel_size_local",
+    ),
+    "data_parallel_start_rank": Case(
+        ("--data-parallel-start-rank", "1"), refuses="--data-parallel-start-rank"
+    ),
+    "data_parallel_address": Case(
+        ("--data-parallel-address", "10.0.0.2"), sets="config.parallel.data_parallel_address"
+    ),
+    "data_parallel_rpc_port": Case(
+        ("--data-parallel-rpc-port", "20000"), sets="config.parallel.data_parallel_rpc_port"
+    ),
+    "headless": Case(("--headless",), sets="headless"),
     "distributed_executor_backend": Case(
         ("--distributed-executor-backend", "mp"),
         sets="config.parallel.distributed_executor_backend",
@@ -150,8 +165,13 @@ def served(monkeypatch):
                 port=port,
                 api_key=api_key,
                 lora_modules=lora_modules,
+                headless=False,
             )
         )
+
+    def fake_headless(engine_args) -> int:
+        calls.append(SimpleNamespace(engine_args=engine_args, headless=True))
+        return 0
 
     def run(argv: tuple[str, ...], platform: type[Platform]) -> SimpleNamespace:
         result = CliRunner().invoke(serve, list(argv), catch_exceptions=False)
@@ -166,6 +186,7 @@ def served(monkeypatch):
         return call
 
     monkeypatch.setattr(api_server, "serve", fake_server)
+    monkeypatch.setattr(headless, "run_headless", fake_headless)
     core_logger = logging.getLogger("core")
     level = core_logger.level  # serve raises it for the server's startup messages
     yield run

@@ -165,7 +165,7 @@ class MPClient(EngineCoreClient):
         self.outputs_decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
         model = str(setup.checkpoint.path)
         self._command = [sys.executable, "-m", core_proc.__name__, model, input_addr, output_addr]
-        self._config_json = _with_data_parallel_rank(setup.config, data_parallel_rank)
+        self._config_json = with_data_parallel_rank(setup.config, data_parallel_rank)
         self.proc: subprocess.Popen | None = None
         self._pidfd: int | None = None
         self._poller = zmq.asyncio.Poller()
@@ -210,10 +210,15 @@ class MPClient(EngineCoreClient):
         """Outputs sent before a death are still delivered; then EngineDeadError."""
         if self._pidfd is None:
             raise EngineDeadError("engine core process not started")
-        ready = dict(await self._poller.poll())
-        if self.output not in ready:  # only the pidfd: the process has exited
-            raise self._died(f"engine core process exited (code {self.proc.wait()})")
-        kind, payload = await self.output.recv_multipart()
+        while True:
+            ready = dict(await self._poller.poll())
+            if self.output not in ready:  # only the pidfd: the process has exited
+                raise self._died(f"engine core process exited (code {self.proc.wait()})")
+            kind, payload = await self.output.recv_multipart()
+            if kind != core_proc.HEARTBEAT:  # the pidfd tells this client it is alive
+                return self._decode(kind, payload)
+
+    def _decode(self, kind: bytes, payload: bytes) -> EngineCoreOutputs:
         if kind == core_proc.OUTPUTS:
             return self.outputs_decoder.decode(payload)
         reason = msgspec.msgpack.decode(payload) if kind == core_proc.FAILED else "?"
@@ -243,7 +248,63 @@ class MPClient(EngineCoreClient):
         shutil.rmtree(self._ipc_dir, ignore_errors=True)
 
 
-def _with_data_parallel_rank(config: EngineConfig, rank: int) -> str:
+class RemoteClient(MPClient):
+    """A data-parallel engine core on another node, started there by `core serve --headless`
+    and reached over TCP: this client binds `--data-parallel-rpc-port + 2 * rank` (its
+    requests) and the next port (its outputs) and waits for it to connect. With no process
+    to watch, its heartbeats say it is alive: `HEARTBEAT_TIMEOUT_S` without any message
+    makes it dead, so a lost node fails its requests instead of hanging them.
+    """
+
+    HEARTBEAT_TIMEOUT_S = 10 * core_proc.HEARTBEAT_S
+
+    def __init__(self, data_parallel_rank: int, rpc_port: int) -> None:
+        EngineCoreClient.__init__(self)
+        self.rank = data_parallel_rank
+        port = rpc_port + 2 * data_parallel_rank
+        self.ctx = zmq.asyncio.Context()
+        self.input = self.ctx.socket(zmq.PUSH)
+        self.input.bind(f"tcp://*:{port}")
+        self.output = self.ctx.socket(zmq.PULL)
+        self.output.bind(f"tcp://*:{port + 1}")
+        self.encoder = msgspec.msgpack.Encoder()
+        self.outputs_decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
+
+    async def start(self, timeout_s: float = 600.0) -> dict[str, Any]:
+        if not await self.output.poll(timeout_s * 1000):
+            raise self._died(
+                f"data-parallel engine {self.rank} did not connect within {timeout_s:.0f} s "
+                "(start it with core serve --headless on its node)"
+            )
+        kind, payload = await self.output.recv_multipart()
+        if kind != core_proc.READY:
+            raise self._died(f"data-parallel engine {self.rank} failed to start: {payload!r}")
+        return msgspec.msgpack.decode(payload)
+
+    async def get_outputs(self) -> EngineCoreOutputs:
+        while True:
+            if not await self.output.poll(self.HEARTBEAT_TIMEOUT_S * 1000):
+                raise self._died(
+                    f"data-parallel engine {self.rank} sent nothing for "
+                    f"{self.HEARTBEAT_TIMEOUT_S:.0f} s"
+                )
+            kind, payload = await self.output.recv_multipart()
+            if kind != core_proc.HEARTBEAT:
+                return self._decode(kind, payload)
+
+    def _check_alive(self) -> None:
+        if self.dead_reason is not None:
+            raise EngineDeadError(self.dead_reason)
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Tell the remote engine core to stop (its node's `core serve --headless` ends
+        with its engine cores), then close the sockets."""
+        if self.dead_reason is None:
+            self.input.send_multipart([core_proc.STOP, b""])
+        self.ctx.destroy(linger=int(timeout_s * 1000))
+
+
+def with_data_parallel_rank(config: EngineConfig, rank: int) -> str:
     """`config` as JSON for the engine core of data-parallel rank `rank`."""
     data = json.loads(config.model_dump_json())
     data["parallel"]["data_parallel_rank"] = rank

@@ -34,6 +34,10 @@ logger = logging.getLogger(__name__)
 ADD, ABORT, UTILITY = b"ADD", b"ABORT", b"UTILITY"
 # Engine core -> frontend.
 READY, OUTPUTS, FAILED = b"READY", b"OUTPUTS", b"FAILED"
+# An idle engine core says it is alive this often (a frontend on another node has no other
+# way to know); STOP (frontend -> engine core) ends one the frontend did not start.
+HEARTBEAT, STOP = b"HEARTBEAT", b"STOP"
+HEARTBEAT_S = 1.0
 
 
 def run_engine_core(config_json: str, model: str, input_addr: str, output_addr: str) -> None:
@@ -91,7 +95,11 @@ class _EngineCoreLoop:
         try:
             while True:
                 if not self.core.has_unfinished_requests():
-                    self._handle(self.inputs.recv_multipart())  # idle: block, never spin
+                    # Idle: block (never spin), waking once per heartbeat.
+                    if not self.inputs.poll(HEARTBEAT_S * 1000):
+                        self.output.send_multipart([HEARTBEAT, b""])
+                        continue
+                    self._handle(self.inputs.recv_multipart())
                 while self.inputs.poll(0):
                     self._handle(self.inputs.recv_multipart())
                 if self.core.has_unfinished_requests():
@@ -113,6 +121,8 @@ class _EngineCoreLoop:
             self.core.abort_requests(self.ids_decoder.decode(payload))
         elif kind == UTILITY:
             self._utility(msgspec.msgpack.decode(payload))
+        elif kind == STOP:
+            raise SystemExit(0)
 
     def _add(self, request: EngineCoreRequest) -> None:
         try:

@@ -1,7 +1,8 @@
 """DPClient: data parallelism, N engine cores behind one frontend (`--data-parallel-size`).
 
 Each engine core is an MPClient of its own process with its own workers (its own TP/PP
-groups); they share nothing but the frontend. A new request goes to the engine with the
+groups); they share nothing but the frontend. Engine cores of other nodes (`core serve
+--headless` there) are RemoteClients over TCP. A new request goes to the engine with the
 fewest unfinished requests, ties broken by the lower KV-cache usage of its last stats, and
 stays there (aborts follow it). Outputs come from whichever engine answers first. The
 engines run independently: core's models are dense, so no engine waits for another
@@ -14,7 +15,13 @@ import asyncio
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from core.engine.core_client import EngineCoreClient, EngineDeadError, MPClient, check_utility
+from core.engine.core_client import (
+    EngineCoreClient,
+    EngineDeadError,
+    MPClient,
+    RemoteClient,
+    check_utility,
+)
 from core.engine.protocol import (
     EngineCoreOutputs,
     EngineCoreRequest,
@@ -31,7 +38,19 @@ __all__ = ["DPClient"]
 class DPClient(EngineCoreClient):
     def __init__(self, setup: EngineSetup, size: int) -> None:
         super().__init__()
-        self.engines = [MPClient(setup, data_parallel_rank=rank) for rank in range(size)]
+        parallel = setup.config.parallel
+        local = parallel.local_data_parallel_ranks
+        if local.start != 0:
+            raise ValueError(
+                "--data-parallel-start-rank: the node with the API server starts at rank 0; "
+                "run the others with core serve --headless"
+            )
+        self.engines: list[MPClient] = [
+            MPClient(setup, data_parallel_rank=rank)
+            if rank in local
+            else RemoteClient(rank, parallel.data_parallel_rpc_port)
+            for rank in range(size)
+        ]
         self._owner: dict[str, int] = {}  # request id -> engine index
         self._load = [0] * size  # unfinished requests per engine
         self._stats: list[SchedulerStats | None] = [None] * size

@@ -96,6 +96,12 @@ def _lora_modules(_: click.Context, param: click.Parameter, values: tuple[str, .
     help='LoRA adapters to serve (needs --enable-lora), each name=path or JSON {"name": ..., '
     '"path": ..., "base_model_name": ...}; one flag takes several',
 )
+@click.option(
+    "--headless",
+    is_flag=True,
+    help="only this node's data-parallel engine cores (from --data-parallel-start-rank), "
+    "connecting to the API server's node at --data-parallel-address",
+)
 @engine_options
 def serve(
     model_tag: str | None,
@@ -103,6 +109,7 @@ def serve(
     port: int,
     api_key: str | None,
     lora_modules: tuple,
+    headless: bool,
     **options,
 ):
     """Serve MODEL (default: SmolLM2-135M-Instruct) over an OpenAI-compatible API."""
@@ -115,6 +122,10 @@ def serve(
         options["model"] = model_tag
     try:
         engine_args = EngineArgs.from_cli(options)
+        if headless:
+            from core.entrypoints.headless import run_headless
+
+            sys.exit(run_headless(engine_args))
         asyncio.run(run_server(engine_args, host, port, api_key, lora_modules))
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc

@@ -5,6 +5,7 @@ within 5 s; SIGTERM stops every rank; no process outlives the server."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
 import threading
 import time
@@ -132,4 +133,58 @@ def test_two_data_parallel_engines_share_the_requests_and_answer_like_one(model_
     finally:
         server.stop()
     _, alive = psutil.wait_procs(tree, timeout=10)
+    assert not alive
+
+
+def test_a_headless_node_runs_the_second_engine_core_and_its_loss_is_noticed(model_dir) -> None:
+    """Two "nodes" on this host: the primary (API server, engine core 0) and a headless one
+    (engine core 1, connecting over TCP). Requests are shared and answered like one
+    engine's; when the headless node dies, the primary turns unhealthy within the heartbeat
+    timeout instead of hanging."""
+    from server_process import SERVE, SMALL, free_port
+
+    llm = engine(model_dir, max_num_batched_tokens=None)
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    want = [o.outputs[0].text for o in llm.generate(PROMPTS, greedy, use_tqdm=False)]
+    llm.engine.shutdown()
+    rpc_port = free_port()
+    same = ["--dtype", "float32", "--max-model-len", "128", "--kv-cache-memory", "4MiB",
+            "--data-parallel-size", "2", "--data-parallel-size-local", "1",
+            "--data-parallel-rpc-port", str(rpc_port)]  # fmt: skip
+    primary = ServerProcess(str(model_dir), *same)
+    remote: list[psutil.Process] = []
+    node = subprocess.Popen(
+        [*SERVE, str(model_dir), *SMALL, *same, "--headless", "--data-parallel-start-rank", "1"]
+    )
+    try:
+        primary.wait_ready()
+        client = openai.AsyncOpenAI(base_url=f"{primary.url}/v1", api_key="x", max_retries=0)
+
+        async def complete(prompt: list[int]) -> str:
+            out = await client.completions.create(
+                model=None, prompt=prompt, max_tokens=24, temperature=0,
+                extra_body={"ignore_eos": True},
+            )  # fmt: skip
+            return out.choices[0].text
+
+        async def all_at_once() -> list[str]:
+            async with client:
+                return await asyncio.gather(*(complete(p) for p in PROMPTS))
+
+        remote = [
+            p for p in psutil.Process(node.pid).children() if "core_proc" in " ".join(p.cmdline())
+        ]
+        before = sum(remote[0].cpu_times()[:2])
+        assert asyncio.run(all_at_once()) == want
+        assert sum(remote[0].cpu_times()[:2]) - before > 0.05  # the remote engine worked
+        node.kill()
+        lost = time.monotonic()
+        while httpx.get(f"{primary.url}/health", timeout=2).status_code == 200:
+            assert time.monotonic() - lost < 20, "/health still 200 after the node was lost"
+            time.sleep(0.2)
+    finally:
+        node.kill()
+        node.wait()
+        primary.stop()
+    _, alive = psutil.wait_procs(remote, timeout=10)
     assert not alive
