@@ -3,15 +3,13 @@ heads, 2 KV heads, a vocabulary of 256 (a word-level tokenizer of 256 words)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import tokenizers
 import torch
 import transformers
-from tokenizers import models, pre_tokenizers
 
-SPECIAL = ["<unk>", "<s>", "</s>"]
+from core.testing.tiny_checkpoint import SPECIAL, write_tiny_checkpoint
+
 VOCAB = {token: i for i, token in enumerate([*SPECIAL, *(f"w{i}" for i in range(253))])}
 
 
@@ -39,11 +37,4 @@ def tp_model(seed: int = 0, vocab: dict[str, int] = VOCAB) -> transformers.Llama
 def write_tp_checkpoint(
     directory: Path, model: transformers.LlamaForCausalLM | None = None
 ) -> Path:
-    (model or tp_model()).save_pretrained(directory)
-    backend = tokenizers.Tokenizer(models.WordLevel(VOCAB, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    backend.add_special_tokens(SPECIAL)
-    backend.save(str(directory / "tokenizer.json"))
-    config = {"bos_token": "<s>", "eos_token": "</s>"}
-    (directory / "tokenizer_config.json").write_text(json.dumps(config))
-    return directory
+    return write_tiny_checkpoint(directory, model or tp_model(), VOCAB)

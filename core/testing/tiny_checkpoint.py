@@ -59,12 +59,15 @@ def reference_model(
 
 
 def write_tiny_checkpoint(
-    directory: Path, model: transformers.LlamaForCausalLM | None = None
+    directory: Path,
+    model: transformers.LlamaForCausalLM | None = None,
+    vocab: dict[str, int] = VOCAB,
 ) -> Path:
-    """`model` (default: `reference_model()`), its tokenizer.json and tokenizer_config.json,
-    written into `directory`."""
+    """`model` (default: `reference_model()`), its tokenizer.json (word-level over `vocab`,
+    which starts with the SPECIAL tokens) and tokenizer_config.json, written into
+    `directory`."""
     (model or reference_model()).save_pretrained(directory)
-    backend = tokenizers.Tokenizer(models.WordLevel(VOCAB, unk_token="<unk>"))
+    backend = tokenizers.Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     backend.add_special_tokens(SPECIAL)
     backend.save(str(directory / "tokenizer.json"))

@@ -40,6 +40,24 @@ def start(model_dir) -> tuple[ServerProcess, list[psutil.Process]]:
     return server, tree
 
 
+def completions_at_once(url: str) -> list[str]:
+    """The greedy completion of every prompt, all sent at once with the openai client."""
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+
+    async def complete(prompt: list[int]) -> str:
+        out = await client.completions.create(
+            model=None, prompt=prompt, max_tokens=24, temperature=0,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        return out.choices[0].text
+
+    async def all_at_once() -> list[str]:
+        async with client:
+            return await asyncio.gather(*(complete(p) for p in PROMPTS))
+
+    return asyncio.run(all_at_once())
+
+
 def workers(tree: list[psutil.Process]) -> list[psutil.Process]:
     return [p for p in tree if "core.executor.worker_proc" in " ".join(p.cmdline())]
 
@@ -112,21 +130,8 @@ def test_two_data_parallel_engines_share_the_requests_and_answer_like_one(model_
     try:
         engines = [p for p in tree if "core.engine.core_proc" in " ".join(p.cmdline())]
         assert len(engines) == 2
-        client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
-
-        async def complete(prompt: list[int]) -> str:
-            out = await client.completions.create(
-                model=None, prompt=prompt, max_tokens=24, temperature=0,
-                extra_body={"ignore_eos": True},
-            )  # fmt: skip
-            return out.choices[0].text
-
-        async def all_at_once() -> list[str]:
-            async with client:
-                return await asyncio.gather(*(complete(p) for p in PROMPTS))
-
         before = [sum(e.cpu_times()[:2]) for e in engines]
-        assert asyncio.run(all_at_once()) == want
+        assert completions_at_once(server.url) == want
         worked = [sum(e.cpu_times()[:2]) - b for e, b in zip(engines, before, strict=True)]
         assert min(worked) > 0.05 * max(worked), worked  # the requests were shared (an idle
         # engine core waits on its socket and uses next to no CPU)
@@ -158,24 +163,11 @@ def test_a_headless_node_runs_the_second_engine_core_and_its_loss_is_noticed(mod
     )
     try:
         primary.wait_ready()
-        client = openai.AsyncOpenAI(base_url=f"{primary.url}/v1", api_key="x", max_retries=0)
-
-        async def complete(prompt: list[int]) -> str:
-            out = await client.completions.create(
-                model=None, prompt=prompt, max_tokens=24, temperature=0,
-                extra_body={"ignore_eos": True},
-            )  # fmt: skip
-            return out.choices[0].text
-
-        async def all_at_once() -> list[str]:
-            async with client:
-                return await asyncio.gather(*(complete(p) for p in PROMPTS))
-
         remote = [
             p for p in psutil.Process(node.pid).children() if "core_proc" in " ".join(p.cmdline())
         ]
         before = sum(remote[0].cpu_times()[:2])
-        assert asyncio.run(all_at_once()) == want
+        assert completions_at_once(primary.url) == want
         assert sum(remote[0].cpu_times()[:2]) - before > 0.05  # the remote engine worked
         node.kill()
         lost = time.monotonic()
