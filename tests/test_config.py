@@ -181,6 +181,9 @@ def test_more_ranks_than_devices_are_refused_before_any_process_starts():
 
     with pytest.raises(ValueError, match=r"= 2 ranks need 2 onedevice devices; this host has 1"):
         EngineArgs(tensor_parallel_size=2).create_engine_config(OneDevice())
-    with pytest.raises(ValueError, match=r"--data-parallel-size 2 = 2 ranks"):
+    with pytest.raises(ValueError, match=r"x 2 data-parallel engine cores on this node = 2"):
         EngineArgs(data_parallel_size=2).create_engine_config(OneDevice())
+    # Another node runs the second engine core: one device is enough here.
+    args = EngineArgs(data_parallel_size=2, data_parallel_size_local=1)
+    assert args.create_engine_config(OneDevice()).parallel.world_size == 1
     assert EngineArgs().create_engine_config(OneDevice()).parallel.world_size == 1

@@ -52,8 +52,10 @@ class MultiprocExecutor(Executor):
         super().__init__(config)
         parallel = config.parallel
         self.world_size = parallel.world_size
-        # A data-parallel engine core's workers take the devices after the ones before it.
-        first_device = parallel.data_parallel_rank * self.world_size
+        # A data-parallel engine core's workers take the devices after those of the engine
+        # cores before it on this node.
+        local_index = parallel.data_parallel_rank - parallel.data_parallel_start_rank
+        first_device = local_index * self.world_size
         checkpoint = checkpoint or resolve_model(config.model.model)
         self._ipc_dir = tempfile.mkdtemp(prefix="core-workers-")
         self._ctx = zmq.Context()

@@ -138,12 +138,13 @@ class Platform(ABC):
     def _check_device_count(self, parallel: Any) -> None:
         """Refuse more ranks on this host than it has devices, naming the flags."""
         count = self.device_count()
-        needed = parallel.world_size * parallel.data_parallel_size
+        engines = len(parallel.local_data_parallel_ranks)
+        needed = parallel.world_size * engines
         if count is not None and needed > count:
             raise ValueError(
                 f"--tensor-parallel-size {parallel.tensor_parallel_size} x "
                 f"--pipeline-parallel-size {parallel.pipeline_parallel_size} x "
-                f"--data-parallel-size {parallel.data_parallel_size} = {needed} ranks need "
+                f"{engines} data-parallel engine cores on this node = {needed} ranks need "
                 f"{needed} {self.name} devices; this host has {count}"
             )
 
