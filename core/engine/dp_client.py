@@ -82,9 +82,8 @@ class DPClient(EngineCoreClient):
     async def abort_requests(self, request_ids: list[str]) -> None:
         by_engine: dict[int, list[str]] = {}
         for request_id in request_ids:
-            index = self._owner.pop(request_id, None)
+            index = self._forget(request_id)
             if index is not None:
-                self._load[index] -= 1
                 by_engine.setdefault(index, []).append(request_id)
         for index, ids in by_engine.items():
             await self.engines[index].abort_requests(ids)
@@ -108,15 +107,21 @@ class DPClient(EngineCoreClient):
             self.dead_reason = f"data-parallel engine {index}: {exc}"
             raise EngineDeadError(self.dead_reason) from exc
         for output in outputs.outputs:
-            if output.finish_reason is not None and self._owner.pop(output.request_id, None):
-                self._load[index] -= 1
+            if output.finish_reason is not None:
+                self._forget(output.request_id)
         for request_id in outputs.finished_requests:
-            if self._owner.pop(request_id, None) is not None:
-                self._load[index] -= 1
+            self._forget(request_id)
         if outputs.scheduler_stats is not None:
             self._stats[index] = outputs.scheduler_stats
             outputs.scheduler_stats = _combined([s for s in self._stats if s is not None])
         return outputs
+
+    def _forget(self, request_id: str) -> int | None:
+        """Stop counting a request against its engine; that engine (None: not known)."""
+        index = self._owner.pop(request_id, None)
+        if index is not None:
+            self._load[index] -= 1
+        return index
 
     def _check_alive(self) -> None:
         if self.dead_reason is not None:

@@ -48,3 +48,25 @@ def test_stats_of_all_engines_are_summed_and_kv_usage_averaged() -> None:
     assert combined.spec_decoding.num_accepted_tokens_per_pos == [3, 2, 1]
     assert combined.spec_decoding.num_draft_tokens == 9
     assert combined.running_lora_adapters == {"a": 3, "b": 1}
+
+
+def test_a_finished_request_stops_counting_against_its_engine_even_engine_0() -> None:
+    import asyncio
+
+    from core.engine.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason
+
+    class Engine:
+        def __init__(self, outputs: EngineCoreOutputs) -> None:
+            self.outputs = outputs
+
+        async def get_outputs(self) -> EngineCoreOutputs:
+            return self.outputs
+
+    done = EngineCoreOutput(request_id="r0", new_token_ids=[1], finish_reason=FinishReason.STOP)
+    client = routing([1, 0], [0.0, 0.0])
+    client.engines = [Engine(EngineCoreOutputs(outputs=[done]))]
+    client._owner = {"r0": 0}
+    client._waiting = {}
+    client.dead_reason = None
+    asyncio.run(client.get_outputs())
+    assert client._load == [0, 0] and client._owner == {}
