@@ -107,10 +107,10 @@ class InputProcessor:
         checkpoint = setup.checkpoint
         self.served_model_name = self.config.model.served_model_name or checkpoint.served_name
         self.max_model_len: int = self.config.model.max_model_len
-        self.vocab_size = ArchConfig.from_hf(checkpoint.hf_config).vocab_size
+        self._arch = ArchConfig.from_hf(checkpoint.hf_config)
+        self.vocab_size = self._arch.vocab_size
         self.tokenizer = load_tokenizer(checkpoint, self.config.model.tokenizer)
         self.generation_defaults = self._generation_defaults(checkpoint)
-        self._arch = ArchConfig.from_hf(checkpoint.hf_config)
         self._loras: dict[int, LoRARequest] = {}  # adapters checked, by lora_int_id
         self._retired_lora_ids: set[int] = set()
         self._shape_model: torch.nn.Module | None = None
