@@ -143,7 +143,50 @@ def run_inline(call: Coroutine[Any, Any, T]) -> T:
     raise RuntimeError("run_inline needs a client that never waits (the in-process client)")
 
 
-class MPClient(EngineCoreClient):
+class _SocketClient(EngineCoreClient):
+    """An engine core in another process, over two ZMQ sockets this client binds: requests
+    out on `input_addr`, outputs back on `output_addr` (the engine core connects to both).
+    Subclasses start it and say how its death shows."""
+
+    def __init__(self, input_addr: str, output_addr: str) -> None:
+        super().__init__()
+        self.ctx = zmq.asyncio.Context()
+        self.input = self.ctx.socket(zmq.PUSH)
+        self.input.bind(input_addr)
+        self.output = self.ctx.socket(zmq.PULL)
+        self.output.bind(output_addr)
+        self.encoder = msgspec.msgpack.Encoder()
+        self.outputs_decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
+
+    @abstractmethod
+    def _check_alive(self) -> None:
+        """EngineDeadError when the engine core cannot take requests."""
+
+    async def add_request(self, request: EngineCoreRequest) -> None:
+        self._check_alive()
+        await self.input.send_multipart([core_proc.ADD, self.encoder.encode(request)])
+
+    async def abort_requests(self, request_ids: list[str]) -> None:
+        if request_ids and self.dead_reason is None:
+            await self.input.send_multipart([core_proc.ABORT, self.encoder.encode(request_ids)])
+
+    async def utility(self, name: str) -> None:
+        check_utility(name)
+        self._check_alive()
+        await self.input.send_multipart([core_proc.UTILITY, self.encoder.encode(name)])
+
+    def _decode(self, kind: bytes, payload: bytes) -> EngineCoreOutputs:
+        if kind == core_proc.OUTPUTS:
+            return self.outputs_decoder.decode(payload)
+        reason = msgspec.msgpack.decode(payload) if kind == core_proc.FAILED else "?"
+        raise self._died(f"engine core failed: {reason}")
+
+    def _died(self, reason: str) -> EngineDeadError:
+        self.dead_reason = self.dead_reason or reason
+        return EngineDeadError(reason)
+
+
+class MPClient(_SocketClient):
     """The EngineCore in a process of its own (spawned, ZMQ over IPC sockets).
 
     `get_outputs` waits on the output socket and on the process itself (a pidfd, readable
@@ -152,17 +195,10 @@ class MPClient(EngineCoreClient):
     """
 
     def __init__(self, setup: EngineSetup, data_parallel_rank: int = 0) -> None:
-        super().__init__()
         self._ipc_dir = tempfile.mkdtemp(prefix="core-ipc-")
         input_addr = f"ipc://{self._ipc_dir}/input"
         output_addr = f"ipc://{self._ipc_dir}/output"
-        self.ctx = zmq.asyncio.Context()
-        self.input = self.ctx.socket(zmq.PUSH)
-        self.input.bind(input_addr)
-        self.output = self.ctx.socket(zmq.PULL)
-        self.output.bind(output_addr)
-        self.encoder = msgspec.msgpack.Encoder()
-        self.outputs_decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
+        super().__init__(input_addr, output_addr)
         model = str(setup.checkpoint.path)
         self._command = [sys.executable, "-m", core_proc.__name__, model, input_addr, output_addr]
         self._config_json = with_data_parallel_rank(setup.config, data_parallel_rank)
@@ -193,19 +229,6 @@ class MPClient(EngineCoreClient):
                 raise self._died(f"engine core exited with code {self.proc.returncode}")
         raise self._died(f"engine core not ready after {timeout_s:.0f} s")
 
-    async def add_request(self, request: EngineCoreRequest) -> None:
-        self._check_alive()
-        await self.input.send_multipart([core_proc.ADD, self.encoder.encode(request)])
-
-    async def abort_requests(self, request_ids: list[str]) -> None:
-        if request_ids and self.dead_reason is None:
-            await self.input.send_multipart([core_proc.ABORT, self.encoder.encode(request_ids)])
-
-    async def utility(self, name: str) -> None:
-        check_utility(name)
-        self._check_alive()
-        await self.input.send_multipart([core_proc.UTILITY, self.encoder.encode(name)])
-
     async def get_outputs(self) -> EngineCoreOutputs:
         """Outputs sent before a death are still delivered; then EngineDeadError."""
         if self._pidfd is None:
@@ -217,16 +240,6 @@ class MPClient(EngineCoreClient):
             kind, payload = await self.output.recv_multipart()
             if kind != core_proc.HEARTBEAT:  # the pidfd tells this client it is alive
                 return self._decode(kind, payload)
-
-    def _decode(self, kind: bytes, payload: bytes) -> EngineCoreOutputs:
-        if kind == core_proc.OUTPUTS:
-            return self.outputs_decoder.decode(payload)
-        reason = msgspec.msgpack.decode(payload) if kind == core_proc.FAILED else "?"
-        raise self._died(f"engine core failed: {reason}")
-
-    def _died(self, reason: str) -> EngineDeadError:
-        self.dead_reason = self.dead_reason or reason
-        return EngineDeadError(reason)
 
     def _check_alive(self) -> None:
         if self.dead_reason is not None or self.proc is None or self.proc.poll() is not None:
@@ -248,7 +261,7 @@ class MPClient(EngineCoreClient):
         shutil.rmtree(self._ipc_dir, ignore_errors=True)
 
 
-class RemoteClient(MPClient):
+class RemoteClient(_SocketClient):
     """A data-parallel engine core on another node, started there by `core serve --headless`
     and reached over TCP: this client binds `--data-parallel-rpc-port + 2 * rank` (its
     requests) and the next port (its outputs) and waits for it to connect. With no process
@@ -259,16 +272,9 @@ class RemoteClient(MPClient):
     HEARTBEAT_TIMEOUT_S = 10 * core_proc.HEARTBEAT_S
 
     def __init__(self, data_parallel_rank: int, rpc_port: int) -> None:
-        EngineCoreClient.__init__(self)
-        self.rank = data_parallel_rank
         port = rpc_port + 2 * data_parallel_rank
-        self.ctx = zmq.asyncio.Context()
-        self.input = self.ctx.socket(zmq.PUSH)
-        self.input.bind(f"tcp://*:{port}")
-        self.output = self.ctx.socket(zmq.PULL)
-        self.output.bind(f"tcp://*:{port + 1}")
-        self.encoder = msgspec.msgpack.Encoder()
-        self.outputs_decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
+        super().__init__(f"tcp://*:{port}", f"tcp://*:{port + 1}")
+        self.rank = data_parallel_rank
 
     async def start(self, timeout_s: float = 600.0) -> dict[str, Any]:
         if not await self.output.poll(timeout_s * 1000):

@@ -45,7 +45,7 @@ class DPClient(EngineCoreClient):
                 "--data-parallel-start-rank: the node with the API server starts at rank 0; "
                 "run the others with core serve --headless"
             )
-        self.engines: list[MPClient] = [
+        self.engines: list[EngineCoreClient] = [
             MPClient(setup, data_parallel_rank=rank)
             if rank in local
             else RemoteClient(rank, parallel.data_parallel_rpc_port)
