@@ -19,7 +19,7 @@ from tokenizers import models, pre_tokenizers
 if TYPE_CHECKING:
     import transformers
 
-__all__ = ["EOS_TOKEN_ID", "VOCAB", "reference_model", "write_tiny_checkpoint"]
+__all__ = ["EOS_TOKEN_ID", "VOCAB", "random_llama", "reference_model", "write_tiny_checkpoint"]
 
 SPECIAL = ["<unk>", "<s>", "</s>"]
 WORDS = ["user", "assistant", ":", *(f"w{i}" for i in range(45))]
@@ -37,21 +37,39 @@ def reference_model(
 ) -> transformers.LlamaForCausalLM:
     """The random model (seeded, so every call with the same arguments gives the same
     weights): hidden 32, two heads of 16, one KV head."""
+    return random_llama(
+        VOCAB, hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=1,
+        num_layers=num_hidden_layers, max_positions=max_position_embeddings, seed=seed,
+    )  # fmt: skip
+
+
+def random_llama(
+    vocab: dict[str, int],
+    hidden_size: int,
+    intermediate_size: int,
+    num_heads: int,
+    num_kv_heads: int,
+    num_layers: int,
+    max_positions: int,
+    seed: int,
+) -> transformers.LlamaForCausalLM:
+    """A seeded random transformers llama over `vocab` (its "<s>" and "</s>" the special
+    ids), untied, with weights far from uniform logits so greedy choices are clear."""
     import transformers
 
     config = transformers.LlamaConfig(
-        vocab_size=len(VOCAB),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=num_hidden_layers,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        max_position_embeddings=max_position_embeddings,
-        bos_token_id=VOCAB["<s>"],
-        eos_token_id=EOS_TOKEN_ID,
+        vocab_size=len(vocab),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=hidden_size // num_heads,
+        max_position_embeddings=max_positions,
+        bos_token_id=vocab["<s>"],
+        eos_token_id=vocab["</s>"],
         tie_word_embeddings=False,
-        initializer_range=0.5,  # far from uniform logits, so greedy choices are clear
+        initializer_range=0.5,
     )
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
