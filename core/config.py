@@ -13,7 +13,7 @@ import re
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _UNITS = {"": 1 << 30, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -79,6 +79,10 @@ class ModelConfig(_Config):
 class CacheConfig(_Config):
     block_size: int = Field(default=16, ge=1)
     kv_cache_memory_bytes: int | None = Field(default=None, ge=1)
+    # Platforms that profile memory (Platform.memory_profiling): the share of the device's
+    # total memory the engine may use, weights and activations included; the KV cache gets
+    # the rest of that share. Refused elsewhere; --kv-cache-memory replaces it.
+    gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
     enable_prefix_caching: bool = True
     prefix_caching_hash_algo: Literal["sha256", "fast"] = "sha256"
     kv_cache_dtype: str = "auto"
@@ -131,22 +135,77 @@ COMPILE_LEVEL = 1
 GRAPH_CAPTURE_LEVEL = 2
 
 
-class CompilationConfig(_Config):
-    """-O levels (DESIGN.md section 6): 0 eager, 1 compile, 2 + graph capture, 3 reserved.
+class CUDAGraphMode(str, enum.Enum):
+    """vLLM's `cudagraph_mode`: which batches run as captured device graphs.
 
-    `level` None means "the platform's default", filled in by `apply_level` before the
-    platform checks what it can honour; compile_model / capture_graphs the user sets win.
+    FULL captures the whole forward, attention included (the backend must declare
+    `graph_support`); PIECEWISE captures the compiled pieces between attention layers
+    (attention runs eagerly between them). The *_DECODE_ONLY / *_AND_PIECEWISE forms pick
+    FULL for pure-decode batches and the other (none / PIECEWISE) for mixed ones.
+    """
+
+    NONE = "NONE"
+    PIECEWISE = "PIECEWISE"
+    FULL = "FULL"
+    FULL_DECODE_ONLY = "FULL_DECODE_ONLY"
+    FULL_AND_PIECEWISE = "FULL_AND_PIECEWISE"
+
+
+# vLLM's default capture sizes: 1, 2, 4, then every multiple of 8 up to the largest.
+_SMALL_CAPTURE_SIZES = (1, 2, 4)
+_CAPTURE_SIZE_STEP = 8
+_MAX_DEFAULT_CAPTURE_SIZE = 512
+
+
+class CompilationConfig(_Config):
+    """-O levels (DESIGN.md section 6) and `--compilation-config` (vLLM's keys).
+
+    `level` 0 eager, 1 torch.compile of the model, 2 adds graph capture of decode batches,
+    3 reserved; None means "the platform's default", filled in by `apply_level` before the
+    platform checks what it can honour. compile_model / capture_graphs (and the JSON keys)
+    the user sets win over the level's defaults.
     """
 
     level: int | None = Field(default=None, ge=0, le=3)
     compile_model: bool | None = None
     capture_graphs: bool | None = None
+    # torch.compile backend: inductor generates kernels; "eager" traces with Dynamo and
+    # runs the traced graph as is (debugging a compile problem without codegen).
+    backend: Literal["inductor", "eager"] = "inductor"
+    cudagraph_mode: CUDAGraphMode | None = None
+    cudagraph_capture_sizes: list[int] | None = None
+    max_cudagraph_capture_size: int | None = Field(default=None, ge=1)
+    # Where compiled artifacts persist across starts (default: core's cache directory).
+    cache_dir: str | None = None
+
+    @field_validator("cudagraph_capture_sizes")
+    @classmethod
+    def _sorted_positive_sizes(cls, sizes: list[int] | None) -> list[int] | None:
+        if sizes is not None and (not sizes or min(sizes) < 1):
+            raise ValueError(f"must be a non-empty list of positive batch sizes, got {sizes}")
+        return None if sizes is None else sorted(set(sizes))
 
     def apply_level(self, default_level: int) -> None:
         """Fill the level, then compile_model / capture_graphs from it, where the user left them."""
         self.set_default("level", default_level)
         self.set_default("compile_model", self.level >= COMPILE_LEVEL)
-        self.set_default("capture_graphs", self.level >= GRAPH_CAPTURE_LEVEL)
+        # Naming a graph mode asks for graphs whatever the level.
+        asks_graphs = self.cudagraph_mode not in (None, CUDAGraphMode.NONE)
+        self.set_default("capture_graphs", asks_graphs or self.level >= GRAPH_CAPTURE_LEVEL)
+        if not self.capture_graphs:
+            self.set_default("cudagraph_mode", CUDAGraphMode.NONE)
+
+    def resolve_capture_sizes(self, max_num_seqs: int) -> None:
+        """Fill cudagraph_capture_sizes from max_cudagraph_capture_size, itself
+        min(max_num_seqs, 512) by default."""
+        if self.cudagraph_capture_sizes is not None:
+            return
+        largest = self.max_cudagraph_capture_size or min(max_num_seqs, _MAX_DEFAULT_CAPTURE_SIZE)
+        sizes = [s for s in _SMALL_CAPTURE_SIZES if s <= largest]
+        sizes += list(range(_CAPTURE_SIZE_STEP, largest + 1, _CAPTURE_SIZE_STEP))
+        if largest not in sizes:
+            sizes.append(largest)
+        self.set_default("cudagraph_capture_sizes", sizes)
 
 
 class ComponentConfig(_Config):

@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from core.config import EngineConfig, LoRAConfig, SpeculativeConfig, UsageContext, parse_size
+from core.config import (
+    CUDAGraphMode,
+    EngineConfig,
+    LoRAConfig,
+    SpeculativeConfig,
+    UsageContext,
+    parse_size,
+)
 from core.plugins.components import parse_json_object
 from core.quantization.selector import (
     StoredQuantization,
@@ -62,6 +69,11 @@ class EngineArgs:
     kv_cache_memory: str | None = _option(
         "cache", "kv_cache_memory_bytes", "--kv-cache-memory", "KV budget, e.g. 4GiB (bare: GiB)"
     )
+    gpu_memory_utilization: float | None = _option(
+        "cache", "gpu_memory_utilization", "--gpu-memory-utilization",
+        "share of device memory for weights, activations and KV cache (GPUs; default 0.9)",
+        type=float,
+    )  # fmt: skip
     enable_prefix_caching: bool | None = _option(
         "cache", "enable_prefix_caching", "--enable-prefix-caching/--no-enable-prefix-caching",
         "automatic prefix caching", default=None,
@@ -126,6 +138,10 @@ class EngineArgs:
     optimization_level: int | None = _option(
         "compilation", "level", "-O", "optimization level 0-3 (default: the platform's)",
         type=click.IntRange(0, 3),
+    )  # fmt: skip
+    compilation_config: int | str | dict | None = _option(
+        "compilation", "", "--compilation-config",
+        'compilation JSON as vLLM\'s (e.g. {"cudagraph_capture_sizes": [1, 2, 4]}) or a level',
     )  # fmt: skip
     enforce_eager: bool | None = _option(
         "compilation", "enforce_eager", "--enforce-eager", "never compile or capture graphs",
@@ -228,6 +244,7 @@ class EngineArgs:
             platform.check_and_update_config(config)
         if config.speculative is not None:
             check_speculative_config(config.speculative)
+        _refuse_compiled_combinations(config)
         return config.freeze()
 
     @classmethod
@@ -235,6 +252,33 @@ class EngineArgs:
         """EngineArgs from click's parsed options (extra keys are ignored)."""
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in options.items() if k in names})
+
+
+def _refuse_compiled_combinations(config: EngineConfig) -> None:
+    """Compiled or captured runs that were never built: the LoRA layers and pipeline stages
+    read per-step state that a compiled graph would freeze; only pure-decode batches are
+    captured whole (FULL_DECODE_ONLY)."""
+    compilation = config.compilation
+    mode = compilation.cudagraph_mode
+    if mode not in (None, CUDAGraphMode.NONE, CUDAGraphMode.FULL_DECODE_ONLY):
+        raise ValueError(
+            f"compilation_config.cudagraph_mode {mode.value} is not implemented yet: "
+            "use FULL_DECODE_ONLY or NONE"
+        )
+    if compilation.capture_graphs:
+        compilation.set_default("cudagraph_mode", CUDAGraphMode.FULL_DECODE_ONLY)
+        compilation.resolve_capture_sizes(config.scheduler.max_num_seqs)
+    if not (compilation.compile_model or compilation.capture_graphs):
+        return
+    for flag, enabled in (
+        ("--enable-lora", config.lora is not None),
+        ("--pipeline-parallel-size > 1", config.parallel.pipeline_parallel_size > 1),
+    ):
+        if enabled:
+            raise ValueError(
+                f"-O{config.compilation.level} compiles the model, which {flag} does not "
+                "support yet: use -O0 or --enforce-eager"
+            )
 
 
 def _refuse_unbuilt(config: EngineConfig) -> None:
@@ -312,7 +356,22 @@ def _assign(sections: dict[str, dict[str, Any]], meta: Any, value: Any) -> None:
 
 def _set_eager(sections: dict[str, dict[str, Any]], meta: Any, value: bool) -> None:
     if value:
-        sections["compilation"].update(compile_model=False, capture_graphs=False)
+        sections["compilation"].update(
+            compile_model=False, capture_graphs=False, cudagraph_mode="NONE"
+        )
+
+
+def _set_compilation(sections: dict[str, dict[str, Any]], meta: Any, value: Any) -> None:
+    """--compilation-config: a level (vLLM accepts `-O3` as `--compilation-config 3`) or
+    JSON keys of CompilationConfig; a level that disagrees with -O is refused."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    options = {"level": value} if isinstance(value, int) else parse_json_object(meta["flag"], value)
+    section = sections["compilation"]
+    level = options.get("level")
+    if level is not None and section.get("level", level) != level:
+        raise ValueError(f"--compilation-config level {level} contradicts -O{section['level']}")
+    section.update(options)
 
 
 def _set_json(sections: dict[str, dict[str, Any]], meta: Any, value: Any) -> None:
@@ -334,6 +393,7 @@ def _flag_only(sections: dict[str, dict[str, Any]], meta: Any, value: Any) -> No
 _CONVERTERS: dict[str, Callable[..., None]] = {
     "enable_lora": _flag_only,
     "enforce_eager": _set_eager,
+    "compilation_config": _set_compilation,
     "attention_backend_config": _set_json,
     "sampler_config": _set_json,
     "kv_transfer_config": _set_section,

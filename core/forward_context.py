@@ -21,6 +21,10 @@ class ForwardContext:
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. the KV connector of the step
     # Each token's LoRA adapter, in the form the LoRAManager's layers read (None: no LoRA).
     lora_mapping: Any = None
+    # Layer name -> core.attention.layer.Attention: how the `core::unified_attention` op,
+    # which a compiled graph calls with the layer's name only, finds the layer's kernel
+    # and KV cache. Empty when the model runs eagerly (each layer calls its kernel).
+    attention_layers: dict[str, Any] = field(default_factory=dict)
 
 
 _current: ForwardContext | None = None

@@ -69,6 +69,10 @@ CASES = {
     "kv_cache_memory": Case(
         ("--kv-cache-memory", "1GiB"), sets="config.cache.kv_cache_memory_bytes"
     ),
+    # Only platforms that profile memory take it (tests/engine/test_device_platform_engine.py).
+    "gpu_memory_utilization": Case(
+        ("--gpu-memory-utilization", "0.5"), refuses="--gpu-memory-utilization"
+    ),
     "enable_prefix_caching": Case(
         ("--no-enable-prefix-caching",), sets="config.cache.enable_prefix_caching"
     ),
@@ -116,7 +120,10 @@ CASES = {
         sets="config.parallel.distributed_executor_backend",
     ),
     "device": Case(("--device", "cpu"), sets="config.device.device"),
-    "optimization_level": Case(("-O", "1"), refuses="-O1"),
+    "optimization_level": Case(("-O", "1"), sets="config.compilation.compile_model"),
+    "compilation_config": Case(
+        ("--compilation-config", '{"backend": "eager"}'), sets="config.compilation.backend"
+    ),
     # On the CPU eager is what runs anyway; on a platform that compiles, the flag shows.
     "enforce_eager": Case(
         ("--enforce-eager",), sets="config.compilation.capture_graphs", platform=GraphPlatform

@@ -65,6 +65,27 @@ class AttentionCapabilities:
         return None
 
 
+class GraphSupport(str, enum.Enum):
+    """Which batches a backend's forward can be captured in a device graph (CUDA graph)
+    as a whole, attention included (FULL graphs); the others run PIECEWISE: the graph
+    pieces between attention layers are captured and attention runs eagerly between them.
+    """
+
+    NEVER = "never"
+    # Batches where every request has exactly one new token (pure decode).
+    UNIFORM_DECODE = "uniform_decode"
+    ALWAYS = "always"
+
+
+@dataclass(frozen=True)
+class BuilderLimits:
+    """The largest step a metadata builder will see (`AttentionMetadataBuilder.reserve`)."""
+
+    max_num_reqs: int
+    max_num_tokens: int
+    max_model_len: int
+
+
 @dataclass
 class CommonAttentionMetadata:
     """Per-step batch layout every backend builds its own metadata from.
@@ -95,9 +116,26 @@ class AttentionMetadataBuilder(ABC):
         self.layer_names = layer_names
         self.device = device
 
+    def reserve(self, limits: BuilderLimits) -> None:
+        """Size persistent buffers once for the largest step, before the first `build`.
+
+        The worker calls it after creating the builder. A builder whose backend declares
+        `graph_support` other than NEVER keeps its device tensors in buffers allocated
+        here and `build` copies each step's values into them (zeroing the tail), so a
+        captured graph that read them reads the next step's values on replay. The
+        reference builder needs none.
+        """
+
     @abstractmethod
     def build(self, common: CommonAttentionMetadata) -> Any:
-        """The metadata object every layer's AttentionImpl.forward receives this step."""
+        """The metadata object every layer's AttentionImpl.forward receives this step.
+
+        Under graph capture and replay, `common` describes a padded batch: requests past
+        the real ones have no new tokens (equal query_start_loc entries) and seq_len 0,
+        token rows past the real ones have slot -1 (nothing is written), and
+        `max_seq_len` is the model's max length (an upper bound, so that the launch
+        configuration depends on the padded batch shape only).
+        """
 
 
 class AttentionImpl(ABC):
@@ -148,6 +186,7 @@ class AttentionBackend(ABC):
 
     name: ClassVar[str]
     capabilities: ClassVar[AttentionCapabilities]
+    graph_support: ClassVar[GraphSupport] = GraphSupport.NEVER
 
     @classmethod
     def supports_combination(cls, req: AttentionRequirements) -> str | None:

@@ -5,6 +5,15 @@ module prefix, e.g. "model.layers.0.self_attn.attn"). The model runner later bin
 selected backend (`bind_backend`) and the layer's KV-cache view (`kv_cache`); at forward
 time the layer reads its metadata from the forward context. No model code knows which
 backend runs.
+
+Under torch.compile the layer calls the `core::unified_attention` op instead of its
+kernel: the op is opaque to Dynamo (its fake gives the output's shape), so the backend's
+Python, metadata and KV-cache writes stay out of the graph and the compiled pieces
+between attention layers are plain tensor code. The op finds the layer by name in the
+forward context.
+
+A forward whose context has no metadata entry for the layer (a dummy run: profiling memory
+or warming up compilation, before the KV cache exists) outputs zeros.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from torch import nn
 from core.attention.interface import AttentionBackend, AttentionImpl, AttentionType
 from core.forward_context import get_forward_context
 from core.kv_cache.spec import AttentionSpec, FullAttentionSpec, SlidingWindowSpec
+from core.ops.registry import CORE_OPS
 from core.plugins.components import build_component
 
 
@@ -78,16 +88,29 @@ class Attention(nn.Module):
         key: torch.Tensor,  # [num_tokens, num_kv_heads * head_size]
         value: torch.Tensor,  # [num_tokens, num_kv_heads * head_size]
     ) -> torch.Tensor:  # [num_tokens, num_heads * head_size]
+        if torch.compiler.is_compiling():
+            return UNIFIED_ATTENTION.overload(query, key, value, self.layer_name)
+        return self.attend(query, key, value)
+
+    def attend(
+        self,
+        query: torch.Tensor,  # [num_tokens, num_heads * head_size]
+        key: torch.Tensor,  # [num_tokens, num_kv_heads * head_size]
+        value: torch.Tensor,  # [num_tokens, num_kv_heads * head_size]
+    ) -> torch.Tensor:  # [num_tokens, num_heads * head_size]
+        """Run the bound kernel on this step's metadata (zeros in a dummy run)."""
+        per_layer = get_forward_context().attn_metadata
+        if self.layer_name not in per_layer:
+            return query.new_zeros(query.shape)
         if self.impl is None or self.kv_cache is None:
             raise RuntimeError(f"{self.layer_name}: no backend or KV cache bound")
-        metadata = get_forward_context().attn_metadata[self.layer_name]
         num_tokens = query.shape[0]
         out = self.impl.forward(
             query.view(num_tokens, self.num_heads, self.head_size),
             key.view(num_tokens, self.num_kv_heads, self.head_size),
             value.view(num_tokens, self.num_kv_heads, self.head_size),
             self.kv_cache,
-            metadata,
+            per_layer[self.layer_name],
         )
         return out.reshape(num_tokens, self.num_heads * self.head_size)
 
@@ -102,3 +125,24 @@ def prefix_layer_names(model: nn.Module, prefix: str) -> None:
     for module in model.modules():
         if isinstance(module, Attention):
             module.layer_name = f"{prefix}{module.layer_name}"
+
+
+def _unified_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer_name: str
+) -> torch.Tensor:
+    layer = get_forward_context().attention_layers[layer_name]
+    return layer.attend(query, key, value)
+
+
+def _unified_attention_fake(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer_name: str
+) -> torch.Tensor:
+    return torch.empty_like(query)
+
+
+UNIFIED_ATTENTION = CORE_OPS.declare(
+    "unified_attention(Tensor query, Tensor key, Tensor value, str layer_name) -> Tensor",
+    _unified_attention,
+    _unified_attention_fake,
+)
+"""Attention of one layer as one op: what a compiled graph calls (see the module doc)."""

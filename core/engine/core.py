@@ -21,6 +21,7 @@ from core.kv_cache.budget import (
     default_kv_cache_budget,
     format_bytes,
     num_blocks_for_budget,
+    profiled_kv_cache_budget,
 )
 from core.kv_cache.grouping import kv_cache_config_for_blocks
 from core.kv_cache.kv_cache_manager import KVCacheManager
@@ -119,7 +120,7 @@ class EngineCore:
         for specs in rank_specs:
             spec_registry.validate(specs)
         cache = self.config.cache
-        budget = cache.kv_cache_memory_bytes or default_kv_cache_budget(platform)
+        budget = self._kv_cache_budget(platform)
         num_blocks = min(num_blocks_for_budget(specs, budget) for specs in rank_specs)
         for specs in rank_specs:
             check_max_model_len_fits(specs, num_blocks, self.max_model_len, budget)
@@ -143,6 +144,18 @@ class EngineCore:
             spec_registry=spec_registry,
             watermark=cache.watermark,
         )
+
+    def _kv_cache_budget(self, platform: Platform) -> int:
+        """--kv-cache-memory when given; else, on a platform that profiles memory, what
+        --gpu-memory-utilization leaves on the fullest rank after a profiled forward of
+        the largest batch; else the platform's default share of available memory."""
+        cache = self.config.cache
+        if cache.kv_cache_memory_bytes is not None:
+            return cache.kv_cache_memory_bytes
+        if platform.memory_profiling:
+            profiles = self.executor.profile_memory()
+            return profiled_kv_cache_budget(profiles, cache.gpu_memory_utilization)
+        return default_kv_cache_budget(platform)
 
     def add_request(self, request: EngineCoreRequest) -> None:
         """Queue a request; ValueError (nothing queued) when it cannot be served."""

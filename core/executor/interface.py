@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from core.config import EngineConfig
+from core.kv_cache.budget import MemoryProfile
 from core.kv_cache.layout import KVCacheConfig
 from core.kv_cache.spec import KVCacheSpec
 from core.worker.contract import ModelRunnerOutput, SchedulerOutput
@@ -46,6 +47,11 @@ class Executor(ABC):
     def get_kv_cache_specs(self) -> list[dict[str, KVCacheSpec]]:
         """Each rank's attention layers' specs, in rank order (pipeline stages differ)."""
         return self.collective_rpc("get_kv_cache_spec")
+
+    def profile_memory(self) -> list[MemoryProfile]:
+        """Each rank's device memory without the KV cache (Worker.profile_memory), in rank
+        order; every rank runs its profiled forward at once."""
+        return self.collective_rpc("profile_memory")
 
     def initialize_kv_cache(self, kv_cache_configs: list[KVCacheConfig]) -> None:
         """Give rank r the cache of `kv_cache_configs[r]`."""

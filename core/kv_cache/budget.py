@@ -1,4 +1,10 @@
-"""Turning a memory budget into a number of KV-cache blocks, and checking it suffices.
+"""The KV-cache memory budget, turned into a number of blocks, and checks that it suffices.
+
+The budget is --kv-cache-memory when given. Otherwise a platform whose device memory is
+the engine's alone (Platform.memory_profiling) profiles it: each rank runs a forward of
+the largest batch before the cache exists and the cache gets
+`--gpu-memory-utilization x total - peak` (`profiled_kv_cache_budget`); other platforms
+take a fraction of the available memory (`default_kv_cache_budget`).
 
 One block id costs one page in every layer (each group's KVCacheTensor holds
 `num_blocks` pages per layer), so num_blocks = budget // sum of the layers' page sizes.
@@ -7,7 +13,8 @@ Block 0 is the null block, so `num_blocks - 1` blocks hold tokens.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from core.kv_cache.grouping import kv_cache_bytes_per_block
 from core.kv_cache.single_type_manager import cdiv
@@ -18,9 +25,11 @@ __all__ = [
     "CPU_KV_CACHE_CAP_BYTES",
     "CPU_KV_CACHE_FRACTION",
     "DEVICE_KV_CACHE_FRACTION",
+    "MemoryProfile",
     "check_max_model_len_fits",
     "default_kv_cache_budget",
     "num_blocks_for_budget",
+    "profiled_kv_cache_budget",
 ]
 
 # On the CPU the cache shares RAM with the OS, the weights, the tokenizer and every other
@@ -30,10 +39,25 @@ __all__ = [
 # busy at interactive speed.
 CPU_KV_CACHE_FRACTION = 0.25
 CPU_KV_CACHE_CAP_BYTES = 4 << 30
-# An accelerator's memory is the engine's alone and the weights are loaded before the
-# budget is taken; the rest leaves room for activations and allocator fragmentation
-# without a profiling run.
+# An accelerator that does not profile: its memory is the engine's alone and the weights
+# are loaded before the budget is taken; the rest leaves room for activations and
+# allocator fragmentation without a profiling run.
 DEVICE_KV_CACHE_FRACTION = 0.8
+
+
+@dataclass(frozen=True)
+class MemoryProfile:
+    """One rank's device memory, measured before its KV cache exists.
+
+    `free_at_start_bytes` was free when the worker took the device (other processes hold
+    the rest); `peak_bytes` is what this process held at the peak of a forward of the
+    largest batch: weights, activations and allocations outside torch
+    (Platform.peak_memory_bytes).
+    """
+
+    total_bytes: int
+    free_at_start_bytes: int
+    peak_bytes: int
 
 
 def num_blocks_for_budget(specs_by_layer: Mapping[str, KVCacheSpec], budget_bytes: int) -> int:
@@ -51,6 +75,36 @@ def default_kv_cache_budget(platform: Platform) -> int:
     if platform.device_type == "cpu":
         return min(int(available * CPU_KV_CACHE_FRACTION), CPU_KV_CACHE_CAP_BYTES)
     return int(available * DEVICE_KV_CACHE_FRACTION)
+
+
+def profiled_kv_cache_budget(profiles: Sequence[MemoryProfile], utilization: float) -> int:
+    """The KV-cache bytes every rank can hold (the least over `profiles`, in rank order):
+    `utilization` x total - peak. ValueError naming --gpu-memory-utilization, with the
+    numbers, when a device had less free memory at start than that share or when the
+    share leaves nothing for the cache."""
+    return min(_rank_budget(rank, p, utilization) for rank, p in enumerate(profiles))
+
+
+def _rank_budget(rank: int, profile: MemoryProfile, utilization: float) -> int:
+    share = int(utilization * profile.total_bytes)
+    asked = (
+        f"--gpu-memory-utilization {utilization} x {format_bytes(profile.total_bytes)} "
+        f"= {format_bytes(share)} on rank {rank}"
+    )
+    if profile.free_at_start_bytes < share:
+        raise ValueError(
+            f"{asked}, but only {format_bytes(profile.free_at_start_bytes)} was free when "
+            "its worker started (other processes hold the rest); lower "
+            "--gpu-memory-utilization or free the device"
+        )
+    budget = share - profile.peak_bytes
+    if budget <= 0:
+        raise ValueError(
+            f"{asked} leaves no KV cache: the model's peak without it is "
+            f"{format_bytes(profile.peak_bytes)} (weights, activations of the largest "
+            "batch); raise --gpu-memory-utilization or lower --max-num-batched-tokens"
+        )
+    return budget
 
 
 def check_max_model_len_fits(

@@ -32,9 +32,10 @@ class CpuPlatform(Platform):
     supported_quantization = ("awq", "gguf")
     # cpu_paged comes with the optional core-cpu-kernels plugin; without it, torch_ref.
     preferred_attention_backends = ("cpu_paged", "torch_ref")
-    # Eager only: no graphs to capture on a CPU, and torch.compile waits until a benchmark
-    # shows it wins within the cold-start budget (DESIGN.md section 6).
-    supported_optimization_levels = (0,)
+    # No graphs to capture on a CPU. -O1 (torch.compile, inductor's C++ code) is available;
+    # the default stays eager until a benchmark shows it wins within the cold-start
+    # budget (DESIGN.md section 6; benchmarks/compile.py).
+    supported_optimization_levels = (0, 1)
     default_optimization_level = 0
 
     @property

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -19,10 +20,12 @@ from core.config import (
     COMPILE_LEVEL,
     GRAPH_CAPTURE_LEVEL,
     QUANTIZATION_NONE,
+    CacheConfig,
     CompilationConfig,
     UsageContext,
 )
 from core.distributed.communicator import DeviceCommunicator
+from core.platforms.device_graph import DeviceGraph
 from core.platforms.unavailable import Unavailable
 
 __all__ = ["MemoryInfo", "Platform", "Unavailable"]
@@ -68,6 +71,14 @@ class Platform(ABC):
     - Device ids have three namespaces: logical (the engine's local rank), physical
       (the id the driver and topology tools use) and visible (the index torch sees
       after `device_control_env_var`, e.g. CUDA_VISIBLE_DEVICES, remapped them).
+    - `memory_profiling`: the device's memory is the engine's alone, so the KV cache gets
+      --gpu-memory-utilization x total memory minus the peak of a profiled forward of the
+      largest batch (`reset_peak_memory` / `peak_memory_bytes`, which such a platform
+      must support). False: memory shared with the host; the KV cache gets a fraction of
+      what is available (core.kv_cache.budget) and --gpu-memory-utilization is refused.
+    - `pin_memory`: the runner stages its per-step inputs in pinned (page-locked) host
+      memory and copies them to the device without blocking; False where that buys
+      nothing (the CPU, where the inputs need no copy at all).
     """
 
     name: ClassVar[str]
@@ -80,13 +91,17 @@ class Platform(ABC):
     preferred_attention_backends: ClassVar[tuple[str, ...]]
     preferred_sampler: ClassVar[str] = "default"
     device_control_env_var: ClassVar[str | None] = None
-    # The model runner neither compiles nor captures graphs yet; a platform that makes it
-    # do so (and measures the gain) raises these.
+    memory_profiling: ClassVar[bool] = False
+    pin_memory: ClassVar[bool] = False
+    # Eager unless a platform says it compiles (-O1) or captures graphs (-O2,
+    # `capture_graph`).
     supported_optimization_levels: ClassVar[tuple[int, ...]] = (0,)
     default_optimization_level: ClassVar[int] = 0
 
     def __init__(self) -> None:
         self._assigned_physical_ids: tuple[int, ...] | None = None
+        # Memory outside torch's allocator when the peak measurement began.
+        self._non_torch_baseline_bytes: int | None = None
 
     @property
     def default_dtype(self) -> torch.dtype:
@@ -113,6 +128,11 @@ class Platform(ABC):
     def memory_info(self) -> MemoryInfo:
         """Total and currently available memory of one device, in bytes."""
 
+    def capture_graph(self, fn: Callable[[], torch.Tensor]) -> DeviceGraph:
+        """Record `fn` into a device graph (core.platforms.device_graph); a platform that
+        lists -O2 in `supported_optimization_levels` implements it."""
+        raise NotImplementedError(f"the {self.name} platform cannot capture device graphs")
+
     @abstractmethod
     def set_device(self, device: torch.device) -> None:
         """Make `device` the current device of this process."""
@@ -134,6 +154,23 @@ class Platform(ABC):
         config.compilation.apply_level(self.default_optimization_level)
         self._check_compilation(config.compilation)
         self._check_device_count(config.parallel)
+        self._check_kv_cache_budget(config.cache)
+
+    def _check_kv_cache_budget(self, cache: CacheConfig) -> None:
+        """--gpu-memory-utilization needs a profiling platform and is the one way to ask
+        for the budget: with --kv-cache-memory as well, one of them would be ignored."""
+        if not cache.is_user_set("gpu_memory_utilization"):
+            return
+        if not self.memory_profiling:
+            raise ValueError(
+                f"--gpu-memory-utilization: the {self.name} platform shares memory with the "
+                "host and does not profile it; size the KV cache with --kv-cache-memory"
+            )
+        if cache.kv_cache_memory_bytes is not None:
+            raise ValueError(
+                "--gpu-memory-utilization and --kv-cache-memory both size the KV cache; "
+                "give one of them"
+            )
 
     def _check_device_count(self, parallel: Any) -> None:
         """Refuse more ranks on this host than it has devices, naming the flags."""
@@ -149,18 +186,48 @@ class Platform(ABC):
             )
 
     def _check_compilation(self, compilation: CompilationConfig) -> None:
-        """Refuse a level this platform cannot honour.
-
-        This also refuses every compile and graph capture it cannot do: those come only
-        from the level (no flag turns them on; --enforce-eager turns them off).
-        """
+        """Refuse a level, a compile or a graph capture (asked through
+        --compilation-config) this platform cannot honour; --enforce-eager turns both off."""
         supported = self.supported_optimization_levels
+        names = ", ".join(f"-O{level}" for level in supported)
         if compilation.level not in supported:
-            names = ", ".join(f"-O{level}" for level in supported)
             raise ValueError(
                 f"-O{compilation.level} {_LEVEL_NEEDS[compilation.level]}; "
                 f"the {self.name} platform supports {names}"
             )
+        for key, level in (
+            ("compile_model", COMPILE_LEVEL),
+            ("capture_graphs", GRAPH_CAPTURE_LEVEL),
+        ):
+            if getattr(compilation, key) and level not in supported:
+                raise ValueError(
+                    f"compilation_config.{key} {_LEVEL_NEEDS[level]}; "
+                    f"the {self.name} platform supports {names}"
+                )
+
+    # -- memory profiling (memory_profiling platforms) ----------------------------------------
+
+    def reset_peak_memory(self) -> None:
+        """Begin a peak-memory measurement of this process on its current device: from
+        now on `peak_memory_bytes` reports this window's peak. Frees torch's cached blocks
+        first, so that what torch holds is what its tensors use.
+
+        The default reads torch.accelerator's device-generic statistics (CUDA, ROCm,
+        XPU...); a platform whose runtime torch does not track overrides both methods.
+        """
+        torch.accelerator.empty_cache()
+        torch.accelerator.reset_peak_memory_stats()
+        self._non_torch_baseline_bytes = _non_torch_bytes()
+
+    def peak_memory_bytes(self) -> int:
+        """The most memory this process held on its device since `reset_peak_memory`:
+        its tensors at their peak (the weights, alive throughout, included) plus what was
+        allocated outside torch's allocator since the reset (runtime and library
+        workspaces, communication buffers), as seen now."""
+        if self._non_torch_baseline_bytes is None:
+            raise RuntimeError("peak_memory_bytes: reset_peak_memory must run first")
+        non_torch = max(0, _non_torch_bytes() - self._non_torch_baseline_bytes)
+        return torch.accelerator.max_memory_allocated() + non_torch
 
     # -- device-id namespaces ----------------------------------------------------------------
 
@@ -194,6 +261,13 @@ class Platform(ABC):
         # An empty value counts as unset: Ray sets it so for CPU-only placement groups.
         raw = os.environ.get(self.device_control_env_var or "", "")
         return [int(x) for x in raw.split(",") if x.strip()] if raw.strip() else None
+
+
+def _non_torch_bytes() -> int:
+    """Device memory in use that torch's allocator does not hold: the runtime's and
+    libraries' own allocations, and other processes' (constant while we measure)."""
+    free, total = torch.accelerator.get_memory_info()
+    return total - free - torch.accelerator.memory_reserved()
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -6,7 +6,9 @@ Platform subclass, None, or `core.platforms.Unavailable(reason)`; any other exce
 breaks the contract. When it answers with a path, the class imports, subclasses
 Platform, constructs without arguments and keeps the Platform contract: identity
 attributes, dtypes, preferred components that are installed, positive memory figures, a
-usable torch device, and a plain start (the default EngineConfig) that it accepts. When
+peak-memory counter that sees an allocation (platforms that profile memory), graphs that
+replay on new inputs (platforms offering -O2), a usable
+torch device, and a plain start (the default EngineConfig) that it accepts. When
 it does not, the class checks are skipped with the probe's reason.
 """
 
@@ -23,7 +25,7 @@ from typing import Any
 import pytest
 import torch
 
-from core.config import EngineConfig, UsageContext
+from core.config import GRAPH_CAPTURE_LEVEL, EngineConfig, UsageContext
 from core.platforms.interface import Platform
 from core.plugins import get_registry
 from core.plugins.groups import ATTENTION_BACKENDS, SAMPLERS
@@ -112,6 +114,33 @@ def test_preferred_components_are_installed(platform: Platform) -> None:
 def test_memory_info_is_positive(platform: Platform) -> None:
     memory = platform.memory_info()
     assert 0 < memory.available_bytes <= memory.total_bytes, f"{memory}"
+
+
+def test_peak_memory_sees_an_allocation(platform: Platform) -> None:
+    """A platform that sizes the KV cache by profiling measures its device: a tensor
+    allocated after reset_peak_memory raises peak_memory_bytes by at least its size."""
+    if not platform.memory_profiling:
+        pytest.skip("the platform does not profile memory")
+    device = platform.torch_device(0)
+    platform.set_device(device)
+    platform.reset_peak_memory()
+    before = platform.peak_memory_bytes()
+    block = torch.ones(64 << 20, dtype=torch.uint8, device=device)
+    assert platform.peak_memory_bytes() >= before + block.numel()
+
+
+def test_a_captured_graph_replays_on_new_inputs(platform: Platform) -> None:
+    """A platform offering -O2 records a call into a DeviceGraph whose replay recomputes
+    `output` from what the captured input tensor holds at replay time."""
+    if GRAPH_CAPTURE_LEVEL not in platform.supported_optimization_levels:
+        pytest.skip("the platform does not capture graphs (no -O2)")
+    device = platform.torch_device(0)
+    platform.set_device(device)
+    static = torch.arange(4.0, device=device)
+    graph = platform.capture_graph(lambda: static * 2 + 1)
+    static.copy_(torch.tensor([10.0, 20.0, 30.0, 40.0]))
+    graph.replay()
+    assert graph.output.cpu().tolist() == [21.0, 41.0, 61.0, 81.0]
 
 
 def test_torch_device_holds_tensors(platform: Platform) -> None:

@@ -24,6 +24,7 @@ sampled reach the other stages with the request's next scheduling
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,11 +33,19 @@ import torch
 from torch import nn
 
 from core.attention.interface import AttentionMetadataBuilder, CommonAttentionMetadata
+from core.attention.layer import Attention
+from core.compilation.decode_graphs import (
+    BatchDescriptor,
+    DecodeGraphs,
+    capture_batch,
+    pad_decode_batch,
+)
 from core.distributed.parallel_state import GroupCoordinator, get_pp_group
 from core.forward_context import ForwardContext, set_forward_context
 from core.kv_cache.layout import KVCacheConfig
 from core.lora.interface import NO_SLOT, LoRAManager
 from core.models.pipeline import IntermediateTensors
+from core.platforms.device_graph import DeviceGraph
 from core.sample.interface import Sampler
 from core.sample.logprobs import compute_prompt_logprobs
 from core.sample.metadata import SamplingMetadata
@@ -69,8 +78,13 @@ class ModelRunner:
         eos_token_id: int | None,
         speculator: Speculator | None = None,
         lora: LoRAManager | None = None,
+        pin_memory: bool = False,
     ) -> None:
         self.model = model
+        self.pin_memory = pin_memory  # stage inputs in pinned host memory (Platform.pin_memory)
+        # What runs the forward: the model, or its compiled form (`use_compiled`).
+        self._forward: Callable[..., Any] = model
+        self._graphs: DecodeGraphs | None = None  # -O2's captured decode graphs
         self.lora = lora
         self._row_slots = np.full(max_num_reqs, NO_SLOT, dtype=np.int64)  # per batch row
         self.sampler = sampler
@@ -78,10 +92,14 @@ class ModelRunner:
         self.device = device
         self.max_num_reqs = max_num_reqs
         self.max_model_len = max_model_len
+        self.max_num_tokens = max_num_batched_tokens  # the most tokens one step forwards
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
         self.requests: dict[str, CachedRequestState] = {}
         self.batch: InputBatch | None = None
+        self._attention_layers = {
+            m.layer_name: m for m in model.modules() if isinstance(m, Attention)
+        }
         self._builders: list[tuple[AttentionMetadataBuilder, tuple[str, ...]]] = []
         # A step's forward has at most the token budget; a proposer's catch-up forward
         # also covers each sampling row's new token: one more per request.
@@ -198,13 +216,14 @@ class ModelRunner:
         inputs = self._step_inputs(req_rows, counts, positions[first])
         return self._context(inputs)
 
-    def _context(self, inputs: _StepInputs) -> ForwardContext:
+    def _context(self, inputs: _StepInputs, pad_to: int | None = None) -> ForwardContext:
         return ForwardContext(
-            self._attention_metadata(inputs),
+            self._attention_metadata(inputs, pad_to),
             len(inputs.rows),
             lora_mapping=None
             if self.lora is None
             else self.lora.mapping(self._tensor(self._row_slots[inputs.rows])),
+            attention_layers=self._attention_layers,
         )
 
     def _activate_adapters(self, lora: LoRAManager) -> None:
@@ -216,7 +235,7 @@ class ModelRunner:
             NO_SLOT if s.lora_request is None else slots[s.lora_request.lora_int_id] for s in states
         ]
 
-    def _attention_metadata(self, inputs: _StepInputs) -> dict[str, Any]:
+    def _attention_metadata(self, inputs: _StepInputs, pad_to: int | None) -> dict[str, Any]:
         num_reqs = len(inputs.seq_lens)
         query_lens = np.diff(inputs.query_start_loc)
         per_layer: dict[str, Any] = {}
@@ -234,12 +253,21 @@ class ModelRunner:
                 max_query_len=int(query_lens.max(initial=0)),
                 max_seq_len=int(inputs.seq_lens.max(initial=0)),
             )
+            if pad_to is not None:
+                common = pad_decode_batch(common, pad_to, self.max_model_len)
             metadata = builder.build(common)
             per_layer.update(dict.fromkeys(layer_names, metadata))
         return per_layer
 
     def _tensor(self, array: np.ndarray, dtype: torch.dtype = torch.int64) -> torch.Tensor:
-        return torch.from_numpy(array).to(device=self.device, dtype=dtype)
+        """`array` on the device as `dtype`. With pin_memory it is staged in pinned host
+        memory and copied without blocking the host (torch's pinned allocator keeps the
+        staging buffer until the copy is done); otherwise copied plainly, which on the CPU
+        with a matching dtype copies nothing: the tensor shares the array's memory."""
+        host = torch.from_numpy(array)
+        if not self.pin_memory:
+            return host.to(device=self.device, dtype=dtype)
+        return host.to(dtype).pin_memory().to(self.device, non_blocking=True)
 
     # -- 3. step --------------------------------------------------------------------------
 
@@ -258,9 +286,14 @@ class ModelRunner:
         inputs = self._prepare_inputs(so, num_drafts)
         input_ids = self._tensor(batch.token_ids[inputs.rows, inputs.positions])
         pp = get_pp_group()
-        with set_forward_context(self._context(inputs)):
-            if pp.world_size == 1:
-                hidden = self.model(input_ids, self._tensor(inputs.positions))  # [T, H]
+        graph = self._graph_for(inputs, num_drafts)
+        with set_forward_context(
+            self._context(inputs, None if graph is None else graph.num_tokens)
+        ):
+            if graph is not None:
+                hidden = self._graphs.replay(graph, input_ids, self._tensor(inputs.positions))
+            elif pp.world_size == 1:
+                hidden = self._forward(input_ids, self._tensor(inputs.positions))  # [T, H]
             else:
                 hidden = self._pipeline_stage(pp, input_ids, self._tensor(inputs.positions))
         if not pp.is_last_rank:
@@ -286,6 +319,61 @@ class ModelRunner:
                 self._proposal_batch(sample_rows, inputs.seq_lens)
             )
         return output
+
+    def capture_graphs(
+        self, capture: Callable[[Callable[[], torch.Tensor]], DeviceGraph], sizes: list[int]
+    ) -> None:
+        """-O2: capture the forward of pure-decode batches at each of `sizes` (padded up to
+        one when they run); needs the KV cache and builders whose backend supports it."""
+        graphs = DecodeGraphs(capture, self._forward, sizes, self.device)
+        graphs.capture_all(self._capture_context)
+        self._graphs = graphs
+
+    @property
+    def graphs(self) -> DecodeGraphs | None:
+        """The captured decode graphs (-O2), None without graph capture."""
+        return self._graphs
+
+    def _capture_context(self, size: int) -> ForwardContext:
+        per_layer: dict[str, Any] = {}
+        for (builder, layer_names), table in zip(
+            self._builders, self._require_batch().block_tables, strict=True
+        ):
+            common = capture_batch(size, table.tensor.shape[1], self.max_model_len, self.device)
+            per_layer.update(dict.fromkeys(layer_names, builder.build(common)))
+        return ForwardContext(per_layer, size, attention_layers=self._attention_layers)
+
+    def _graph_for(self, inputs: _StepInputs, num_drafts: np.ndarray) -> BatchDescriptor | None:
+        """The captured graph this step replays: a pure decode without drafts that fits."""
+        if self._graphs is None or num_drafts.any():
+            return None
+        return self._graphs.descriptor(len(inputs.req_rows), len(inputs.rows))
+
+    def use_compiled(self, forward: Callable[..., Any]) -> None:
+        """Run steps through `forward` (the model compiled: same signature) from now on."""
+        self._forward = forward
+
+    @torch.inference_mode()
+    def dummy_run(self, num_tokens: int) -> None:
+        """A forward of `num_tokens` placeholder tokens and the logits of up to
+        max_num_reqs of them, without attention metadata (attention outputs zeros) and
+        without touching the batch: warms compilation and measures activation memory
+        before the KV cache exists."""
+        input_ids = torch.zeros(num_tokens, dtype=torch.int64, device=self.device)
+        positions = torch.arange(num_tokens, device=self.device) % self.max_model_len
+        context = ForwardContext({}, num_tokens, attention_layers=self._attention_layers)
+        pp = get_pp_group()
+        with set_forward_context(context):
+            if pp.is_first_rank:
+                hidden = self._forward(input_ids, positions)
+            else:
+                hidden_size = self.model.config.hidden_size
+                dtype = next(self.model.parameters()).dtype
+                placeholder = torch.zeros(num_tokens, hidden_size, dtype=dtype, device=self.device)
+                received = IntermediateTensors({"hidden_states": placeholder})
+                hidden = self.model(input_ids, positions, intermediate_tensors=received)
+        if pp.is_last_rank:
+            self.model.compute_logits(hidden[: min(num_tokens, self.max_num_reqs)])
 
     def _pipeline_stage(
         self, pp: GroupCoordinator, input_ids: torch.Tensor, positions: torch.Tensor

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 from torch import nn
 
-from core.attention.interface import AttentionRequirements
+from core.attention.interface import AttentionRequirements, BuilderLimits, GraphSupport
 from core.attention.layer import Attention, prefix_layer_names
 from core.attention.selector import select_attention_backend
+from core.compilation.compiler import compile_model
 from core.config import EngineConfig
+from core.kv_cache.budget import MemoryProfile, format_bytes
 from core.kv_cache.layout import KVCacheConfig, create_kv_cache_view
 from core.kv_cache.spec import KVCacheSpec
 from core.lora.interface import LoRAManager
@@ -48,9 +51,14 @@ class Worker:
         self.speculator: Speculator | None = None
         self.runner: ModelRunner | None = None
         self.arch: ArchConfig | None = None
+        self.free_memory_at_start: int | None = None
 
     def init_device(self) -> None:
+        """Take the device; on a profiling platform, note what is free on it before this
+        worker loads anything (profile_memory compares the budget with it)."""
         self.platform.set_device(self.device)
+        if self.platform.memory_profiling:
+            self.free_memory_at_start = self.platform.memory_info().available_bytes
         torch.manual_seed(self.config.model.seed)
 
     def load_model(self, checkpoint: Checkpoint | None = None) -> None:
@@ -77,7 +85,19 @@ class Worker:
             eos_token_id=self.arch.eos_token_id,
             speculator=self.speculator,
             lora=self.lora,
+            pin_memory=self.platform.pin_memory,
         )
+        if self.config.compilation.compile_model:
+            self._compile_model(self.runner)
+
+    def _compile_model(self, runner: ModelRunner) -> None:
+        """-O1: compile the target's forward and trace it now, with dummy batches of the
+        largest and the smallest step, so no request waits for a compile."""
+        runner.use_compiled(compile_model(self._require(self.model), self.config.compilation))
+        start = time.perf_counter()
+        for num_tokens in sorted({runner.max_num_tokens, 1}, reverse=True):
+            runner.dummy_run(num_tokens)
+        logger.info("compiled the model in %.1f s", time.perf_counter() - start)
 
     def _build_model(
         self, checkpoint: Checkpoint, prefix: str = ""
@@ -170,6 +190,26 @@ class Worker:
             specs |= self.speculator.proposer.kv_cache_spec(block_size, self.dtype)
         return specs
 
+    def profile_memory(self) -> MemoryProfile:
+        """Measure the device memory a step needs without the KV cache: a forward of the
+        largest batch (the runner's max_num_tokens) between a reset and a read of the
+        platform's peak counter. Runs on every rank at once (the forward's collectives),
+        before initialize_kv_cache; needs a memory_profiling platform."""
+        if self.free_memory_at_start is None:
+            raise RuntimeError(
+                f"profile_memory: the {self.platform.name} platform does not profile memory"
+            )
+        runner = self._require(self.runner)
+        self.platform.reset_peak_memory()
+        runner.dummy_run(runner.max_num_tokens)
+        peak = self.platform.peak_memory_bytes()
+        total = self.platform.memory_info().total_bytes
+        logger.info(
+            "rank %d: peak %s of %s device memory without the KV cache (%d-token forward)",
+            self.rank, format_bytes(peak), format_bytes(total), runner.max_num_tokens,
+        )  # fmt: skip
+        return MemoryProfile(total, self.free_memory_at_start, peak)
+
     def initialize_kv_cache_of_rank(self, kv_cache_configs: list[KVCacheConfig]) -> None:
         """`initialize_kv_cache` with this rank's entry of a list indexed by global rank."""
         self.initialize_kv_cache(kv_cache_configs[self.rank])
@@ -188,13 +228,40 @@ class Worker:
                 layer.kv_cache = create_kv_cache_view(
                     buffer, tensor, name, num_blocks, shape[1:], self.dtype
                 )
-        builders = [
-            self.attention_backend.get_builder_cls()(
+        runner = self._require(self.runner)
+        limits = BuilderLimits(runner.max_num_reqs, runner.max_num_tokens, runner.max_model_len)
+        builders = []
+        for group in kv_cache_config.kv_cache_groups:
+            builder = self.attention_backend.get_builder_cls()(
                 group.kv_cache_spec, list(group.layer_names), self.device
             )
-            for group in kv_cache_config.kv_cache_groups
-        ]
-        self._require(self.runner).initialize_kv_cache(kv_cache_config, builders)
+            builder.reserve(limits)
+            builders.append(builder)
+        runner.initialize_kv_cache(kv_cache_config, builders)
+        if self.config.compilation.capture_graphs:
+            self._capture_graphs(runner)
+
+    def _capture_graphs(self, runner: ModelRunner) -> None:
+        """-O2: capture decode graphs when the attention backend can be captured whole.
+
+        A backend that cannot is refused when the user asked for graphs (-O2 or a
+        cudagraph_mode); when they came from the platform's default level, the engine
+        runs without them and says so.
+        """
+        compilation = self.config.compilation
+        backend = self.attention_backend
+        if backend.graph_support is GraphSupport.NEVER:
+            if any(
+                compilation.is_user_set(k) for k in ("level", "cudagraph_mode", "capture_graphs")
+            ):
+                raise ValueError(
+                    f"-O{compilation.level} captures decode graphs, which attention backend "
+                    f"{backend.name!r} does not support (it declares no graph_support): "
+                    "use --attention-backend flash, -O1 or --enforce-eager"
+                )
+            logger.info("no graph capture: attention backend %s cannot be captured", backend.name)
+            return
+        runner.capture_graphs(self.platform.capture_graph, compilation.cudagraph_capture_sizes)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self._require(self.runner).execute_model(scheduler_output)

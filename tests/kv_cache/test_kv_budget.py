@@ -1,4 +1,5 @@
-"""Memory budget -> number of blocks, the default budget, and the max_model_len check."""
+"""Memory budget -> number of blocks, the default and profiled budgets, and the
+max_model_len check."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ import pytest
 import torch
 
 from core.kv_cache.budget import (
+    MemoryProfile,
     check_max_model_len_fits,
     default_kv_cache_budget,
     format_bytes,
     num_blocks_for_budget,
+    profiled_kv_cache_budget,
 )
 from core.kv_cache.spec import FullAttentionSpec, SlidingWindowSpec
 from core.platforms.cpu import CpuPlatform
@@ -91,3 +94,33 @@ def test_bytes_are_formatted_in_the_largest_binary_unit():
         "3.00 MiB",
         "1.50 GiB",
     ]
+
+
+def test_profiled_budget_is_the_utilization_share_minus_the_peak_on_the_fullest_rank():
+    # 0.5 x 8 GiB = 4 GiB; peaks of 1 and 3 GiB leave 3 and 1 GiB: every rank gets 1 GiB.
+    ranks = [MemoryProfile(8 * GIB, 8 * GIB, 1 * GIB), MemoryProfile(8 * GIB, 8 * GIB, 3 * GIB)]
+    assert profiled_kv_cache_budget(ranks, 0.5) == 1 * GIB
+    assert profiled_kv_cache_budget(ranks[:1], 0.5) == 3 * GIB
+
+
+def test_a_share_the_peak_fills_is_refused_with_the_numbers():
+    ranks = [MemoryProfile(8 * GIB, 8 * GIB, 1 * GIB), MemoryProfile(8 * GIB, 8 * GIB, 4 * GIB)]
+    with pytest.raises(ValueError) as error:
+        profiled_kv_cache_budget(ranks, 0.5)
+    assert str(error.value) == (
+        "--gpu-memory-utilization 0.5 x 8.00 GiB = 4.00 GiB on rank 1 leaves no KV cache: "
+        "the model's peak without it is 4.00 GiB (weights, activations of the largest "
+        "batch); raise --gpu-memory-utilization or lower --max-num-batched-tokens"
+    )
+
+
+def test_a_share_larger_than_what_was_free_at_start_is_refused():
+    busy = MemoryProfile(total_bytes=8 * GIB, free_at_start_bytes=6 * GIB, peak_bytes=1 * GIB)
+    assert profiled_kv_cache_budget([busy], 0.75) == 5 * GIB  # 6 GiB asked, 6 GiB free
+    with pytest.raises(ValueError) as error:
+        profiled_kv_cache_budget([busy], 0.9)
+    assert str(error.value) == (
+        "--gpu-memory-utilization 0.9 x 8.00 GiB = 7.20 GiB on rank 0, but only 6.00 GiB was "
+        "free when its worker started (other processes hold the rest); lower "
+        "--gpu-memory-utilization or free the device"
+    )

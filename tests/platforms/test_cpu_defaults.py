@@ -56,13 +56,13 @@ def test_cpu_flags_match_this_machines_first_flags_line(fresh_cpuinfo):
     assert cpu.cpu_flags() == frozenset(first.group(1).split())
 
 
-def test_cpu_runs_eager_and_refuses_compilation_and_graph_capture():
+def test_cpu_runs_eager_by_default_compiles_at_o1_and_refuses_graph_capture():
     config = EngineArgs().create_engine_config(CpuPlatform())
     assert (config.compilation.level, config.compilation.compile_model) == (0, False)
     assert config.compilation.capture_graphs is False
-    with pytest.raises(ValueError, match="^-O1 needs a platform with torch.compile; the cpu "):
-        EngineArgs(optimization_level=1).create_engine_config(CpuPlatform())
+    compiled = EngineArgs(optimization_level=1).create_engine_config(CpuPlatform()).compilation
+    assert (compiled.compile_model, compiled.capture_graphs) == (True, False)
     with pytest.raises(ValueError, match="^-O2 needs a platform with graph capture; the cpu "):
         EngineArgs(optimization_level=2).create_engine_config(CpuPlatform())
-    with pytest.raises(ValueError, match="-O3 is reserved .*the cpu platform supports -O0$"):
+    with pytest.raises(ValueError, match="-O3 is reserved .*the cpu platform supports -O0, -O1$"):
         EngineArgs(optimization_level=3).create_engine_config(CpuPlatform())

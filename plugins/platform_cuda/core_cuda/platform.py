@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from core.platforms import MemoryInfo, Platform
+from core.platforms.device_graph import DeviceGraph, TorchCudaGraph
 
 
 class CudaPlatform(Platform):
+    """NVIDIA GPUs through torch's CUDA build.
+
+    Attention prefers core-attn-flash's Triton kernels, then core's gathering reference
+    backend; collectives run over NCCL. The KV cache is sized by profiling
+    (--gpu-memory-utilization; Platform's torch.accelerator measurement) and the runner's
+    inputs travel through pinned host memory. Devices are selected with
+    CUDA_VISIBLE_DEVICES (the probe says why none is usable).
+    """
+
     name = "cuda"
     device_type = "cuda"
     device_name = "NVIDIA CUDA GPU"
@@ -17,9 +29,15 @@ class CudaPlatform(Platform):
     supported_quantization = ("awq", "gguf")
     preferred_attention_backends = ("flash", "torch_ref")
     device_control_env_var = "CUDA_VISIBLE_DEVICES"
+    memory_profiling = True
+    pin_memory = True
+    # -O2 by default: decode batches replay CUDA graphs (HIP graphs on ROCm).
+    supported_optimization_levels = (0, 1, 2)
+    default_optimization_level = 2
 
     def device_count(self) -> int:
-        return torch.cuda.device_count()  # NVML-based: does not initialise CUDA
+        # NVML's count where NVML loads (CUDA stays uninitialised), else the runtime's.
+        return torch.cuda.device_count()
 
     def memory_info(self) -> MemoryInfo:
         free, total = torch.cuda.mem_get_info()
@@ -27,3 +45,6 @@ class CudaPlatform(Platform):
 
     def set_device(self, device: torch.device) -> None:
         torch.cuda.set_device(device)
+
+    def capture_graph(self, fn: Callable[[], torch.Tensor]) -> DeviceGraph:
+        return TorchCudaGraph(fn)

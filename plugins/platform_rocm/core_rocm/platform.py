@@ -5,12 +5,24 @@ PyTorch's ROCm build exposes HIP devices through the `cuda` device type.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from core.platforms import MemoryInfo, Platform
+from core.platforms.device_graph import DeviceGraph, TorchCudaGraph
 
 
 class RocmPlatform(Platform):
+    """AMD GPUs through torch's ROCm (HIP) build.
+
+    Attention prefers core-attn-flash's Triton kernels (Triton compiles for AMD GPUs
+    too), then core's gathering reference backend; collectives run over RCCL. The KV
+    cache is sized by profiling (--gpu-memory-utilization; Platform's torch.accelerator
+    measurement) and the runner's inputs travel through pinned host memory. Devices are
+    selected with HIP_VISIBLE_DEVICES (the probe says why none is usable).
+    """
+
     name = "rocm"
     device_type = "cuda"
     device_name = "AMD ROCm GPU"
@@ -19,11 +31,17 @@ class RocmPlatform(Platform):
     # awq: core-quant-awq's Triton kernel (Triton targets ROCm too); gguf: core's torch
     # reference of quant_linear.
     supported_quantization = ("awq", "gguf")
-    preferred_attention_backends = ("torch_ref",)
+    preferred_attention_backends = ("flash", "torch_ref")
     device_control_env_var = "HIP_VISIBLE_DEVICES"
+    memory_profiling = True
+    pin_memory = True
+    # -O2 by default: decode batches replay CUDA graphs (HIP graphs on ROCm).
+    supported_optimization_levels = (0, 1, 2)
+    default_optimization_level = 2
 
     def device_count(self) -> int:
-        return torch.cuda.device_count()  # torch's HIP build counts ROCm devices here
+        # amdsmi's count where it loads (HIP stays uninitialised), else the runtime's.
+        return torch.cuda.device_count()
 
     def memory_info(self) -> MemoryInfo:
         free, total = torch.cuda.mem_get_info()
@@ -31,3 +49,6 @@ class RocmPlatform(Platform):
 
     def set_device(self, device: torch.device) -> None:
         torch.cuda.set_device(device)
+
+    def capture_graph(self, fn: Callable[[], torch.Tensor]) -> DeviceGraph:
+        return TorchCudaGraph(fn)
