@@ -256,17 +256,23 @@ class EngineArgs:
 
 def _refuse_compiled_combinations(config: EngineConfig) -> None:
     """Compiled or captured runs that were never built: the LoRA layers and pipeline stages
-    read per-step state that a compiled graph would freeze; only pure-decode batches are
-    captured whole (FULL_DECODE_ONLY)."""
+    read per-step state that a compiled graph would freeze; FULL graphs of mixed batches
+    are not captured; PIECEWISE graphs are pieces of the compiled forward."""
     compilation = config.compilation
     mode = compilation.cudagraph_mode
-    if mode not in (None, CUDAGraphMode.NONE, CUDAGraphMode.FULL_DECODE_ONLY):
+    if mode is CUDAGraphMode.FULL:
         raise ValueError(
-            f"compilation_config.cudagraph_mode {mode.value} is not implemented yet: "
-            "use FULL_DECODE_ONLY or NONE"
+            "compilation_config.cudagraph_mode FULL (mixed batches in full graphs) is not "
+            "implemented yet: use FULL_AND_PIECEWISE, FULL_DECODE_ONLY or PIECEWISE"
+        )
+    if mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL_AND_PIECEWISE) and not (
+        compilation.compile_model
+    ):
+        raise ValueError(
+            f"compilation_config.cudagraph_mode {mode.value} captures pieces of the compiled "
+            "model, but compilation is off: use -O2 or FULL_DECODE_ONLY"
         )
     if compilation.capture_graphs:
-        compilation.set_default("cudagraph_mode", CUDAGraphMode.FULL_DECODE_ONLY)
         compilation.resolve_capture_sizes(config.scheduler.max_num_seqs)
     if not (compilation.compile_model or compilation.capture_graphs):
         return
@@ -276,8 +282,8 @@ def _refuse_compiled_combinations(config: EngineConfig) -> None:
     ):
         if enabled:
             raise ValueError(
-                f"-O{config.compilation.level} compiles the model, which {flag} does not "
-                "support yet: use -O0 or --enforce-eager"
+                f"-O{compilation.level} compiles the model or captures graphs, which {flag} "
+                "does not support yet: use -O0 or --enforce-eager"
             )
 
 

@@ -25,6 +25,9 @@ class ForwardContext:
     # which a compiled graph calls with the layer's name only, finds the layer's kernel
     # and KV cache. Empty when the model runs eagerly (each layer calls its kernel).
     attention_layers: dict[str, Any] = field(default_factory=dict)
+    # -O2 PIECEWISE: the padded token count whose captured graphs the compiled pieces
+    # replay (core.compilation.piecewise); None runs them without graphs.
+    piecewise_size: int | None = None
 
 
 _current: ForwardContext | None = None

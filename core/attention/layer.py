@@ -7,10 +7,10 @@ time the layer reads its metadata from the forward context. No model code knows 
 backend runs.
 
 Under torch.compile the layer calls the `core::unified_attention` op instead of its
-kernel: the op is opaque to Dynamo (its fake gives the output's shape), so the backend's
-Python, metadata and KV-cache writes stay out of the graph and the compiled pieces
-between attention layers are plain tensor code. The op finds the layer by name in the
-forward context.
+kernel: the op is opaque to Dynamo (it writes into an output the graph allocates), so the
+backend's Python, metadata and KV-cache writes stay out of the graph and the compiled
+pieces between attention layers are plain tensor code. The op finds the layer by name in
+the forward context.
 
 A forward whose context has no metadata entry for the layer (a dummy run: profiling memory
 or warming up compilation, before the KV cache exists) outputs zeros.
@@ -89,7 +89,11 @@ class Attention(nn.Module):
         value: torch.Tensor,  # [num_tokens, num_kv_heads * head_size]
     ) -> torch.Tensor:  # [num_tokens, num_heads * head_size]
         if torch.compiler.is_compiling():
-            return UNIFIED_ATTENTION.overload(query, key, value, self.layer_name)
+            # Allocated in the graph before the op, so under piecewise graph capture the
+            # output lives in the captured piece before attention, at a fixed address.
+            output = torch.empty_like(query)
+            UNIFIED_ATTENTION.overload(query, key, value, output, self.layer_name)
+            return output
         return self.attend(query, key, value)
 
     def attend(
@@ -128,21 +132,31 @@ def prefix_layer_names(model: nn.Module, prefix: str) -> None:
 
 
 def _unified_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer_name: str
-) -> torch.Tensor:
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    output: torch.Tensor,
+    layer_name: str,
+) -> None:
     layer = get_forward_context().attention_layers[layer_name]
-    return layer.attend(query, key, value)
+    output.copy_(layer.attend(query, key, value))
 
 
 def _unified_attention_fake(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer_name: str
-) -> torch.Tensor:
-    return torch.empty_like(query)
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    output: torch.Tensor,
+    layer_name: str,
+) -> None:
+    return None
 
 
 UNIFIED_ATTENTION = CORE_OPS.declare(
-    "unified_attention(Tensor query, Tensor key, Tensor value, str layer_name) -> Tensor",
+    "unified_attention(Tensor query, Tensor key, Tensor value, Tensor(a!) output, "
+    "str layer_name) -> ()",
     _unified_attention,
     _unified_attention_fake,
 )
-"""Attention of one layer as one op: what a compiled graph calls (see the module doc)."""
+"""Attention of one layer as one op writing into `output`: what a compiled graph calls
+(see the module doc); graph splitting for piecewise capture cuts the graph at it."""

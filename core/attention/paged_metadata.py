@@ -59,8 +59,9 @@ class DecodeBatch:
 class PagedAttentionMetadata:
     """What each layer of a KV-cache group receives for one step.
 
-    `slot_mapping` covers every new token; every request of the step is in exactly one
-    of `prefills` (batch order) or `decode`.
+    `slot_mapping` covers every new token of the step's requests (the first
+    len(slot_mapping) rows; rows after them belong to no request); every request is in
+    exactly one of `prefills` (batch order) or `decode`.
     """
 
     slot_mapping: torch.Tensor  # [num_tokens] int64: the cache slot of each new token
@@ -87,7 +88,9 @@ class PagedAttentionMetadataBuilder(AttentionMetadataBuilder):
             if starts[i + 1] - starts[i] > 1
         ]
         return PagedAttentionMetadata(
-            slot_mapping=common.slot_mapping,
+            # Token rows past the last request's (padding for a piecewise graph) write
+            # nothing and compute nothing.
+            slot_mapping=common.slot_mapping[: starts[-1]],
             prefills=prefills,
             decode=self._decode_batch(common, decode_rows, block_size) if decode_rows else None,
         )

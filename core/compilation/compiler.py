@@ -25,7 +25,10 @@ import torch
 from torch import nn
 
 from core import envs
+from core.attention.layer import UNIFIED_ATTENTION
+from core.compilation.piecewise import CompilePiece, compile_pieces
 from core.config import CompilationConfig
+from core.platforms.device_graph import CaptureGraph
 
 __all__ = ["CompileCounters", "compile_cache_dir", "compile_counters", "compile_model"]
 
@@ -62,13 +65,19 @@ def compile_cache_dir(config: CompilationConfig) -> Path:
     return envs.cache_dir() / "torch_compile"
 
 
-def compile_model(model: nn.Module, config: CompilationConfig) -> Callable[..., Any]:
-    """`model`'s forward compiled per `config` (backend, cache dir); same signature."""
+def compile_model(
+    model: nn.Module, config: CompilationConfig, capture: CaptureGraph | None = None
+) -> Callable[..., Any]:
+    """`model`'s forward compiled per `config` (backend, cache dir); same signature.
+
+    With `capture` (a platform's `capture_graph`) the traced graph is cut at attention and
+    each piece between compiled and captured per batch size (core.compilation.piecewise).
+    """
     cache = compile_cache_dir(config)
     cache.mkdir(parents=True, exist_ok=True)
     # Inductor reads the variable each time it looks for its cache: set for this process.
     os.environ[_INDUCTOR_CACHE_ENV] = str(cache)
-    backend = _counting_backend(config.backend)
+    backend = _counting_backend(_piece_compiler(config.backend), capture)
     compiled = torch.compile(model, backend=backend, fullgraph=True, dynamic=None)
     return _DynamicTokens(compiled)
 
@@ -86,17 +95,30 @@ class _DynamicTokens:
         return self._compiled(input_ids, positions, **kwargs)
 
 
-def _counting_backend(name: str) -> Callable[..., Any]:
+def _counting_backend(compile_graph: CompilePiece, capture: CaptureGraph | None) -> Any:
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         global _graphs_traced
         _graphs_traced += 1
-        if name == "eager":
-            return gm.forward
-        from torch._inductor.compile_fx import compile_fx
-
         start = time.perf_counter()
-        compiled = compile_fx(gm, example_inputs)
-        logger.info("inductor compiled a graph in %.1f s", time.perf_counter() - start)
+        if capture is None:
+            compiled = compile_graph(gm, example_inputs)
+        else:
+            op = UNIFIED_ATTENTION.overload
+            compiled = compile_pieces(gm, example_inputs, op, compile_graph, capture)
+        logger.info("compiled a graph in %.1f s", time.perf_counter() - start)
         return compiled
 
     return backend
+
+
+def _piece_compiler(name: str) -> CompilePiece:
+    """How one graph is compiled: inductor, or run as traced ("eager")."""
+    if name == "eager":
+        return lambda gm, example_inputs: gm.forward
+
+    def inductor(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        from torch._inductor.compile_fx import compile_fx
+
+        return compile_fx(gm, example_inputs)
+
+    return inductor

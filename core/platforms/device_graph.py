@@ -14,17 +14,21 @@ from typing import Any, ClassVar
 
 import torch
 
-__all__ = ["DeviceGraph", "TorchCudaGraph"]
+__all__ = ["CaptureGraph", "DeviceGraph", "TorchCudaGraph"]
 
 
 class DeviceGraph(ABC):
     """One captured forward (a CUDA graph on CUDA and ROCm)."""
 
-    output: torch.Tensor  # what the captured call returned; rewritten by each replay
+    output: Any  # what the captured call returned (tensors); rewritten by each replay
 
     @abstractmethod
     def replay(self) -> None:
         """Run the recorded kernels again on the current contents of their inputs."""
+
+
+CaptureGraph = Callable[[Callable[[], Any]], DeviceGraph]
+"""`Platform.capture_graph`: a call of no arguments in, its graph out."""
 
 
 class TorchCudaGraph(DeviceGraph):
@@ -37,7 +41,7 @@ class TorchCudaGraph(DeviceGraph):
 
     _pool: ClassVar[Any] = None
 
-    def __init__(self, fn: Callable[[], torch.Tensor]) -> None:
+    def __init__(self, fn: Callable[[], Any]) -> None:
         fn()
         torch.cuda.synchronize()
         if TorchCudaGraph._pool is None:

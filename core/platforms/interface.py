@@ -128,7 +128,7 @@ class Platform(ABC):
     def memory_info(self) -> MemoryInfo:
         """Total and currently available memory of one device, in bytes."""
 
-    def capture_graph(self, fn: Callable[[], torch.Tensor]) -> DeviceGraph:
+    def capture_graph(self, fn: Callable[[], Any]) -> DeviceGraph:
         """Record `fn` into a device graph (core.platforms.device_graph); a platform that
         lists -O2 in `supported_optimization_levels` implements it."""
         raise NotImplementedError(f"the {self.name} platform cannot capture device graphs")

@@ -34,18 +34,20 @@ from torch import nn
 
 from core.attention.interface import AttentionMetadataBuilder, CommonAttentionMetadata
 from core.attention.layer import Attention
-from core.compilation.decode_graphs import (
+from core.compilation.graph_dispatch import (
     BatchDescriptor,
-    DecodeGraphs,
+    GraphDispatcher,
     capture_batch,
     pad_decode_batch,
+    pad_tokens,
 )
+from core.config import CUDAGraphMode
 from core.distributed.parallel_state import GroupCoordinator, get_pp_group
 from core.forward_context import ForwardContext, set_forward_context
 from core.kv_cache.layout import KVCacheConfig
 from core.lora.interface import NO_SLOT, LoRAManager
 from core.models.pipeline import IntermediateTensors
-from core.platforms.device_graph import DeviceGraph
+from core.platforms.device_graph import CaptureGraph
 from core.sample.interface import Sampler
 from core.sample.logprobs import compute_prompt_logprobs
 from core.sample.metadata import SamplingMetadata
@@ -84,7 +86,7 @@ class ModelRunner:
         self.pin_memory = pin_memory  # stage inputs in pinned host memory (Platform.pin_memory)
         # What runs the forward: the model, or its compiled form (`use_compiled`).
         self._forward: Callable[..., Any] = model
-        self._graphs: DecodeGraphs | None = None  # -O2's captured decode graphs
+        self._graphs: GraphDispatcher | None = None  # -O2's captured graphs
         self.lora = lora
         self._row_slots = np.full(max_num_reqs, NO_SLOT, dtype=np.int64)  # per batch row
         self.sampler = sampler
@@ -216,14 +218,16 @@ class ModelRunner:
         inputs = self._step_inputs(req_rows, counts, positions[first])
         return self._context(inputs)
 
-    def _context(self, inputs: _StepInputs, pad_to: int | None = None) -> ForwardContext:
+    def _context(self, inputs: _StepInputs, graph: BatchDescriptor | None = None) -> ForwardContext:
+        """The forward context of `inputs`, padded for `graph` when it replays one."""
         return ForwardContext(
-            self._attention_metadata(inputs, pad_to),
+            self._attention_metadata(inputs, graph),
             len(inputs.rows),
             lora_mapping=None
             if self.lora is None
             else self.lora.mapping(self._tensor(self._row_slots[inputs.rows])),
             attention_layers=self._attention_layers,
+            piecewise_size=_piecewise_size(graph),
         )
 
     def _activate_adapters(self, lora: LoRAManager) -> None:
@@ -235,7 +239,9 @@ class ModelRunner:
             NO_SLOT if s.lora_request is None else slots[s.lora_request.lora_int_id] for s in states
         ]
 
-    def _attention_metadata(self, inputs: _StepInputs, pad_to: int | None) -> dict[str, Any]:
+    def _attention_metadata(
+        self, inputs: _StepInputs, graph: BatchDescriptor | None
+    ) -> dict[str, Any]:
         num_reqs = len(inputs.seq_lens)
         query_lens = np.diff(inputs.query_start_loc)
         per_layer: dict[str, Any] = {}
@@ -253,9 +259,7 @@ class ModelRunner:
                 max_query_len=int(query_lens.max(initial=0)),
                 max_seq_len=int(inputs.seq_lens.max(initial=0)),
             )
-            if pad_to is not None:
-                common = pad_decode_batch(common, pad_to, self.max_model_len)
-            metadata = builder.build(common)
+            metadata = builder.build(self._padded(common, graph))
             per_layer.update(dict.fromkeys(layer_names, metadata))
         return per_layer
 
@@ -286,12 +290,10 @@ class ModelRunner:
         inputs = self._prepare_inputs(so, num_drafts)
         input_ids = self._tensor(batch.token_ids[inputs.rows, inputs.positions])
         pp = get_pp_group()
-        graph = self._graph_for(inputs, num_drafts)
-        with set_forward_context(
-            self._context(inputs, None if graph is None else graph.num_tokens)
-        ):
+        graph = self._graph_for(inputs)
+        with set_forward_context(self._context(inputs, graph)):
             if graph is not None:
-                hidden = self._graphs.replay(graph, input_ids, self._tensor(inputs.positions))
+                hidden = self._graphs.run(graph, input_ids, self._tensor(inputs.positions))
             elif pp.world_size == 1:
                 hidden = self._forward(input_ids, self._tensor(inputs.positions))  # [T, H]
             else:
@@ -320,34 +322,53 @@ class ModelRunner:
             )
         return output
 
+    @torch.inference_mode()
     def capture_graphs(
-        self, capture: Callable[[Callable[[], torch.Tensor]], DeviceGraph], sizes: list[int]
+        self,
+        mode: CUDAGraphMode,
+        capture: CaptureGraph,
+        sizes: list[int],
     ) -> None:
-        """-O2: capture the forward of pure-decode batches at each of `sizes` (padded up to
-        one when they run); needs the KV cache and builders whose backend supports it."""
-        graphs = DecodeGraphs(capture, self._forward, sizes, self.device)
+        """-O2: capture graphs of the forward at each of `sizes` (core.compilation.
+        graph_dispatch); needs the KV cache, builders whose backend supports FULL graphs
+        for a FULL mode, and the forward compiled with capture for a PIECEWISE one."""
+        graphs = GraphDispatcher(mode, capture, self._forward, sizes, self.device)
         graphs.capture_all(self._capture_context)
         self._graphs = graphs
 
     @property
-    def graphs(self) -> DecodeGraphs | None:
-        """The captured decode graphs (-O2), None without graph capture."""
+    def graphs(self) -> GraphDispatcher | None:
+        """The captured graphs (-O2), None without graph capture."""
         return self._graphs
 
-    def _capture_context(self, size: int) -> ForwardContext:
+    def _capture_context(self, graph: BatchDescriptor) -> ForwardContext:
         per_layer: dict[str, Any] = {}
         for (builder, layer_names), table in zip(
             self._builders, self._require_batch().block_tables, strict=True
         ):
-            common = capture_batch(size, table.tensor.shape[1], self.max_model_len, self.device)
+            common = capture_batch(graph, table.tensor.shape[1], self.max_model_len, self.device)
             per_layer.update(dict.fromkeys(layer_names, builder.build(common)))
-        return ForwardContext(per_layer, size, attention_layers=self._attention_layers)
+        return ForwardContext(
+            per_layer,
+            graph.num_tokens,
+            attention_layers=self._attention_layers,
+            piecewise_size=_piecewise_size(graph),
+        )
 
-    def _graph_for(self, inputs: _StepInputs, num_drafts: np.ndarray) -> BatchDescriptor | None:
-        """The captured graph this step replays: a pure decode without drafts that fits."""
-        if self._graphs is None or num_drafts.any():
+    def _graph_for(self, inputs: _StepInputs) -> BatchDescriptor | None:
+        """The captured graphs this step replays, if any."""
+        if self._graphs is None:
             return None
         return self._graphs.descriptor(len(inputs.req_rows), len(inputs.rows))
+
+    def _padded(
+        self, common: CommonAttentionMetadata, graph: BatchDescriptor | None
+    ) -> CommonAttentionMetadata:
+        if graph is None:
+            return common
+        if graph.uniform_decode:
+            return pad_decode_batch(common, graph.num_tokens, self.max_model_len)
+        return pad_tokens(common, graph.num_tokens)
 
     def use_compiled(self, forward: Callable[..., Any]) -> None:
         """Run steps through `forward` (the model compiled: same signature) from now on."""
@@ -529,6 +550,12 @@ class ModelRunner:
         if self.batch is None:
             raise RuntimeError("initialize_kv_cache must run before the first step")
         return self.batch
+
+
+def _piecewise_size(graph: BatchDescriptor | None) -> int | None:
+    """The size whose piece graphs a forward replays: PIECEWISE steps only (a FULL graph
+    replays as a whole; inside its capture the pieces run plainly)."""
+    return None if graph is None or graph.uniform_decode else graph.num_tokens
 
 
 def _select_rows(table: torch.Tensor, rows: np.ndarray) -> torch.Tensor:

@@ -12,7 +12,7 @@ from core.attention.interface import AttentionRequirements, BuilderLimits, Graph
 from core.attention.layer import Attention, prefix_layer_names
 from core.attention.selector import select_attention_backend
 from core.compilation.compiler import compile_model
-from core.config import EngineConfig
+from core.config import CUDAGraphMode, EngineConfig
 from core.kv_cache.budget import MemoryProfile, format_bytes
 from core.kv_cache.layout import KVCacheConfig, create_kv_cache_view
 from core.kv_cache.spec import KVCacheSpec
@@ -93,7 +93,10 @@ class Worker:
     def _compile_model(self, runner: ModelRunner) -> None:
         """-O1: compile the target's forward and trace it now, with dummy batches of the
         largest and the smallest step, so no request waits for a compile."""
-        runner.use_compiled(compile_model(self._require(self.model), self.config.compilation))
+        pieces = self._graph_mode() in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL_AND_PIECEWISE)
+        capture = self.platform.capture_graph if pieces else None
+        model = self._require(self.model)
+        runner.use_compiled(compile_model(model, self.config.compilation, capture))
         start = time.perf_counter()
         for num_tokens in sorted({runner.max_num_tokens, 1}, reverse=True):
             runner.dummy_run(num_tokens)
@@ -242,26 +245,50 @@ class Worker:
             self._capture_graphs(runner)
 
     def _capture_graphs(self, runner: ModelRunner) -> None:
-        """-O2: capture decode graphs when the attention backend can be captured whole.
+        mode = self._graph_mode()
+        if mode is not CUDAGraphMode.NONE:
+            sizes = self.config.compilation.cudagraph_capture_sizes
+            runner.capture_graphs(mode, self.platform.capture_graph, sizes)
 
-        A backend that cannot is refused when the user asked for graphs (-O2 or a
-        cudagraph_mode); when they came from the platform's default level, the engine
-        runs without them and says so.
+    def _graph_mode(self) -> CUDAGraphMode:
+        """The cudagraph mode this worker captures (-O2), given its attention backend.
+
+        Unset, it is vLLM's default: FULL graphs for pure decodes where the backend can be
+        captured whole, PIECEWISE for the rest when the model is compiled. A FULL mode the
+        backend cannot serve is refused; so are graphs the user asked for (-O2, a mode)
+        that nothing can give. Graphs that only came from the platform's default level
+        are dropped with a log line instead.
         """
         compilation = self.config.compilation
+        if not compilation.capture_graphs:
+            return CUDAGraphMode.NONE
         backend = self.attention_backend
-        if backend.graph_support is GraphSupport.NEVER:
-            if any(
-                compilation.is_user_set(k) for k in ("level", "cudagraph_mode", "capture_graphs")
-            ):
+        whole = backend.graph_support is not GraphSupport.NEVER
+        mode = compilation.cudagraph_mode
+        if mode is None:
+            pieces = compilation.compile_model
+            mode = {
+                (True, True): CUDAGraphMode.FULL_AND_PIECEWISE,
+                (True, False): CUDAGraphMode.FULL_DECODE_ONLY,
+                (False, True): CUDAGraphMode.PIECEWISE,
+                (False, False): CUDAGraphMode.NONE,
+            }[whole, pieces]
+        if mode in (CUDAGraphMode.FULL_DECODE_ONLY, CUDAGraphMode.FULL_AND_PIECEWISE) and not whole:
+            raise ValueError(
+                f"compilation_config.cudagraph_mode {mode.value} captures attention in the "
+                f"graph, which attention backend {backend.name!r} does not support (no "
+                "graph_support): use PIECEWISE or --attention-backend flash"
+            )
+        if mode is CUDAGraphMode.NONE:
+            asked = ("level", "capture_graphs")
+            if any(compilation.is_user_set(key) for key in asked):
                 raise ValueError(
-                    f"-O{compilation.level} captures decode graphs, which attention backend "
-                    f"{backend.name!r} does not support (it declares no graph_support): "
-                    "use --attention-backend flash, -O1 or --enforce-eager"
+                    f"-O{compilation.level} captures graphs, but attention backend "
+                    f"{backend.name!r} cannot be captured and the model is not compiled "
+                    "(no pieces to capture): use -O1 or --enforce-eager"
                 )
-            logger.info("no graph capture: attention backend %s cannot be captured", backend.name)
-            return
-        runner.capture_graphs(self.platform.capture_graph, compilation.cudagraph_capture_sizes)
+            logger.info("no graph capture: nothing to capture with %s uncompiled", backend.name)
+        return mode
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self._require(self.runner).execute_model(scheduler_output)

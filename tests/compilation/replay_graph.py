@@ -1,12 +1,14 @@
 """A stand-in for CUDA graphs on the CPU: replay runs the captured call again under the
-forward context it was captured in, so it reads exactly what a real graph would (the
-static input buffers and the metadata objects of capture time, whatever they hold now)."""
+forward context it was captured in and copies the result into the captured output, so it
+reads exactly what a real graph would (the tensors and metadata objects of capture time,
+whatever they hold now) and writes where a real one would."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 from core.forward_context import get_forward_context, set_forward_context
 from core.platforms.device_graph import DeviceGraph
@@ -21,5 +23,8 @@ class ReplayGraph(DeviceGraph):
 
     def replay(self) -> None:
         with set_forward_context(self._context):
-            self.output.copy_(self._fn())
+            fresh = self._fn()
+        for static, value in zip(tree_leaves(self.output), tree_leaves(fresh), strict=True):
+            if isinstance(static, torch.Tensor):
+                static.copy_(value)
         self.replays += 1

@@ -54,9 +54,9 @@ def test_graph_capture_asked_on_the_cpu_is_refused():
         compilation(compilation_config={"cudagraph_mode": "FULL_DECODE_ONLY"})
 
 
-def test_o2_defaults_to_full_decode_graphs_at_vllm_capture_sizes():
+def test_o2_captures_at_vllm_capture_sizes_leaving_the_mode_to_the_backend():
     config = compilation(GraphPlatform(), max_num_seqs=20)
-    assert config.cudagraph_mode is CUDAGraphMode.FULL_DECODE_ONLY
+    assert config.cudagraph_mode is None  # the worker picks it from the backend's support
     assert config.cudagraph_capture_sizes == [1, 2, 4, 8, 16, 20]
 
 
@@ -79,10 +79,16 @@ def test_enforce_eager_wins_over_a_graph_mode_and_the_level():
     assert config.cudagraph_mode is CUDAGraphMode.NONE
 
 
-@pytest.mark.parametrize("mode", ["PIECEWISE", "FULL", "FULL_AND_PIECEWISE"])
-def test_graph_modes_not_built_are_refused(mode):
-    with pytest.raises(ValueError, match=f"cudagraph_mode {mode} is not implemented"):
-        compilation(GraphPlatform(), compilation_config={"cudagraph_mode": mode})
+def test_full_graphs_of_mixed_batches_are_refused_as_not_built():
+    with pytest.raises(ValueError, match="cudagraph_mode FULL .* is not implemented yet"):
+        compilation(GraphPlatform(), compilation_config={"cudagraph_mode": "FULL"})
+
+
+@pytest.mark.parametrize("mode", ["PIECEWISE", "FULL_AND_PIECEWISE"])
+def test_piecewise_graphs_without_compilation_are_refused(mode):
+    config = {"cudagraph_mode": mode, "compile_model": False}
+    with pytest.raises(ValueError, match=f"cudagraph_mode {mode} captures pieces of the compiled"):
+        compilation(GraphPlatform(), compilation_config=config)
 
 
 @pytest.mark.parametrize(
@@ -90,5 +96,7 @@ def test_graph_modes_not_built_are_refused(mode):
     [({"enable_lora": True}, "--enable-lora"), ({"pipeline_parallel_size": 2}, "--pipeline")],
 )
 def test_compiling_with_lora_or_pipeline_stages_is_refused(kwargs, flag):
-    with pytest.raises(ValueError, match=f"-O1 compiles the model, which {flag}"):
+    with pytest.raises(
+        ValueError, match=f"-O1 compiles the model or captures graphs, which {flag}"
+    ):
         compilation(optimization_level=1, **kwargs)

@@ -14,14 +14,9 @@ import torch
 from determinism import assert_greedy_equivalent
 
 from core.compilation.compiler import compile_counters
-from core.testing.tiny_checkpoint import reference_model, write_tiny_checkpoint
+from core.testing.tiny_checkpoint import reference_model
 
 START = Path(__file__).with_name("compile_start.py")
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny"))
 
 
 def start(checkpoint: Path, level: int, backend: str, cache_dir: Path) -> dict:
@@ -49,14 +44,16 @@ def assert_matches_eager(compiled: dict, eager: dict) -> None:
         assert_greedy_equivalent(ours, theirs, logits, prompt, label=f"prompt {prompt}")
 
 
-def test_traced_once_for_all_batch_sizes_and_greedy_equals_eager(checkpoint, tmp_path, monkeypatch):
+def test_traced_once_for_all_batch_sizes_and_greedy_equals_eager(
+    tiny_checkpoint, tmp_path, monkeypatch
+):
     # compile_model points inductor at the cache dir for the process: undone after.
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     before = compile_counters().graphs
     # Dynamo's "eager" backend: the same trace as inductor's, without code generation.
-    compiled = compile_start.main(str(checkpoint), 1, "eager", str(tmp_path))
+    compiled = compile_start.main(str(tiny_checkpoint), 1, "eager", str(tmp_path))
     traced = compile_counters().graphs - before
-    eager = compile_start.main(str(checkpoint), 0, "eager", str(tmp_path))
+    eager = compile_start.main(str(tiny_checkpoint), 0, "eager", str(tmp_path))
     assert_matches_eager(compiled, eager)
     # The dynamic-size graph and the one-token graph, both traced at startup: the steps
     # (prefill of 4 prompts, then shrinking decode batches) traced nothing more.
@@ -65,10 +62,12 @@ def test_traced_once_for_all_batch_sizes_and_greedy_equals_eager(checkpoint, tmp
 
 
 @pytest.mark.slow
-def test_inductor_greedy_equals_eager_and_a_restart_hits_the_compile_cache(checkpoint, tmp_path):
-    cold = start(checkpoint, 1, "inductor", tmp_path / "cache")
-    warm = start(checkpoint, 1, "inductor", tmp_path / "cache")
-    eager = start(checkpoint, 0, "inductor", tmp_path / "unused")
+def test_inductor_greedy_equals_eager_and_a_restart_hits_the_compile_cache(
+    tiny_checkpoint, tmp_path
+):
+    cold = start(tiny_checkpoint, 1, "inductor", tmp_path / "cache")
+    warm = start(tiny_checkpoint, 1, "inductor", tmp_path / "cache")
+    eager = start(tiny_checkpoint, 0, "inductor", tmp_path / "unused")
     assert cold["counters"]["cache_misses"] == cold["counters"]["graphs"] > 0
     assert warm["counters"]["cache_misses"] == 0
     assert warm["counters"]["cache_hits"] == cold["counters"]["graphs"]

@@ -60,7 +60,8 @@ class TorchRefImpl(AttentionImpl):
         kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, Hkv, D]
         attn_metadata: PagedAttentionMetadata,
     ) -> torch.Tensor:  # [T, Hq, D]
-        _write_kv(kv_cache, key, value, attn_metadata.slot_mapping)
+        num_tokens = len(attn_metadata.slot_mapping)
+        _write_kv(kv_cache, key[:num_tokens], value[:num_tokens], attn_metadata.slot_mapping)
         output = torch.empty_like(query)
         for chunk in attn_metadata.prefills:
             rows = slice(chunk.start, chunk.end)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -46,5 +47,5 @@ class CudaPlatform(Platform):
     def set_device(self, device: torch.device) -> None:
         torch.cuda.set_device(device)
 
-    def capture_graph(self, fn: Callable[[], torch.Tensor]) -> DeviceGraph:
+    def capture_graph(self, fn: Callable[[], Any]) -> DeviceGraph:
         return TorchCudaGraph(fn)

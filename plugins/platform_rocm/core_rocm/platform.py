@@ -6,6 +6,7 @@ PyTorch's ROCm build exposes HIP devices through the `cuda` device type.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -50,5 +51,5 @@ class RocmPlatform(Platform):
     def set_device(self, device: torch.device) -> None:
         torch.cuda.set_device(device)
 
-    def capture_graph(self, fn: Callable[[], torch.Tensor]) -> DeviceGraph:
+    def capture_graph(self, fn: Callable[[], Any]) -> DeviceGraph:
         return TorchCudaGraph(fn)
