@@ -133,6 +133,15 @@ def conformance(session: nox.Session) -> None:
         env={"CORE_EXAMPLE_PLATFORM": "1"},
         external=True,
     )
+    # The flash backend's Triton kernels run on the CPU in Triton's interpreter, which must
+    # be on before triton is first imported: a process of its own.
+    session.run(
+        pytest,
+        "--core-conformance=attention:flash",
+        *session.posargs,
+        env={"TRITON_INTERPRET": "1"},
+        external=True,
+    )
 
 
 @nox.session

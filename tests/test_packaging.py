@@ -25,7 +25,11 @@ DISTRIBUTIONS = {
     ),
     "core-cuda": ("plugins/platform_cuda", "core_cuda", ["cuda = core_cuda.probe:probe"]),
     "core-rocm": ("plugins/platform_rocm", "core_rocm", ["rocm = core_rocm.probe:probe"]),
-    "core-attn-flash": ("plugins/attn_flash", "core_attn_flash", []),
+    "core-attn-flash": (
+        "plugins/attn_flash",
+        "core_attn_flash",
+        ["flash = core_attn_flash.backend:FlashAttentionBackend"],
+    ),
     "core-quant-awq": ("plugins/quant_awq", "core_quant_awq", []),
     "core-lora": ("plugins/lora", "core_lora", []),
     "core-spec-decode": ("plugins/spec_decode", "core_spec_decode", []),

@@ -1,6 +1,8 @@
-"""FlashAttention backend for core (kernels not implemented yet).
+"""Paged attention for core in Triton kernels: the `flash` attention backend.
 
-Registers no entry points until it has a component it can honour.
+Kept import-light (the plugin loader reads CORE_PLUGIN_API from here): the backend class
+lives in `core_attn_flash.backend`, the kernels, which need triton, in
+`core_attn_flash.kernels`.
 """
 
 CORE_PLUGIN_API = ">=1.0,<2"
