@@ -24,10 +24,13 @@ Prints one table (markdown) at the end; paste it into benchmarks/RESULTS.md.
 from __future__ import annotations
 
 import argparse
+import gc
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +49,23 @@ PARITY_TOKENS = 32
 NEAR_TIE = 1e-4  # of the logit scale (DESIGN.md section 5)
 
 
+@contextmanager
+def engine(gguf: Path, **engine_args: Any) -> Iterator[Any]:
+    """An in-process engine, shut down and its device memory returned on exit: the next
+    one profiles the device and needs --gpu-memory-utilization of it free."""
+    llm = load_core(gguf, **engine_args)
+    try:
+        yield llm
+    finally:
+        llm.engine.shutdown()
+        del llm
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
 def kit(rows: list[tuple[str, str]]) -> None:
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-               "--core-conformance=attention:flash", "--core-conformance-device=cuda",
-               "--pyargs", "core.testing.test_attention"]  # fmt: skip
+               "--core-conformance=attention:flash", "--core-conformance-device=cuda"]  # fmt: skip
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True)
     summary = (done.stdout.strip().splitlines() or ["no output"])[-1]
@@ -70,12 +86,9 @@ def parity(gguf: Path, rows: list[tuple[str, str]]) -> None:
 
     params = SamplingParams(max_tokens=PARITY_TOKENS, temperature=0, ignore_eos=True)
     for backend in ("flash", "torch_ref"):
-        llm = load_core(gguf, quantization="none", dtype="float32", attention_backend=backend,
-                        enforce_eager=True)  # fmt: skip
-        try:
+        options = dict(quantization="none", dtype="float32", attention_backend=backend)
+        with engine(gguf, enforce_eager=True, **options) as llm:
             outputs = llm.generate(PARITY_PROMPTS, params)
-        finally:
-            llm.engine.shutdown()
         verdicts = [
             _compare(reference, list(o.prompt_token_ids), list(o.outputs[0].token_ids))
             for o in outputs
@@ -106,14 +119,11 @@ def levels(gguf: Path, sizes: Sizes, rows: list[tuple[str, str]]) -> dict[int, d
     with tempfile.TemporaryDirectory() as cache:
         for level in (0, 1, 2):
             start = time.perf_counter()
-            llm = load_core(gguf, quantization="none", dtype="bfloat16", optimization_level=level,
-                            compilation_config={"cache_dir": cache})  # fmt: skip
-            startup = time.perf_counter() - start
-            graphs = llm.engine.core.executor.worker.runner.graphs
-            try:
+            options = dict(quantization="none", dtype="bfloat16", optimization_level=level)
+            with engine(gguf, compilation_config={"cache_dir": cache}, **options) as llm:
+                startup = time.perf_counter() - start
+                graphs = llm.engine.core.executor.worker.runner.graphs
                 results[level] = {"W1": core_w1(llm, prompts, sizes), "W2": core_w2(llm, sizes)}
-            finally:
-                llm.engine.shutdown()
             w1, w2 = results[level]["W1"], results[level]["W2"]
             capture = "" if graphs is None else f", graph capture {graphs.capture_seconds:.1f} s"
             rows.append((
@@ -126,11 +136,8 @@ def levels(gguf: Path, sizes: Sizes, rows: list[tuple[str, str]]) -> dict[int, d
 
 def hbm_bound(gguf: Path, results: dict[int, dict], rows: list[tuple[str, str]]) -> None:
     bandwidth = _copy_bandwidth()
-    llm = load_core(gguf, quantization="none", dtype="bfloat16", enforce_eager=True)
-    try:
+    with engine(gguf, quantization="none", dtype="bfloat16", enforce_eager=True) as llm:
         weight_bytes = _weight_bytes(llm)
-    finally:
-        llm.engine.shutdown()
     bound = bandwidth / weight_bytes
     for level, result in results.items():
         decode = result["W2"]["decode_tokens_per_s"]

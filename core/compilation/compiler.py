@@ -92,7 +92,10 @@ class _DynamicTokens:
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, **kwargs: Any) -> Any:
         torch._dynamo.maybe_mark_dynamic(input_ids, 0)
         torch._dynamo.maybe_mark_dynamic(positions, 0)
-        return self._compiled(input_ids, positions, **kwargs)
+        # Size-oblivious: a one-token batch takes the general graph instead of a second
+        # trace specialised to size 1 (a second compile at every start).
+        with torch.fx.experimental._config.patch(backed_size_oblivious=True):
+            return self._compiled(input_ids, positions, **kwargs)
 
 
 def _counting_backend(compile_graph: CompilePiece, capture: CaptureGraph | None) -> Any:

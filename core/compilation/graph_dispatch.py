@@ -39,6 +39,7 @@ __all__ = [
     "GraphDispatcher",
     "capture_batch",
     "pad_decode_batch",
+    "pad_for_graph",
     "pad_tokens",
 ]
 
@@ -144,6 +145,17 @@ class GraphDispatcher:
     @property
     def full_descriptors(self) -> list[BatchDescriptor]:
         return list(self._full_graphs)
+
+
+def pad_for_graph(
+    common: CommonAttentionMetadata, graph: BatchDescriptor | None, max_model_len: int
+) -> CommonAttentionMetadata:
+    """`common` padded for the graphs it replays (unchanged without one)."""
+    if graph is None:
+        return common
+    if graph.uniform_decode:
+        return pad_decode_batch(common, graph.num_tokens, max_model_len)
+    return pad_tokens(common, graph.num_tokens)
 
 
 def pad_decode_batch(

@@ -61,7 +61,8 @@ def dense_linear(
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [N, output_size]
     """x @ weight.T + bias, through the faster kernel for a single 16-bit CPU row."""
-    if x.shape[0] == 1 and x.dtype in _MV_DTYPES and x.device.type == "cpu":
+    # The row count last: a compiled float32 forward then has no size-1 branch to trace.
+    if x.dtype in _MV_DTYPES and x.device.type == "cpu" and x.shape[0] == 1:
         out = torch.mv(weight, x[0])
         return (out if bias is None else out + bias)[None]
     return F.linear(x, weight, bias)

@@ -38,8 +38,7 @@ from core.compilation.graph_dispatch import (
     BatchDescriptor,
     GraphDispatcher,
     capture_batch,
-    pad_decode_batch,
-    pad_tokens,
+    pad_for_graph,
 )
 from core.config import CUDAGraphMode
 from core.distributed.parallel_state import GroupCoordinator, get_pp_group
@@ -259,7 +258,7 @@ class ModelRunner:
                 max_query_len=int(query_lens.max(initial=0)),
                 max_seq_len=int(inputs.seq_lens.max(initial=0)),
             )
-            metadata = builder.build(self._padded(common, graph))
+            metadata = builder.build(pad_for_graph(common, graph, self.max_model_len))
             per_layer.update(dict.fromkeys(layer_names, metadata))
         return per_layer
 
@@ -360,15 +359,6 @@ class ModelRunner:
         if self._graphs is None:
             return None
         return self._graphs.descriptor(len(inputs.req_rows), len(inputs.rows))
-
-    def _padded(
-        self, common: CommonAttentionMetadata, graph: BatchDescriptor | None
-    ) -> CommonAttentionMetadata:
-        if graph is None:
-            return common
-        if graph.uniform_decode:
-            return pad_decode_batch(common, graph.num_tokens, self.max_model_len)
-        return pad_tokens(common, graph.num_tokens)
 
     def use_compiled(self, forward: Callable[..., Any]) -> None:
         """Run steps through `forward` (the model compiled: same signature) from now on."""

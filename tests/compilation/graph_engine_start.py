@@ -34,9 +34,8 @@ class GraphPlatform(CpuPlatform):
         return self.graphs[-1]
 
 
-def generate(checkpoint: str, platform: GraphPlatform, **kwargs) -> dict:
-    choice = PlatformChoice(platform.name, platform, "chosen by the test")
-    processor.select_platform = lambda *args: choice
+def generate(checkpoint: str, **kwargs) -> dict:
+    """Greedy outputs of PROMPTS on the selected platform, and the FULL graphs captured."""
     llm = LLM(
         checkpoint, dtype="float32", max_model_len=32, max_num_seqs=8,
         kv_cache_memory="1MiB", **kwargs,
@@ -45,16 +44,16 @@ def generate(checkpoint: str, platform: GraphPlatform, **kwargs) -> dict:
     outputs = llm.generate(PROMPTS, params, use_tqdm=False)
     runner = llm.engine.core.executor.worker.runner
     full = [] if runner.graphs is None else runner.graphs.full_descriptors
-    return {
-        "tokens": [list(o.outputs[0].token_ids) for o in outputs],
-        "full_graphs": len(full),
-        "graphs": len(platform.graphs),
-        "replays": sum(g.replays for g in platform.graphs),
-    }
+    return {"tokens": [list(o.outputs[0].token_ids) for o in outputs], "full_graphs": len(full)}
 
 
 def main(checkpoint: str, options: str) -> dict:
-    return generate(checkpoint, GraphPlatform(), **json.loads(options))
+    platform = GraphPlatform()
+    choice = PlatformChoice(platform.name, platform, "chosen by the test")
+    processor.select_platform = lambda *args: choice
+    result = generate(checkpoint, **json.loads(options))
+    replays = sum(g.replays for g in platform.graphs)
+    return {**result, "graphs": len(platform.graphs), "replays": replays}
 
 
 if __name__ == "__main__":

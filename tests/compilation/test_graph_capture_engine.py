@@ -15,30 +15,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from replay_graph import ReplayGraph
+from graph_engine_start import GraphPlatform, generate
 
-from core import LLM, SamplingParams
 from core.engine import processor
-from core.platforms.cpu import CpuPlatform
 from core.platforms.selection import PlatformChoice
-
-PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12], [13], [14, 15, 16, 17, 18, 19, 20]]
-
-
-class GraphPlatform(CpuPlatform):
-    """The CPU, with -O2: its graphs are ReplayGraphs, which it keeps to count replays."""
-
-    name = "graphs"
-    supported_optimization_levels = (0, 1, 2)
-    default_optimization_level = 2
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.graphs: list[ReplayGraph] = []
-
-    def capture_graph(self, fn):
-        self.graphs.append(ReplayGraph(fn))
-        return self.graphs[-1]
 
 
 @pytest.fixture
@@ -49,28 +29,18 @@ def graph_platform(monkeypatch) -> GraphPlatform:
     return platform
 
 
-def generate(checkpoint, **kwargs) -> list[list[int]]:
-    llm = LLM(
-        str(checkpoint), dtype="float32", max_model_len=32, max_num_seqs=8,
-        kv_cache_memory="1MiB", **kwargs,
-    )  # fmt: skip
-    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
-    outputs = llm.generate(PROMPTS, params, use_tqdm=False)
-    return [list(o.outputs[0].token_ids) for o in outputs]
-
-
 @pytest.mark.parametrize("backend", ["eager", pytest.param("inductor", marks=pytest.mark.slow)])
 def test_piecewise_graphs_replay_and_greedy_equals_eager(
     tiny_checkpoint, graph_platform, tmp_path, backend
 ):
     sizes = [1, 4, 16]
     config = {"backend": backend, "cache_dir": str(tmp_path), "cudagraph_capture_sizes": sizes}
-    graphs = generate(tiny_checkpoint, compilation_config=config)
+    graphs = generate(str(tiny_checkpoint), compilation_config=config)["tokens"]
     # torch_ref cannot be captured whole: the compiled forward's 3 pieces (around its 2
-    # attention layers) were captured at each size (one trace for 1 token, one for more).
+    # attention layers) were captured at each size.
     assert len(graph_platform.graphs) == 3 * len(sizes)
     assert sum(g.replays for g in graph_platform.graphs) > 0
-    eager = generate(tiny_checkpoint, enforce_eager=True)
+    eager = generate(str(tiny_checkpoint), enforce_eager=True)["tokens"]
     assert graphs == eager
 
 
@@ -105,5 +75,5 @@ def test_flash_decodes_replay_full_graphs_and_greedy_equals_eager(
     )
     assert (graphs["full_graphs"], graphs["graphs"]) == (full, full + pieces)
     assert graphs["replays"] > 0
-    eager = generate(tiny_checkpoint, enforce_eager=True)
+    eager = generate(str(tiny_checkpoint), enforce_eager=True)["tokens"]
     assert graphs["tokens"] == eager

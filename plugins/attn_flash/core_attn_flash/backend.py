@@ -19,6 +19,7 @@ from types import ModuleType
 
 import torch
 
+from core.attention.backends.torch_ref import TorchRefBackend
 from core.attention.interface import (
     AttentionBackend,
     AttentionCapabilities,
@@ -136,8 +137,8 @@ class FlashAttentionBackend(AttentionBackend):
     def get_kv_cache_shape(
         num_blocks: int, block_size: int, num_kv_heads: int, head_size: int
     ) -> tuple[int, ...]:
-        """[num_blocks, 2, block_size, num_kv_heads, head_size]: the reference's layout."""
-        return (num_blocks, 2, block_size, num_kv_heads, head_size)
+        """The reference's layout: [num_blocks, 2, block_size, num_kv_heads, head_size]."""
+        return TorchRefBackend.get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size)
 
 
 def _kernels() -> ModuleType:
