@@ -18,16 +18,22 @@ _PUBLIC = {
     "EngineArgs": "core.engine_args",
     "RequestOutput": "core.outputs",
     "CompletionOutput": "core.outputs",
+    "EmbeddingOutput": "core.outputs",
+    "EmbeddingRequestOutput": "core.outputs",
+    "PoolingParams": "core.pooling.params",
     "LLMEngine": "core.engine.llm_engine",
     "LoRARequest": "core.lora.request",
 }
 
 __all__ = [
     "CompletionOutput",
+    "EmbeddingOutput",
+    "EmbeddingRequestOutput",
     "EngineArgs",
     "LLM",
     "LLMEngine",
     "LoRARequest",
+    "PoolingParams",
     "RequestOutput",
     "SamplingParams",
     "__version__",
@@ -38,7 +44,13 @@ if TYPE_CHECKING:
     from core.engine_args import EngineArgs
     from core.entrypoints.llm import LLM
     from core.lora.request import LoRARequest
-    from core.outputs import CompletionOutput, RequestOutput
+    from core.outputs import (
+        CompletionOutput,
+        EmbeddingOutput,
+        EmbeddingRequestOutput,
+        RequestOutput,
+    )
+    from core.pooling.params import PoolingParams
     from core.sampling_params import SamplingParams
 
 

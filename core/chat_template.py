@@ -4,12 +4,19 @@ Chat templates come from model files, so they are untrusted code: they render in
 immutable sandbox, with the few helpers Hugging Face templates call (raise_exception,
 strftime_now, a json.dumps-style tojson, `{% generation %}` blocks), over inputs copied to
 plain JSON data.
+
+Tool calls in assistant messages reach templates with their arguments as a JSON object, as
+Hugging Face templates expect (`tool_call.arguments | tojson`, `.items()`), though OpenAI
+clients send them as JSON text. Arguments that are not a JSON object become {} with a
+warning rather than an error: the message is history the client sends back every turn, and
+refusing it would make the conversation unrecoverable.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -21,6 +28,8 @@ import jinja2.nodes
 import jinja2.sandbox
 
 __all__ = ["load_chat_template", "render_chat_template"]
+
+logger = logging.getLogger(__name__)
 
 
 def render_chat_template(
@@ -126,10 +135,30 @@ def _template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
     for i, message in enumerate(messages):
         if not isinstance(message, Mapping):
             raise ValueError(f"messages[{i}] is a {type(message).__name__}, not a dict")
-    return [
+    plain = [
         {k: _plain_data(v, f"messages[{i}].{k}") for k, v in m.items() if v is not None}
         for i, m in enumerate(messages)
     ]
+    for i, message in enumerate(plain):
+        for j, call in enumerate(message.get("tool_calls") or ()):
+            _parse_arguments(call, f"messages[{i}].tool_calls[{j}]")
+    return plain
+
+
+def _parse_arguments(call: Any, where: str) -> None:
+    """Turn the JSON text of `call`'s function arguments into the object templates expect,
+    in place ({} with a warning when it is not a JSON object; see the module docstring)."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        return
+    try:
+        arguments = json.loads(function["arguments"])
+    except ValueError:
+        arguments = None
+    if not isinstance(arguments, dict):
+        logger.warning("%s.function.arguments is not a JSON object; rendered as {}", where)
+        arguments = {}
+    function["arguments"] = arguments
 
 
 def load_chat_template(path_or_string: str | Path) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
@@ -59,6 +59,10 @@ class _Config(BaseModel):
 QUANTIZATION_NONE = "none"
 """--quantization none: weights dequantized where the format allows it (GGUF), else as stored."""
 
+LoadFormat = Literal["auto", "safetensors", "gguf"]
+LOAD_FORMATS: tuple[str, ...] = get_args(LoadFormat)
+"""--load-format values: the weight formats core reads (auto: whichever the model is)."""
+
 
 class ModelConfig(_Config):
     model: str | None = None  # a directory, a .gguf file or a hub id; None: the default
@@ -71,6 +75,13 @@ class ModelConfig(_Config):
     chat_template: str | None = None
     generation_config: str = "auto"
     max_logprobs: int = Field(default=20, ge=0)
+    revision: str | None = None  # a hub id's branch, tag or commit, found in the local cache
+    download_dir: str | None = None  # the Hugging Face cache to find hub ids in (None: HF's)
+    load_format: LoadFormat = "auto"  # the format the weights must be in
+    trust_remote_code: bool = False  # core never runs a checkpoint's code (load_checks)
+    # generate: sample tokens; pooling: embed (one pooled vector per prompt, no sampling).
+    # "auto" is resolved from the checkpoint before the config is frozen (core.pooling.runner).
+    runner: Literal["auto", "generate", "pooling"] = "auto"
 
     def torch_dtype(self, platform_default: torch.dtype) -> torch.dtype:
         return platform_default if self.dtype == "auto" else _DTYPES[self.dtype]
@@ -278,6 +289,23 @@ class LoRAConfig(_Config):
             )
 
 
+class PoolerConfig(_Config):
+    """`--pooler-config` (vLLM's keys): how a pooling model makes its vectors. Fields left
+    None are filled from the checkpoint (its sentence-transformers config, else the
+    architecture's default pooling and normalization on) by core.pooling.runner."""
+
+    pooling_type: Literal["CLS", "MEAN", "LAST"] | None = None
+    normalize: bool | None = None
+
+
+class ObservabilityConfig(_Config):
+    """What the server reports about itself."""
+
+    # The prefix of every Prometheus family on /metrics: "vllm" (vllm:num_requests_running...)
+    # so dashboards and autoscalers built for vLLM read core unchanged, or "core".
+    metrics_prefix: Literal["vllm", "core"] = "vllm"
+
+
 class EngineConfig(_Config):
     model: ModelConfig = Field(default_factory=ModelConfig)
     cache: CacheConfig = Field(default_factory=CacheConfig)
@@ -289,6 +317,8 @@ class EngineConfig(_Config):
     kv_transfer: KVTransferConfig = Field(default_factory=KVTransferConfig)
     speculative: SpeculativeConfig | None = None
     lora: LoRAConfig | None = None  # None: LoRA adapters are not enabled
+    pooler: PoolerConfig | None = None  # None: --runner generate
+    observability: ObservabilityConfig = Field(default_factory=ObservabilityConfig)
 
     def freeze(self) -> EngineConfig:
         """A deep copy that refuses changes (assignments were validated as they happened)."""

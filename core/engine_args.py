@@ -14,14 +14,17 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from core.config import (
+    LOAD_FORMATS,
     CUDAGraphMode,
     EngineConfig,
     LoRAConfig,
+    PoolerConfig,
     SpeculativeConfig,
     UsageContext,
     parse_size,
 )
 from core.plugins.components import parse_json_object
+from core.pooling.runner import CheckpointPooling, resolve_runner, settle_pooling_compilation
 from core.quantization.selector import (
     StoredQuantization,
     packed_weights_pay_off,
@@ -63,12 +66,42 @@ class EngineArgs:
     max_logprobs: int | None = _option(
         "model", "max_logprobs", "--max-logprobs", "most logprobs a request may ask", type=int
     )
+    revision: str | None = _option(
+        "model", "revision", "--revision",
+        "branch, tag or commit of a hub id, found in the local Hugging Face cache",
+    )  # fmt: skip
+    download_dir: str | None = _option(
+        "model", "download_dir", "--download-dir",
+        "the Hugging Face cache directory to find hub ids in (default: Hugging Face's)",
+    )  # fmt: skip
+    load_format: str | None = _option(
+        "model", "load_format", "--load-format",
+        f"the weights' format: {', '.join(LOAD_FORMATS)} (refused when the model is not)",
+    )  # fmt: skip
+    trust_remote_code: bool | None = _option(
+        "model", "trust_remote_code", "--trust-remote-code",
+        "accepted for vLLM commands; core never runs a checkpoint's own code",
+        is_flag=True, default=None,
+    )  # fmt: skip
+    runner: str | None = _option(
+        "model", "runner", "--runner",
+        "generate (sample tokens) or pooling (embed); default: from the checkpoint",
+        type=click.Choice(["auto", "generate", "pooling"]),
+    )  # fmt: skip
+    pooler_config: str | dict | None = _option(
+        "pooler", "", "--pooler-config",
+        'pooling JSON as vLLM\'s, e.g. {"pooling_type": "MEAN", "normalize": false}',
+    )  # fmt: skip
     block_size: int | None = _option(
         "cache", "block_size", "--block-size", "tokens per KV block", type=int
     )
     kv_cache_memory: str | None = _option(
         "cache", "kv_cache_memory_bytes", "--kv-cache-memory", "KV budget, e.g. 4GiB (bare: GiB)"
     )
+    kv_cache_memory_bytes: int | str | None = _option(
+        "cache", "kv_cache_memory_bytes", "--kv-cache-memory-bytes",
+        "KV budget in bytes, as vLLM's flag (or with a unit, e.g. 4GiB); --kv-cache-memory's field",
+    )  # fmt: skip
     gpu_memory_utilization: float | None = _option(
         "cache", "gpu_memory_utilization", "--gpu-memory-utilization",
         "share of device memory for weights, activations and KV cache (GPUs; default 0.9)",
@@ -180,6 +213,11 @@ class EngineArgs:
     lora_implementation: str | None = _option(
         "lora", "implementation", "--lora-implementation", "core.lora entry (default: default)"
     )
+    metrics_prefix: str | None = _option(
+        "observability", "metrics_prefix", "--metrics-prefix",
+        "prefix of the /metrics families: vllm (vLLM's dashboards work unchanged) or core",
+        type=click.Choice(["vllm", "core"]),
+    )  # fmt: skip
 
     def config_sections(self) -> dict[str, dict[str, Any]]:
         """{section: {field: value}} holding only the options the user gave."""
@@ -197,6 +235,7 @@ class EngineArgs:
         model_max_len: int | None = None,
         usage: UsageContext = UsageContext.OFFLINE,
         stored_quantization: StoredQuantization | None = None,
+        pooling: CheckpointPooling | None = None,
     ) -> EngineConfig:
         """Explicit options, then the model, the platform (with its -O level) and hooks fill
         the rest; a flag this build or platform cannot honour is a ValueError naming it.
@@ -204,10 +243,12 @@ class EngineArgs:
         `model_max_len` is the checkpoint's context length: the default max_model_len and
         the most a user may ask for. `usage` picks the platform's default token budget.
         `stored_quantization` (how the checkpoint stores its weights) turns --quantization
-        into the method the model runs with (None: float weights).
+        into the method the model runs with (None: float weights). `pooling` (what the
+        checkpoint says about pooling) resolves --runner and the pooler config.
         """
         sections = self.config_sections()
         speculative = sections.pop("speculative")
+        pooler = sections.pop("pooler")
         lora = _lora_config(self, sections.pop("lora"))
         config = EngineConfig(
             **{
@@ -221,6 +262,7 @@ class EngineArgs:
                 else SpeculativeConfig.from_json(speculative)
             ),
             lora=lora,
+            pooler=None if self.pooler_config is None else PoolerConfig.model_validate(pooler),
         )
         _refuse_unbuilt(config)
         tp_size = config.parallel.tensor_parallel_size
@@ -233,6 +275,8 @@ class EngineArgs:
                 keep_blocks=packed_weights_pay_off(platform.device_type, dtype) and tp_size == 1,
             )
 
+        if pooling is not None:
+            resolve_runner(config, pooling)
         if model_max_len is not None:
             budget = platform.default_max_num_batched_tokens(usage)
             _apply_model_limits(config, model_max_len, budget)
@@ -244,6 +288,7 @@ class EngineArgs:
             platform.check_and_update_config(config)
         if config.speculative is not None:
             check_speculative_config(config.speculative)
+        settle_pooling_compilation(config)
         _refuse_compiled_combinations(config)
         return config.freeze()
 
@@ -392,6 +437,26 @@ def _set_size(sections: dict[str, dict[str, Any]], meta: Any, value: Any) -> Non
     sections[meta["section"]][meta["key"]] = parse_size(value)
 
 
+def _set_bytes(sections: dict[str, dict[str, Any]], meta: Any, value: Any) -> None:
+    """--kv-cache-memory-bytes: a bare number counts bytes (vLLM's unit), not GiB. It sets
+    --kv-cache-memory's field, so giving both is refused rather than one silently winning."""
+    cache = sections[meta["section"]]
+    if meta["key"] in cache:
+        raise ValueError(f"{meta['flag']} and --kv-cache-memory set the same budget: give one")
+    bare = isinstance(value, int) or str(value).strip().isdigit()
+    cache[meta["key"]] = int(value) if bare else parse_size(value)
+
+
+def _set_load_format(sections: dict[str, dict[str, Any]], meta: Any, value: str) -> None:
+    """vLLM's other formats (pt, npcache, dummy, tensorizer, bitsandbytes...) are refused by
+    name: core reads safetensors directories and GGUF files only."""
+    if value not in LOAD_FORMATS:
+        raise ValueError(
+            f"{meta['flag']} {value}: not a format core reads; use {', '.join(LOAD_FORMATS)}"
+        )
+    _assign(sections, meta, value)
+
+
 def _flag_only(sections: dict[str, dict[str, Any]], meta: Any, value: Any) -> None:
     """A switch read by create_engine_config itself (--enable-lora), no config key."""
 
@@ -404,7 +469,10 @@ _CONVERTERS: dict[str, Callable[..., None]] = {
     "sampler_config": _set_json,
     "kv_transfer_config": _set_section,
     "speculative_config": _set_section,
+    "pooler_config": _set_section,
     "kv_cache_memory": _set_size,
+    "kv_cache_memory_bytes": _set_bytes,
+    "load_format": _set_load_format,
 }
 
 

@@ -1,16 +1,24 @@
 """Prometheus metrics of one served model, rendered for ``GET /metrics``.
 
-Every family's name starts with ``METRICS_PREFIX`` (through ``metric_name``), the one
-setting later features name their metrics with. Each ``EngineMetrics`` owns its
-CollectorRegistry, so two engines in one process (or one test after another) never collide
-on prometheus_client's global registry. Every family carries a ``model_name`` label.
-SchedulerStats' prefix-cache and preemption numbers are cumulative; they become counters by
-adding what grew since the previous snapshot.
+Names, label names and buckets are vLLM's, so dashboards and autoscalers built for vLLM
+read core unchanged: a family is ``{prefix}:{name}`` with the prefix of
+``--metrics-prefix`` ("vllm" by default, or "core"), and each series carries ``model_name``
+and ``engine`` (the data-parallel engine index, "0" with one engine; every engine has its
+own series). prometheus_client exposes counters with a ``_total`` suffix. Every series
+exists (at 0) from the start, so a dashboard never shows a hole for "nothing yet".
+
+Each EngineMetrics owns its CollectorRegistry, so two engines in one process (or one test
+after another) never collide on prometheus_client's global registry. Updates are
+IterationStats (core.engine.stats), one per engine step and one per batch of requests the
+frontend aborted; a step's SchedulerStats counts (prefix cache, preemptions, speculative
+decoding) are cumulative per engine and become counters by adding what grew since that
+engine's previous snapshot.
 """
 
 from __future__ import annotations
 
 import time
+from typing import TypeVar
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -21,133 +29,211 @@ from prometheus_client import (
     generate_latest,
 )
 
-from core.engine.protocol import SchedulerStats, SpecDecodingStats
+from core.config import EngineConfig
+from core.engine.protocol import FinishReason, SchedulerStats, SpecDecodingStats
+from core.engine.stats import FinishedRequestStats, IterationStats
 
-__all__ = ["METRICS_PREFIX", "EngineMetrics", "metric_name"]
+__all__ = ["EngineMetrics"]
 
-# vLLM's dashboards read "vllm:*"; core's families are "core:*".
-METRICS_PREFIX = "core:"
+_LABELS = ("model_name", "engine")
+_Family = TypeVar("_Family", Counter, Gauge, Histogram)
 
-# Finish reasons reported from the start (at 0) so dashboards see every series.
-_FINISH_REASONS = ("stop", "length", "abort")
+# vLLM's buckets, so histogram quantiles compare across the two servers.
+_TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+    10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+_ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0,
+)  # fmt: skip
+_REQUEST_LATENCY_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+    240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+_ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
-# Latency buckets in seconds, roughly log-spaced over what a CPU or GPU server sees.
-_TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
-_ITL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2.5, 5, 10)
-_E2E_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
-
-
-def metric_name(name: str) -> str:
-    """The exposed name of family `name`: "prefix_cache_hits" -> "core:prefix_cache_hits"."""
-    return METRICS_PREFIX + name
+# FinishedRequestStats field -> (family, help): one histogram each, observed for every
+# finished request that reached the phase (a None duration is not observed).
+_REQUEST_TIMES = {
+    "e2e_latency": ("e2e_request_latency_seconds", "Histogram of e2e request latency in seconds."),
+    "queued_time": (
+        "request_queue_time_seconds", "Histogram of time spent in WAITING phase for request."
+    ),
+    "inference_time": (
+        "request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request."
+    ),
+    "prefill_time": (
+        "request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request."
+    ),
+    "decode_time": (
+        "request_decode_time_seconds", "Histogram of time spent in DECODE phase for request."
+    ),
+}  # fmt: skip
+_REQUEST_TOKENS = {
+    "num_prompt_tokens": ("request_prompt_tokens", "Number of prefill tokens processed."),
+    "num_generation_tokens": (
+        "request_generation_tokens", "Number of generation tokens processed."
+    ),
+}  # fmt: skip
 
 
 class EngineMetrics:
-    """The metric families of one model; ``render()`` is the exposition."""
+    """The metric families of one model served by `config`'s engines; `record` is the
+    AsyncLLM stats listener, `render()` the exposition."""
 
-    def __init__(self, model_name: str, max_loras: int | None = None) -> None:
-        """`max_loras`: the engine's --max-loras, None when LoRA is not enabled (then
-        there is no LoRA family)."""
+    def __init__(
+        self, model_name: str, config: EngineConfig, num_gpu_blocks: int | None = None
+    ) -> None:
+        """`num_gpu_blocks`: each engine's KV blocks, for cache_config_info (None: unknown)."""
         self.registry = CollectorRegistry()
+        self.prefix = config.observability.metrics_prefix
         self._model_name = model_name
-        self._last_stats: SchedulerStats | None = None
-
-        # Each helper returns the model's child, created now so the series shows 0 at once.
-        def counter(name: str, doc: str) -> Counter:
-            family = Counter(metric_name(name), doc, ["model_name"], registry=self.registry)
-            return family.labels(model_name)
-
-        def gauge(name: str, doc: str) -> Gauge:
-            family = Gauge(metric_name(name), doc, ["model_name"], registry=self.registry)
-            return family.labels(model_name)
-
-        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            family = Histogram(
-                metric_name(name), doc, ["model_name"], buckets=buckets, registry=self.registry
-            )
-            return family.labels(model_name)
-
-        self._success = Counter(
-            metric_name("request_success"),
-            "Finished requests, by finish reason.",
-            ["model_name", "finished_reason"],
-            registry=self.registry,
-        )
-        for reason in _FINISH_REASONS:
-            self._success.labels(model_name, reason)
-        self._prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests.")
-        self._generation_tokens = counter(
-            "generation_tokens", "Generated tokens of finished requests."
-        )
-        self._cache_queries = counter(
-            "prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
-        )
-        self._cache_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.")
-        self._preemptions = counter("num_preemptions", "Requests preempted (recomputed).")
-        self._running = gauge("num_requests_running", "Requests in the running batch.")
-        self._waiting = gauge("num_requests_waiting", "Requests waiting to be scheduled.")
-        self._kv_usage = gauge(
-            "kv_cache_usage_perc", "KV-cache blocks in use, as a fraction (1 = full)."
-        )
-        self._ttft = histogram(
-            "time_to_first_token_seconds", "Arrival to first token.", _TTFT_BUCKETS
-        )
-        self._itl = histogram(
-            "inter_token_latency_seconds", "Time between two tokens.", _ITL_BUCKETS
-        )
-        self._e2e = histogram("e2e_request_latency_seconds", "Arrival to finish.", _E2E_BUCKETS)
+        self._engines = [str(i) for i in range(config.parallel.data_parallel_size)]
+        self._last_stats: dict[int, SchedulerStats] = {}
         self._spec: _SpecDecodingMetrics | None = None
         self._lora = (
-            None if max_loras is None else _LoRAMetrics(self.registry, model_name, max_loras)
+            None if config.lora is None else _LoRAMetrics(self, model_name, config.lora.max_loras)
+        )
+        self._scheduler_families()
+        self._request_families(config.model.max_model_len)
+        self._cache_config_info(config, num_gpu_blocks)
+
+    def name(self, family: str) -> str:
+        """The exposed name of `family`: "prefix_cache_hits" -> "vllm:prefix_cache_hits"."""
+        return f"{self.prefix}:{family}"
+
+    def _family(self, kind: type[_Family], family: str, doc: str, **kwargs) -> _Family:
+        """A family labelled (model_name, engine) with every engine's series at 0."""
+        made = kind(self.name(family), doc, _LABELS, registry=self.registry, **kwargs)
+        for engine in self._engines:
+            made.labels(self._model_name, engine)
+        return made
+
+    def _scheduler_families(self) -> None:
+        self._running = self._family(
+            Gauge, "num_requests_running", "Number of requests in model execution batches."
+        )
+        self._waiting = self._family(
+            Gauge, "num_requests_waiting", "Number of requests waiting to be processed."
+        )
+        self._kv_usage = self._family(
+            Gauge, "kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."
+        )
+        self._cache_queries = self._family(
+            Counter,
+            "prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+        )
+        self._cache_hits = self._family(
+            Counter, "prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
+        )
+        self._preemptions = self._family(
+            Counter, "num_preemptions", "Cumulative number of preemption from the engine."
+        )
+        self._iteration_tokens = self._family(
+            Histogram,
+            "iteration_tokens_total",
+            "Histogram of number of tokens per engine_step.",
+            buckets=_ITERATION_TOKEN_BUCKETS,
         )
 
-    def record_scheduler_stats(self, stats: SchedulerStats) -> None:
+    def _request_families(self, max_model_len: int | None) -> None:
+        self._prompt_tokens = self._family(
+            Counter, "prompt_tokens", "Number of prefill tokens processed."
+        )
+        self._generation_tokens = self._family(
+            Counter, "generation_tokens", "Number of generation tokens processed."
+        )
+        self._success = Counter(
+            self.name("request_success"),
+            "Count of successfully processed requests.",
+            [*_LABELS, "finished_reason"],
+            registry=self.registry,
+        )
+        for engine in self._engines:
+            for reason in FinishReason:
+                self._success.labels(self._model_name, engine, str(reason))
+        self._ttft = self._family(
+            Histogram,
+            "time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            buckets=_TTFT_BUCKETS,
+        )
+        self._itl = self._family(
+            Histogram,
+            "inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            buckets=_ITL_BUCKETS,
+        )
+        self._request_histograms = {
+            field: self._family(Histogram, family, doc, buckets=_REQUEST_LATENCY_BUCKETS)
+            for field, (family, doc) in _REQUEST_TIMES.items()
+        }
+        token_buckets = _1_2_5_buckets(max_model_len)
+        for field, (family, doc) in _REQUEST_TOKENS.items():
+            self._request_histograms[field] = self._family(
+                Histogram, family, doc, buckets=token_buckets
+            )
+
+    def _cache_config_info(self, config: EngineConfig, num_gpu_blocks: int | None) -> None:
+        """vLLM's cache_config_info: a gauge at 1 whose labels are the cache settings."""
+        info = {key: str(value) for key, value in config.cache.model_dump().items()}
+        info["num_gpu_blocks"] = str(num_gpu_blocks)
+        gauge = Gauge(
+            self.name("cache_config_info"),
+            "Information of the LLMEngine CacheConfig",
+            [*_LABELS, *info],
+            registry=self.registry,
+        )
+        for engine in self._engines:
+            gauge.labels(self._model_name, engine, *info.values()).set(1)
+
+    # -- recording ------------------------------------------------------------------------
+
+    def record(self, stats: IterationStats) -> None:
+        """Take one update: an engine step (its SchedulerStats set) or aborted requests."""
+        labels = (self._model_name, str(stats.engine_index))
+        if stats.scheduler_stats is not None:
+            self._record_scheduler_stats(stats.engine_index, stats.scheduler_stats)
+            self._iteration_tokens.labels(*labels).observe(stats.num_tokens)
+        self._prompt_tokens.labels(*labels).inc(stats.num_prompt_tokens)
+        self._generation_tokens.labels(*labels).inc(stats.num_generation_tokens)
+        for seconds in stats.time_to_first_tokens:
+            self._ttft.labels(*labels).observe(seconds)
+        for seconds in stats.inter_token_latencies:
+            self._itl.labels(*labels).observe(seconds)
+        for finished in stats.finished_requests:
+            self._record_finished(labels, finished)
+
+    def _record_finished(self, labels: tuple[str, str], finished: FinishedRequestStats) -> None:
+        self._success.labels(*labels, str(finished.finish_reason)).inc()
+        for field, histogram in self._request_histograms.items():
+            value = getattr(finished, field)
+            if value is not None:
+                histogram.labels(*labels).observe(value)
+
+    def _record_scheduler_stats(self, engine_index: int, stats: SchedulerStats) -> None:
         """Set the gauges to this snapshot and add the growth of its cumulative counts."""
-        self._running.set(stats.num_running)
-        self._waiting.set(stats.num_waiting)
-        self._kv_usage.set(stats.kv_cache_usage)
-        last = self._last_stats
-        self._cache_queries.inc(
-            _growth(stats.prefix_cache_queries, last.prefix_cache_queries if last else None)
-        )
-        self._cache_hits.inc(
-            _growth(stats.prefix_cache_hits, last.prefix_cache_hits if last else None)
-        )
-        self._preemptions.inc(
-            _growth(stats.num_preemptions, last.num_preemptions if last else None)
-        )
+        labels = (self._model_name, str(engine_index))
+        self._running.labels(*labels).set(stats.num_running)
+        self._waiting.labels(*labels).set(stats.num_waiting)
+        self._kv_usage.labels(*labels).set(stats.kv_cache_usage)
+        last = self._last_stats.get(engine_index)
+        for counter, field in (
+            (self._cache_queries, "prefix_cache_queries"),
+            (self._cache_hits, "prefix_cache_hits"),
+            (self._preemptions, "num_preemptions"),
+        ):
+            before = None if last is None else getattr(last, field)
+            counter.labels(*labels).inc(_growth(getattr(stats, field), before))
         if stats.spec_decoding is not None:
-            self._record_spec_decoding(stats.spec_decoding, last and last.spec_decoding)
+            if self._spec is None:  # the first speculative engine's stats create the families
+                self._spec = _SpecDecodingMetrics(self, stats.spec_decoding)
+            self._spec.record(labels, stats.spec_decoding, last and last.spec_decoding)
         if self._lora is not None:
-            self._lora.record(stats.running_lora_adapters, stats.waiting_lora_adapters)
-        self._last_stats = stats
-
-    def _record_spec_decoding(
-        self, stats: SpecDecodingStats, last: SpecDecodingStats | None
-    ) -> None:
-        """vLLM's spec_decode_* counters; created with the first speculative engine's stats."""
-        if self._spec is None:
-            self._spec = _SpecDecodingMetrics(self.registry, self._model_name, stats)
-        self._spec.record(stats, last)
-
-    def record_request_finished(
-        self,
-        finish_reason: str,
-        num_prompt_tokens: int,
-        num_generation_tokens: int,
-        ttft_s: float | None,
-        e2e_s: float,
-    ) -> None:
-        """Count one finished request; ``ttft_s`` is None when no token was generated."""
-        self._success.labels(self._model_name, finish_reason).inc()
-        self._prompt_tokens.inc(num_prompt_tokens)
-        self._generation_tokens.inc(num_generation_tokens)
-        if ttft_s is not None:
-            self._ttft.observe(ttft_s)
-        self._e2e.observe(e2e_s)
-
-    def record_inter_token(self, seconds: float) -> None:
-        self._itl.observe(seconds)
+            self._lora.record(engine_index, stats)
+        self._last_stats[engine_index] = stats
 
     def render(self) -> tuple[bytes, str]:
         """The text exposition of every family and its content type."""
@@ -155,67 +241,85 @@ class EngineMetrics:
 
 
 class _SpecDecodingMetrics:
-    """Counters of speculative decoding, named as vLLM names them."""
+    """Counters of speculative decoding, named and labelled as vLLM's."""
 
-    def __init__(
-        self, registry: CollectorRegistry, model_name: str, stats: SpecDecodingStats
-    ) -> None:
+    def __init__(self, metrics: EngineMetrics, stats: SpecDecodingStats) -> None:
         def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
-            return Counter(metric_name(name), doc, ["model_name", *labels], registry=registry)
+            return Counter(metrics.name(name), doc, [*_LABELS, *labels], registry=metrics.registry)
 
-        self._drafts = counter("spec_decode_num_drafts", "Drafts verified.").labels(model_name)
-        self._draft_tokens = counter(
-            "spec_decode_num_draft_tokens", "Draft tokens verified."
-        ).labels(model_name)
-        self._accepted = counter(
-            "spec_decode_num_accepted_tokens", "Draft tokens accepted."
-        ).labels(model_name)
-        per_pos = counter(
+        self._drafts = counter("spec_decode_num_drafts", "Number of spec decoding drafts.")
+        self._draft_tokens = counter("spec_decode_num_draft_tokens", "Number of draft tokens.")
+        self._accepted = counter("spec_decode_num_accepted_tokens", "Number of accepted tokens.")
+        self._per_pos = counter(
             "spec_decode_num_accepted_tokens_per_pos",
-            "Draft tokens accepted, by position in the draft (0-based).",
+            "Accepted tokens per draft position.",
             ("position",),
         )
-        self._per_pos = [
-            per_pos.labels(model_name, str(i))
-            for i in range(len(stats.num_accepted_tokens_per_pos))
-        ]
+        self._num_positions = len(stats.num_accepted_tokens_per_pos)
 
-    def record(self, stats: SpecDecodingStats, last: SpecDecodingStats | None) -> None:
-        self._drafts.inc(_growth(stats.num_drafts, last.num_drafts if last else None))
-        self._draft_tokens.inc(
-            _growth(stats.num_draft_tokens, last.num_draft_tokens if last else None)
+    def record(
+        self, labels: tuple[str, str], stats: SpecDecodingStats, last: SpecDecodingStats | None
+    ) -> None:
+        self._drafts.labels(*labels).inc(_growth(stats.num_drafts, last and last.num_drafts))
+        self._draft_tokens.labels(*labels).inc(
+            _growth(stats.num_draft_tokens, last and last.num_draft_tokens)
         )
-        self._accepted.inc(
-            _growth(stats.num_accepted_tokens, last.num_accepted_tokens if last else None)
+        self._accepted.labels(*labels).inc(
+            _growth(stats.num_accepted_tokens, last and last.num_accepted_tokens)
         )
-        for i, child in enumerate(self._per_pos):
+        for i in range(self._num_positions):
             before = last.num_accepted_tokens_per_pos[i] if last else None
-            child.inc(_growth(stats.num_accepted_tokens_per_pos[i], before))
+            self._per_pos.labels(*labels, str(i)).inc(
+                _growth(stats.num_accepted_tokens_per_pos[i], before)
+            )
 
 
 class _LoRAMetrics:
     """vLLM's `lora_requests_info`: a gauge whose labels say which adapters the running
-    and the waiting requests use (sorted names, comma-joined; "" for none) and whose value
-    is the wall-clock time of that snapshot. One series at a time: a change of adapters
-    replaces the series, so a scrape shows the current set only."""
+    and the waiting requests of all engines use (sorted names, comma-joined; "" for none)
+    and whose value is the wall-clock time of that snapshot. One series at a time: a change
+    of adapters replaces the series, so a scrape shows the current set only."""
 
-    def __init__(self, registry: CollectorRegistry, model_name: str, max_loras: int) -> None:
+    def __init__(self, metrics: EngineMetrics, model_name: str, max_loras: int) -> None:
         self._info = Gauge(
-            metric_name("lora_requests_info"),
-            "The LoRA adapters of the running and the waiting requests.",
+            metrics.name("lora_requests_info"),
+            "Running stats on lora requests.",
             ["model_name", "max_lora", "running_lora_adapters", "waiting_lora_adapters"],
-            registry=registry,
+            registry=metrics.registry,
         )
         self._fixed = (model_name, str(max_loras))
         self._labels: tuple[str, ...] | None = None
-        self.record({}, {})  # the series exists from the start
+        # engine index -> (running adapters, waiting adapters) of its latest snapshot
+        self._adapters: dict[int, tuple[set[str], set[str]]] = {}
+        self._show()  # the series exists from the start
 
-    def record(self, running: dict[str, int], waiting: dict[str, int]) -> None:
+    def record(self, engine_index: int, stats: SchedulerStats) -> None:
+        running, waiting = set(stats.running_lora_adapters), set(stats.waiting_lora_adapters)
+        self._adapters[engine_index] = (running, waiting)
+        self._show()
+
+    def _show(self) -> None:
+        running = set().union(*(r for r, _ in self._adapters.values()))
+        waiting = set().union(*(w for _, w in self._adapters.values()))
         labels = (*self._fixed, ",".join(sorted(running)), ",".join(sorted(waiting)))
         if self._labels is not None and labels != self._labels:
             self._info.remove(*self._labels)
         self._labels = labels
         self._info.labels(*labels).set(time.time())
+
+
+def _1_2_5_buckets(max_value: int | None) -> tuple[int, ...]:
+    """vLLM's token-count buckets: 1, 2, 5, 10, 20, 50... up to `max_value` (the context
+    length; 1, 2, 5 when it is unknown)."""
+    buckets: list[int] = []
+    exponent = 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10**exponent
+            if value > (max_value or 5):
+                return tuple(buckets)
+            buckets.append(value)
+        exponent += 1
 
 
 def _growth(now: int, before: int | None) -> int:

@@ -1,4 +1,4 @@
-"""What `LLM.generate` returns and `AsyncLLM` streams, shaped like vLLM's outputs."""
+"""What `LLM.generate` / `LLM.embed` return and `AsyncLLM` streams, shaped like vLLM's outputs."""
 
 from __future__ import annotations
 
@@ -48,3 +48,20 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]  # the pooled vector (float32 values)
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """What `LLM.embed` returns for one prompt (vLLM's shape): the vector at
+    `.outputs.embedding`. `outputs` is None only for a request aborted before it was pooled."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput | None
+    finished: bool = True

@@ -10,7 +10,10 @@ never rehashes a block.
 from __future__ import annotations
 
 import enum
+import time
 from typing import TYPE_CHECKING
+
+import msgspec
 
 from core.sampling_params import SamplingParams
 
@@ -18,8 +21,17 @@ if TYPE_CHECKING:
     from core.engine.protocol import EngineCoreRequest
     from core.kv_cache.block_hash import BlockHash, BlockHasher
     from core.lora.request import LoRARequest
+    from core.pooling.params import PoolingParams
 
-__all__ = ["FinishReason", "Request", "RequestStatus", "fit_max_tokens"]
+__all__ = [
+    "EngineCoreEvent",
+    "EngineCoreEventType",
+    "FinishReason",
+    "Request",
+    "RequestStatus",
+    "check_pooled_prompt",
+    "fit_max_tokens",
+]
 
 
 class FinishReason(enum.IntEnum):
@@ -55,6 +67,23 @@ class RequestStatus(enum.IntEnum):
         return _FINISH_REASONS.get(self)
 
 
+class EngineCoreEventType(enum.IntEnum):
+    """A change in a request's life inside the engine core that the frontend's metrics time."""
+
+    QUEUED = 1  # added to the waiting queue
+    SCHEDULED = 2  # admitted to the running batch (again, after a preemption)
+    PREEMPTED = 3  # sent back to wait; it will be recomputed
+
+
+class EngineCoreEvent(msgspec.Struct, array_like=True, frozen=True):
+    """One event with the engine core's `time.monotonic()`: the frontend only subtracts such
+    timestamps from each other (never from its own clock), so one engine's intervals never
+    mix two processes' clocks."""
+
+    type: EngineCoreEventType
+    timestamp: float
+
+
 _FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
     RequestStatus.FINISHED_LENGTH_CAPPED: FinishReason.LENGTH,
@@ -66,17 +95,20 @@ _FINISH_REASONS = {
 class Request:
     """A request as the scheduler and the KV-cache manager see it.
 
-    `max_tokens` is resolved: the sampling params' value, capped by the room left under
-    `max_model_len` when that is known. `num_cached_tokens` is the prefix-cache hit of
-    the first admission, -1 until the scheduler has looked it up. `block_hashes` holds
-    one hash per full block of `all_token_ids` when a block hasher is given.
+    A request is sampled (`sampling_params`) or pooled (`pooling_params`, --runner
+    pooling): exactly one of them is set. `max_tokens` is resolved: the sampling params'
+    value, capped by the room left under `max_model_len` when that is known; 0 for a
+    pooled request, which finishes with its prompt. `num_cached_tokens` is the
+    prefix-cache hit of the first admission, -1 until the scheduler has looked it up.
+    `block_hashes` holds one hash per full block of `all_token_ids` when a block hasher
+    is given.
     """
 
     def __init__(
         self,
         request_id: str,
         prompt_token_ids: list[int],
-        sampling_params: SamplingParams,
+        sampling_params: SamplingParams | None,
         eos_token_id: int | None,
         arrival_time: float,
         *,
@@ -85,9 +117,14 @@ class Request:
         lora_request: LoRARequest | None = None,
         block_hasher: BlockHasher | None = None,
         max_model_len: int | None = None,
+        pooling_params: PoolingParams | None = None,
     ) -> None:
         if not prompt_token_ids:
             raise ValueError(f"request {request_id}: prompt_token_ids must not be empty")
+        if (sampling_params is None) == (pooling_params is None):
+            raise ValueError(
+                f"request {request_id}: give exactly one of sampling_params and pooling_params"
+            )
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
@@ -96,9 +133,15 @@ class Request:
         self.priority = priority
         self.cache_salt = cache_salt
         self.lora_request = lora_request
-        self.max_tokens = _resolve_max_tokens(
-            request_id, sampling_params, len(prompt_token_ids), max_model_len
-        )
+        self.pooling_params = pooling_params
+        if sampling_params is None:
+            if max_model_len is not None:
+                check_pooled_prompt(len(prompt_token_ids), max_model_len)
+            self.max_tokens = 0
+        else:
+            self.max_tokens = _resolve_max_tokens(
+                request_id, sampling_params, len(prompt_token_ids), max_model_len
+            )
 
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
@@ -110,6 +153,7 @@ class Request:
         self.spec_token_ids: list[int] = []
         self.num_cached_tokens = -1
         self.num_preemptions = 0
+        self._events: list[EngineCoreEvent] = []
 
         self._block_hasher = block_hasher
         self.block_hashes: list[BlockHash] = []
@@ -133,6 +177,7 @@ class Request:
             lora_request=request.lora_request,
             block_hasher=block_hasher,
             max_model_len=max_model_len,
+            pooling_params=request.pooling_params,
         )
 
     @property
@@ -171,6 +216,15 @@ class Request:
 
     def get_finished_reason(self) -> FinishReason | None:
         return self.status.finish_reason()
+
+    def record_event(self, event_type: EngineCoreEventType) -> None:
+        self._events.append(EngineCoreEvent(event_type, time.monotonic()))
+
+    def take_events(self) -> list[EngineCoreEvent] | None:
+        """The events since the last call (None when there are none): each reaches the
+        frontend once, with the request's next output."""
+        events, self._events = self._events, []
+        return events or None
 
     def _update_block_hashes(self) -> None:
         if self._block_hasher is not None:
@@ -221,3 +275,13 @@ def fit_max_tokens(
             f"max_model_len is {max_model_len}: at most {room} tokens can be generated"
         )
     return min(max_tokens, room)
+
+
+def check_pooled_prompt(num_prompt_tokens: int, max_model_len: int) -> None:
+    """A pooled request's fit rule: it generates nothing, so its prompt may fill the whole
+    `max_model_len`, not more (ValueError naming prompt). The frontend checks it before
+    queueing; the engine core's Request again, as with `fit_max_tokens`."""
+    if num_prompt_tokens > max_model_len:
+        raise ValueError(
+            f"prompt is {num_prompt_tokens} tokens long, more than max_model_len {max_model_len}"
+        )

@@ -52,3 +52,30 @@ def test_template_kwargs_must_be_json_data():
             special_tokens={},
             template_kwargs={"when": object()},
         )
+
+
+def test_tool_call_arguments_reach_templates_as_json_objects(caplog):
+    def call(arguments):
+        return {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}
+
+    template = (
+        "{% for m in messages %}{% for c in m.tool_calls %}"
+        "{{ c.function.arguments | tojson }};{% endfor %}{% endfor %}"
+    )
+    texts = ['{"a": 1}', "not json", "[1]", {"b": 2}]
+    messages = [{"role": "assistant", "tool_calls": [call(text) for text in texts]}]
+    rendered = render_chat_template(
+        template,
+        messages,
+        add_generation_prompt=False,
+        tools=None,
+        special_tokens={},
+        template_kwargs={},
+    )
+    # Text that is not a JSON object renders as {} (with a warning), never an error.
+    assert rendered == '{"a": 1};{};{};{"b": 2};'
+    assert [r.getMessage() for r in caplog.records] == [
+        "messages[0].tool_calls[1].function.arguments is not a JSON object; rendered as {}",
+        "messages[0].tool_calls[2].function.arguments is not a JSON object; rendered as {}",
+    ]
+    assert messages[0]["tool_calls"][0]["function"]["arguments"] == '{"a": 1}'  # not mutated

@@ -35,8 +35,8 @@ class Case:
     """A non-default value for one `serve` parameter and what it must do.
 
     `sets` is the dotted path, in what `serve` hands the server (host, port, api_key,
-    lora_modules, config), of the value that must differ from a start without the flag; `refuses` is
-    the flag a ValueError must name instead.
+    lora_modules, frontend, config), of the value that must differ from a start without the
+    flag; `refuses` is the flag a ValueError must name instead.
     """
 
     argv: tuple[str, ...]
@@ -65,6 +65,15 @@ CASES = {
         ("--generation-config", "none"), sets="config.model.generation_config"
     ),
     "max_logprobs": Case(("--max-logprobs", "5"), sets="config.model.max_logprobs"),
+    "revision": Case(("--revision", "v1.0"), sets="config.model.revision"),
+    "download_dir": Case(("--download-dir", "/models/hf"), sets="config.model.download_dir"),
+    "load_format": Case(("--load-format", "gguf"), sets="config.model.load_format"),
+    "trust_remote_code": Case(("--trust-remote-code",), sets="config.model.trust_remote_code"),
+    "runner": Case(("--runner", "pooling"), sets="config.model.runner"),
+    "pooler_config": Case(("--pooler-config", '{"pooling_type": "MEAN"}'), sets="config.pooler"),
+    "kv_cache_memory_bytes": Case(
+        ("--kv-cache-memory-bytes", "1000000"), sets="config.cache.kv_cache_memory_bytes"
+    ),
     "block_size": Case(("--block-size", "32"), sets="config.cache.block_size"),
     "kv_cache_memory": Case(
         ("--kv-cache-memory", "1GiB"), sets="config.cache.kv_cache_memory_bytes"
@@ -115,6 +124,37 @@ CASES = {
         ("--data-parallel-rpc-port", "20000"), sets="config.parallel.data_parallel_rpc_port"
     ),
     "headless": Case(("--headless",), sets="headless"),
+    "allowed_origins": Case(
+        ("--allowed-origins", "https://a.example"), sets="frontend.allowed_origins"
+    ),
+    "allowed_methods": Case(("--allowed-methods", "POST"), sets="frontend.allowed_methods"),
+    "allowed_headers": Case(
+        ("--allowed-headers", "Authorization"), sets="frontend.allowed_headers"
+    ),
+    "allow_credentials": Case(("--allow-credentials",), sets="frontend.allow_credentials"),
+    "root_path": Case(("--root-path", "/llm"), sets="frontend.root_path"),
+    # Both TLS files exist (any readable file stands in: only their presence is checked here).
+    "ssl_keyfile": Case(
+        ("--ssl-keyfile", __file__, "--ssl-certfile", __file__), sets="frontend.ssl_keyfile"
+    ),
+    "ssl_certfile": Case(
+        ("--ssl-keyfile", __file__, "--ssl-certfile", __file__), sets="frontend.ssl_certfile"
+    ),
+    "uvicorn_log_level": Case(
+        ("--uvicorn-log-level", "warning"), sets="frontend.uvicorn_log_level"
+    ),
+    "enable_log_requests": Case(("--enable-log-requests",), sets="frontend.enable_log_requests"),
+    # Alone it is refused (nothing would be logged): see test_max_log_len_alone_is_refused.
+    "max_log_len": Case(
+        ("--enable-log-requests", "--max-log-len", "40"), sets="frontend.max_log_len"
+    ),
+    "disable_log_stats": Case(("--disable-log-stats",), sets="frontend.disable_log_stats"),
+    # Alone it is refused (no parser to read calls with): see test_tool_calling.py.
+    "enable_auto_tool_choice": Case(
+        ("--enable-auto-tool-choice", "--tool-call-parser", "hermes"),
+        sets="tool_calling.enable_auto_tool_choice",
+    ),
+    "tool_call_parser": Case(("--tool-call-parser", "hermes"), sets="tool_calling.parser_class"),
     "distributed_executor_backend": Case(
         ("--distributed-executor-backend", "mp"),
         sets="config.parallel.distributed_executor_backend",
@@ -155,6 +195,9 @@ CASES = {
     "lora_implementation": Case(
         ("--lora-implementation", "other"), refuses="--lora-implementation"
     ),
+    "metrics_prefix": Case(
+        ("--metrics-prefix", "core"), sets="config.observability.metrics_prefix"
+    ),
 }
 
 
@@ -164,7 +207,9 @@ def served(monkeypatch):
     (or the ValueError's message) its EngineArgs give on `platform`."""
     calls: list[SimpleNamespace] = []
 
-    async def fake_server(engine_args, host, port, api_key, lora_modules):
+    async def fake_server(
+        engine_args, host, port, api_key, lora_modules, frontend, tool_calling=None
+    ):
         calls.append(
             SimpleNamespace(
                 engine_args=engine_args,
@@ -172,6 +217,8 @@ def served(monkeypatch):
                 port=port,
                 api_key=api_key,
                 lora_modules=lora_modules,
+                frontend=frontend,
+                tool_calling=tool_calling,
                 headless=False,
             )
         )
@@ -268,3 +315,39 @@ def test_kv_transfer_config_is_parsed_then_refused():
         EngineArgs(kv_transfer_config="{oops").create_engine_config(CpuPlatform())
     with pytest.raises(ValueError, match="^--kv-transfer-config: no KV connector is wired"):
         EngineArgs(kv_transfer_config='{"kv_connector": "x"}').create_engine_config(CpuPlatform())
+
+
+def test_kv_cache_memory_bytes_counts_bytes_as_vllm_does():
+    def budget(**kwargs) -> int | None:
+        return EngineArgs(**kwargs).create_engine_config(CpuPlatform()).cache.kv_cache_memory_bytes
+
+    assert budget(kv_cache_memory_bytes="3000000") == 3_000_000  # bare: bytes, not GiB
+    assert budget(kv_cache_memory_bytes=4096) == 4096
+    assert budget(kv_cache_memory_bytes="2MiB") == 2 * 1024 * 1024
+    assert budget(kv_cache_memory="2") == 2 * 1024**3  # --kv-cache-memory: bare is GiB
+
+
+def test_kv_cache_memory_and_kv_cache_memory_bytes_together_are_refused():
+    with pytest.raises(ValueError, match="--kv-cache-memory-bytes and --kv-cache-memory"):
+        EngineArgs(kv_cache_memory="1GiB", kv_cache_memory_bytes=1 << 30).create_engine_config(
+            CpuPlatform()
+        )
+
+
+@pytest.mark.parametrize("load_format", ["pt", "dummy", "bitsandbytes", "tensorizer"])
+def test_a_load_format_core_does_not_read_is_refused_naming_the_flag(load_format):
+    with pytest.raises(ValueError, match=f"^--load-format {load_format}: not a format core"):
+        EngineArgs(load_format=load_format).create_engine_config(CpuPlatform())
+
+
+def test_max_log_len_alone_is_refused_naming_enable_log_requests():
+    result = CliRunner().invoke(serve, ["--max-log-len", "10"])
+    assert result.exit_code != 0
+    assert "--max-log-len: requests are only logged with --enable-log-requests" in result.output
+
+
+def test_cors_lists_take_several_values_after_one_flag_or_a_json_list(served):
+    spread = served(("--allowed-origins", "https://a", "https://b", "--port", "1"), CpuPlatform)
+    assert spread.frontend.allowed_origins == ("https://a", "https://b")
+    listed = served(("--allowed-methods", '["GET", "POST"]'), CpuPlatform)
+    assert listed.frontend.allowed_methods == ("GET", "POST")

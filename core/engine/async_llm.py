@@ -4,14 +4,15 @@ Tokenizing, validating and detokenizing stay here; the engine core steps in its 
 process, reached through an MPClient. Each request streams through its own asyncio queue;
 a consumer that stops listening (a client disconnect cancels its task) aborts its request.
 When the engine-core process dies, every waiting request fails at once with
-EngineDeadError and `is_healthy` turns False.
+EngineDeadError and `is_healthy` turns False. Every engine step's IterationStats (and every
+request aborted here) reaches each of `stats_listeners`, e.g. the server's metrics.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 from core.config import UsageContext
 from core.engine.core_client import EngineDeadError, MPClient
@@ -19,7 +20,7 @@ from core.engine.dp_client import DPClient
 from core.engine.frontend import EngineFrontend
 from core.engine.output_processor import RequestOutputKind
 from core.engine.processor import EngineSetup, PreparedRequest
-from core.engine.protocol import SchedulerStats
+from core.engine.stats import IterationStats, StatsListener
 from core.engine_args import EngineArgs
 from core.lora.request import LoRARequest
 from core.outputs import RequestOutput
@@ -30,9 +31,10 @@ logger = logging.getLogger(__name__)
 class AsyncLLM(EngineFrontend):
     def __init__(self, setup: EngineSetup) -> None:
         dp_size = setup.config.parallel.data_parallel_size
-        super().__init__(setup, DPClient(setup, dp_size) if dp_size > 1 else MPClient(setup))
-        self.scheduler_stats: SchedulerStats | None = None
-        self.stats_listeners: list[Callable[[SchedulerStats], None]] = []
+        self.stats_listeners: list[StatsListener] = []
+        client = DPClient(setup, dp_size) if dp_size > 1 else MPClient(setup)
+        super().__init__(setup, client, stats_listener=self._publish_stats)
+        self.num_gpu_blocks: int | None = None  # KV blocks per engine core, once started
         self._queues: dict[str, asyncio.Queue] = {}
         self._output_task: asyncio.Task | None = None
 
@@ -46,6 +48,7 @@ class AsyncLLM(EngineFrontend):
             engine.client.shutdown()
             raise
         logger.info("engine core ready (pid %s, %s KV blocks)", info["pid"], info["num_blocks"])
+        engine.num_gpu_blocks = info["num_blocks"]
         engine._output_task = asyncio.create_task(engine._output_loop())
         return engine
 
@@ -60,11 +63,13 @@ class AsyncLLM(EngineFrontend):
         output_kind: RequestOutputKind = RequestOutputKind.DELTA,
         priority: int = 0,
         lora_request: LoRARequest | None = None,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yield the request's outputs until it finishes; aborts it if the consumer leaves.
 
         `lora_request`: the adapter to run with (None: the base model); ValueError when it
-        cannot be served (see InputProcessor.check_lora).
+        cannot be served (see InputProcessor.check_lora). `cache_salt`: requests with
+        different salts never share prefix-cache blocks.
         """
         if not self.is_healthy:
             raise EngineDeadError(self.client.dead_reason)
@@ -73,7 +78,7 @@ class AsyncLLM(EngineFrontend):
         finished = False
         try:
             await self._add_request(
-                request_id, prepared, output_kind, queue, priority, lora_request
+                request_id, prepared, output_kind, queue, priority, lora_request, cache_salt
             )
             while not finished:
                 item = await queue.get()
@@ -97,14 +102,14 @@ class AsyncLLM(EngineFrontend):
             while True:
                 outputs = await self.client.get_outputs()
                 await self._process_outputs(outputs)
-                if outputs.scheduler_stats is not None:
-                    self.scheduler_stats = outputs.scheduler_stats
-                    for listener in self.stats_listeners:
-                        listener(outputs.scheduler_stats)
         except EngineDeadError as exc:
             self._on_engine_death(str(exc))
         except asyncio.CancelledError:
             pass
+
+    def _publish_stats(self, stats: IterationStats) -> None:
+        for listener in self.stats_listeners:
+            listener(stats)
 
     def _on_engine_death(self, reason: str) -> None:
         logger.error("%s; failing %d waiting requests", reason, len(self._queues))

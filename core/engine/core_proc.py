@@ -111,6 +111,7 @@ class _EngineCoreLoop:
 
     def _send(self, outputs: EngineCoreOutputs) -> None:
         outputs.scheduler_stats = self._last_stats = self.core.scheduler.make_stats()
+        outputs.engine_index = self.core.config.parallel.data_parallel_rank
         self.output.send_multipart([OUTPUTS, self.encoder.encode(outputs)])
 
     def _handle(self, frames: list[bytes]) -> None:

@@ -4,7 +4,8 @@ Each engine core is an MPClient of its own process with its own workers (its own
 groups); they share nothing but the frontend. Engine cores of other nodes (`core serve
 --headless` there) are RemoteClients over TCP. A new request goes to the engine with the
 fewest unfinished requests, ties broken by the lower KV-cache usage of its last stats, and
-stays there (aborts follow it). Outputs come from whichever engine answers first. The
+stays there (aborts follow it). Outputs come from whichever engine answers first, each batch
+with its engine's own stats and index (metrics label every engine's series apart). The
 engines run independently: core's models are dense, so no engine waits for another
 (MoE models, whose expert layers span DP ranks, would need them kept in lock-step).
 """
@@ -12,7 +13,6 @@ engines run independently: core's models are dense, so no engine waits for anoth
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from core.engine.core_client import (
@@ -22,12 +22,7 @@ from core.engine.core_client import (
     RemoteClient,
     check_utility,
 )
-from core.engine.protocol import (
-    EngineCoreOutputs,
-    EngineCoreRequest,
-    SchedulerStats,
-    SpecDecodingStats,
-)
+from core.engine.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 
 if TYPE_CHECKING:
     from core.engine.processor import EngineSetup
@@ -113,7 +108,6 @@ class DPClient(EngineCoreClient):
             self._forget(request_id)
         if outputs.scheduler_stats is not None:
             self._stats[index] = outputs.scheduler_stats
-            outputs.scheduler_stats = _combined([s for s in self._stats if s is not None])
         return outputs
 
     def _forget(self, request_id: str) -> int | None:
@@ -132,35 +126,3 @@ class DPClient(EngineCoreClient):
             task.cancel()
         for engine in self.engines:
             engine.shutdown()
-
-
-def _combined(stats: list[SchedulerStats]) -> SchedulerStats:
-    """One snapshot of all engines: counts summed (the cumulative ones too: each engine's
-    is its own total), KV usage averaged (the engines have equal caches)."""
-    spec = [s.spec_decoding for s in stats if s.spec_decoding is not None]
-    return SchedulerStats(
-        num_running=sum(s.num_running for s in stats),
-        num_waiting=sum(s.num_waiting for s in stats),
-        kv_cache_usage=sum(s.kv_cache_usage for s in stats) / len(stats),
-        prefix_cache_queries=sum(s.prefix_cache_queries for s in stats),
-        prefix_cache_hits=sum(s.prefix_cache_hits for s in stats),
-        num_preemptions=sum(s.num_preemptions for s in stats),
-        spec_decoding=_summed_spec(spec) if spec else None,
-        running_lora_adapters=_summed([s.running_lora_adapters for s in stats]),
-        waiting_lora_adapters=_summed([s.waiting_lora_adapters for s in stats]),
-    )
-
-
-def _summed_spec(stats: list[SpecDecodingStats]) -> SpecDecodingStats:
-    return SpecDecodingStats(
-        num_drafts=sum(s.num_drafts for s in stats),
-        num_draft_tokens=sum(s.num_draft_tokens for s in stats),
-        num_accepted_tokens=sum(s.num_accepted_tokens for s in stats),
-        num_accepted_tokens_per_pos=[
-            sum(p) for p in zip(*(s.num_accepted_tokens_per_pos for s in stats), strict=True)
-        ],
-    )
-
-
-def _summed(counts: list[dict[str, int]]) -> dict[str, int]:
-    return dict(sum((Counter(c) for c in counts), Counter()))

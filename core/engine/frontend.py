@@ -2,9 +2,10 @@
 
 A frontend is an InputProcessor (tokenize, render chat, validate: bad input is a
 ValueError before anything is queued), an OutputProcessor (fan out n > 1, detokenize,
-stop strings) and an EngineCoreClient, all built here from one EngineSetup. Requests,
-aborts and outputs cross to the engine core only through the client; its calls are
-coroutines, awaited by AsyncLLM and run inline by LLMEngine (see core_client).
+stop strings; a PoolingOutputProcessor for --runner pooling) and an EngineCoreClient, all
+built here from one EngineSetup. Requests, aborts and outputs cross to the engine core
+only through the client; its calls are coroutines, awaited by AsyncLLM and run inline by
+LLMEngine (see core_client).
 """
 
 from __future__ import annotations
@@ -18,18 +19,30 @@ from core.engine.output_processor import (
     OutputQueue,
     RequestOutputKind,
 )
+from core.engine.pooling_output import PoolingOutputProcessor
 from core.engine.processor import EngineSetup, InputProcessor, PreparedRequest
 from core.engine.protocol import EngineCoreOutputs
+from core.engine.stats import StatsListener
 from core.lora.request import LoRARequest
+from core.pooling.params import PoolingParams
 from core.sampling_params import SamplingParams
 
 
 class EngineFrontend:
-    def __init__(self, setup: EngineSetup, client: EngineCoreClient) -> None:
+    def __init__(
+        self,
+        setup: EngineSetup,
+        client: EngineCoreClient,
+        stats_listener: StatsListener | None = None,
+    ) -> None:
         self.config = setup.config
         self.processor = InputProcessor(setup)
         self.tokenizer = self.processor.tokenizer
-        self.output_processor = OutputProcessor(self.tokenizer)
+        self.output_processor: OutputProcessor | PoolingOutputProcessor = (
+            OutputProcessor(self.tokenizer, stats_listener)
+            if setup.config.pooler is None
+            else PoolingOutputProcessor(stats_listener)
+        )
         self.client = client
         self._ids = itertools.count()
 
@@ -39,7 +52,9 @@ class EngineFrontend:
     def default_sampling_params(self) -> SamplingParams:
         return self.processor.default_sampling_params()
 
-    def prepare(self, prompt: str | list[int], params: SamplingParams) -> PreparedRequest:
+    def prepare(
+        self, prompt: str | list[int], params: SamplingParams | PoolingParams
+    ) -> PreparedRequest:
         return self.processor.prepare(prompt, params)
 
     def has_unfinished_requests(self) -> bool:
@@ -53,12 +68,13 @@ class EngineFrontend:
         queue: OutputQueue | None,
         priority: int,
         lora_request: LoRARequest | None = None,
+        cache_salt: str | None = None,
     ) -> None:
         """Track the request (its n samples as child requests) and send each child."""
         if lora_request is not None:
             self.processor.check_lora(lora_request)
         request = self.processor.engine_core_request(
-            request_id, prepared, priority, lora_request=lora_request
+            request_id, prepared, priority, cache_salt, lora_request
         )
         for child in self.output_processor.add_request(
             request, prepared.prompt, output_kind, queue

@@ -28,6 +28,7 @@ from core.engine.protocol import (
     EngineCoreRequest,
     FinishReason,
 )
+from core.engine.stats import IterationStats, RequestStats, StatsListener
 from core.engine.stop_checker import StopChecker
 from core.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestMetrics, RequestOutput
 from core.sampling_params import SamplingParams
@@ -148,6 +149,7 @@ class _CompletionState:
         self.cumulative_logprob = 0.0
         self.finish_reason: FinishReason | None = None
         self.stop_reason: int | str | None = None
+        self.stats = RequestStats(request.arrival_time)
         # What earlier DELTA outputs carried.
         self._num_sent_tokens = 0
         self._num_sent_chars = 0
@@ -318,11 +320,15 @@ class OutputProcessor:
     """Turns engine-core outputs into RequestOutputs for every request the frontend added.
 
     `tokenizer` may be None only if every request has `detokenize=False`; then texts are
-    empty and logprobs carry no decoded_token.
+    empty and logprobs carry no decoded_token. `stats_listener` gets the IterationStats of
+    every batch of engine-core outputs, and of the requests `abort_requests` finishes.
     """
 
-    def __init__(self, tokenizer: Tokenizer | None) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer | None, stats_listener: StatsListener | None = None
+    ) -> None:
         self._tokenizer = tokenizer
+        self._stats_listener = stats_listener
         self._requests: dict[str, _RequestState] = {}
         # Engine-core request id -> (its user request, its sample), while it runs.
         self._running: dict[str, tuple[_RequestState, _CompletionState]] = {}
@@ -357,6 +363,9 @@ class OutputProcessor:
         (aborted, or finished here by a stop string) are ignored."""
         now = time.time()
         result = OutputProcessorOutput(request_outputs=[], reqs_to_abort=[])
+        stats = IterationStats(
+            engine_core_outputs.engine_index, engine_core_outputs.scheduler_stats, now
+        )
         updated: dict[str, _RequestState] = {}
         for output in engine_core_outputs.outputs:
             entry = self._running.get(output.request_id)
@@ -364,24 +373,36 @@ class OutputProcessor:
                 continue
             state, completion = entry
             state.record(completion, output, self._decode_token, now)
+            num_prompt_tokens = len(state.prompt_token_ids)
+            stats.observe_output(
+                completion.stats, output, engine_core_outputs.timestamp, num_prompt_tokens
+            )
             if completion.update(output, self._decode_token):
                 result.reqs_to_abort.append(completion.request_id)
             if output.new_token_ids or completion.finished:
                 updated[state.request_id] = state
-            if completion.finished:
+            reason = completion.finish_reason
+            if reason is not None:
                 del self._running[completion.request_id]
+                stats.observe_finished(completion.stats, reason, num_prompt_tokens)
         for request_id in engine_core_outputs.finished_requests:
-            self._finish_aborted(request_id, updated)
+            self._finish_aborted(request_id, updated, stats)
         for state in updated.values():
             self._deliver(state, now, result.request_outputs)
+        if self._stats_listener is not None:
+            self._stats_listener(stats)
         return result
 
-    def _finish_aborted(self, engine_request_id: str, updated: dict[str, _RequestState]) -> None:
+    def _finish_aborted(
+        self, engine_request_id: str, updated: dict[str, _RequestState], stats: IterationStats
+    ) -> None:
         """The engine core finished a request on its own without a final output."""
         entry = self._running.pop(engine_request_id, None)
         if entry is not None:
             state, completion = entry
             completion.finish(FinishReason.ABORT, None)
+            num_prompt_tokens = len(state.prompt_token_ids)
+            stats.observe_finished(completion.stats, FinishReason.ABORT, num_prompt_tokens)
             updated[state.request_id] = state
 
     def _deliver(self, state: _RequestState, now: float, collected: list[RequestOutput]) -> None:
@@ -398,9 +419,11 @@ class OutputProcessor:
     def abort_requests(self, request_ids: Iterable[str]) -> list[str]:
         """Forget these user requests (unknown or finished ids are ignored); return the
         engine-core ids to abort. A request with a queue gets a final output (finish_reason
-        "abort") there, so whoever waits on it wakes up."""
+        "abort") there, so whoever waits on it wakes up. The stats listener hears of them
+        at once, per engine (the one that sent each its latest output; engine 0 if none did)."""
         now = time.time()
         engine_request_ids: list[str] = []
+        stats: dict[int, IterationStats] = {}
         for request_id in request_ids:
             state = self._requests.get(request_id)
             if state is None:
@@ -410,7 +433,15 @@ class OutputProcessor:
                     del self._running[completion.request_id]
                     completion.finish(FinishReason.ABORT, None)
                     engine_request_ids.append(completion.request_id)
+                    index = completion.stats.engine_index
+                    update = stats.setdefault(index, IterationStats(index, timestamp=now))
+                    update.observe_finished(
+                        completion.stats, FinishReason.ABORT, len(state.prompt_token_ids)
+                    )
             self._deliver(state, now, [])
+        if self._stats_listener is not None:
+            for update in stats.values():
+                self._stats_listener(update)
         return engine_request_ids
 
     def has_unfinished_requests(self) -> bool:

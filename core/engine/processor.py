@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 import torch
 
+from core.chat_template import load_chat_template
 from core.config import EngineConfig, UsageContext
 from core.engine.protocol import EngineCoreRequest
 from core.engine_args import EngineArgs
@@ -25,6 +26,7 @@ from core.lora.request import LoRARequest
 from core.lora.selector import lora_manager_class
 from core.model_loader import Checkpoint, resolve_model
 from core.model_loader.gguf_loader import GGUFCheckpoint
+from core.model_loader.load_checks import check_load_options
 from core.models.arch_config import ArchConfig
 from core.models.pipeline import stage_layers
 from core.models.registry import resolve_model_class
@@ -32,10 +34,16 @@ from core.platforms.interface import Platform
 from core.platforms.selection import select_platform
 from core.plugins.hooks import get_hook_manager
 from core.plugins.registry import get_registry
+from core.pooling.params import PoolingParams
+from core.pooling.runner import CheckpointPooling
 from core.quantization.selector import build_quantization_config
-from core.request import fit_max_tokens
+from core.request import check_pooled_prompt, fit_max_tokens
 from core.sampling_params import SamplingParams
 from core.tokenizer import load_generation_defaults, load_tokenizer
+
+# render_chat's own template inputs: a chat_template_kwargs entry never overrides them
+# (core.chat_template's rule), so one of these names is dropped, not a TypeError.
+_RENDER_ARGUMENTS = frozenset({"messages", "tools", "add_generation_prompt", "chat_template"})
 
 # The generation_config.json keys that become SamplingParams defaults.
 _GENERATION_KEYS = {
@@ -54,7 +62,7 @@ class PreparedRequest:
 
     prompt: str | None
     prompt_token_ids: list[int]
-    params: SamplingParams
+    params: SamplingParams | PoolingParams  # generate, or embed (--runner pooling)
 
 
 @dataclass
@@ -74,14 +82,21 @@ class EngineSetup:
         registry.run_general_plugins()
         choice = select_platform(registry, engine_args.device)
         hooks = get_hook_manager(registry)
-        checkpoint = resolve_model(engine_args.model)
+        checkpoint = resolve_model(
+            engine_args.model, engine_args.revision, engine_args.download_dir
+        )
+        check_load_options(
+            checkpoint, engine_args.load_format, bool(engine_args.trust_remote_code), registry
+        )
         arch = ArchConfig.from_hf(checkpoint.hf_config)
+        model_cls = resolve_model_class(arch.architectures, registry)
         config = engine_args.create_engine_config(
             choice.platform,
             hooks,
             model_max_len=arch.max_position_embeddings,
             usage=usage,
             stored_quantization=checkpoint.stored_quantization,
+            pooling=CheckpointPooling.read(checkpoint, model_cls, engine_args.runner),
         )
         tp_size = config.parallel.tensor_parallel_size
         if config.model.quantization is not None:
@@ -109,7 +124,13 @@ class InputProcessor:
         self.max_model_len: int = self.config.model.max_model_len
         self._arch = ArchConfig.from_hf(checkpoint.hf_config)
         self.vocab_size = self._arch.vocab_size
+        # What the model is served for (--runner): sampling tokens, or pooling prompts.
+        self.runner = "generate" if self.config.pooler is None else "pooling"
+        self._matryoshka_dimensions = checkpoint.hf_config.get("matryoshka_dimensions")
         self.tokenizer = load_tokenizer(checkpoint, self.config.model.tokenizer)
+        # --chat-template is a file or the template itself: read once, here.
+        configured = self.config.model.chat_template
+        self._chat_template = None if configured is None else load_chat_template(configured)
         self.generation_defaults = self._generation_defaults(checkpoint)
         self._loras: dict[int, LoRARequest] = {}  # adapters checked, by lora_int_id
         self._retired_lora_ids: set[int] = set()
@@ -127,8 +148,39 @@ class InputProcessor:
         """SamplingParams with the model's generation_config.json defaults."""
         return SamplingParams(**self.generation_defaults)
 
-    def prepare(self, prompt: str | list[int], params: SamplingParams) -> PreparedRequest:
-        """Tokenize and validate; ValueError naming the problem, nothing queued."""
+    def prepare(
+        self, prompt: str | list[int], params: SamplingParams | PoolingParams
+    ) -> PreparedRequest:
+        """Tokenize and validate; ValueError naming the problem, nothing queued.
+
+        SamplingParams ask to generate, PoolingParams to embed, each only on a model served
+        by that runner (see `require_runner`).
+        """
+        if isinstance(params, PoolingParams):
+            return self._prepare_pooled(prompt, params)
+        self.require_runner("generate")
+        text, token_ids = self._prompt_tokens(prompt)
+        # Only the check: max_tokens stays as given (None, or capped to the room left by the
+        # engine core's Request, with the same rule), so SamplingParams is not re-validated
+        # against a cap the caller never asked for.
+        fit_max_tokens(params.max_tokens, len(token_ids), self.max_model_len)
+        if params.structured_outputs is not None:
+            _check_grammar(params)
+        params = msgspec.structs.replace(params)  # the caller's object stays untouched
+        params.verify(self.config.model.max_logprobs, self.vocab_size)
+        params.resolve_bad_words(lambda word: self.tokenizer.encode(word, False))
+        return PreparedRequest(text, token_ids, params)
+
+    def _prepare_pooled(self, prompt: str | list[int], params: PoolingParams) -> PreparedRequest:
+        self.require_runner("pooling")
+        text, token_ids = self._prompt_tokens(prompt)
+        check_pooled_prompt(len(token_ids), self.max_model_len)
+        params.verify(self._arch.hidden_size, self._matryoshka_dimensions)
+        return PreparedRequest(text, token_ids, params)
+
+    def _prompt_tokens(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        """(text, token ids) of a prompt given as either; ValueError naming prompt when it is
+        empty or holds an id outside the vocabulary."""
         if isinstance(prompt, str):
             text: str | None = prompt
             token_ids = self.tokenizer.encode(prompt) if prompt else []
@@ -136,19 +188,25 @@ class InputProcessor:
             text, token_ids = None, list(prompt)
         if not token_ids:
             raise ValueError("prompt must not be empty")
-        # Only the check: max_tokens stays as given (None, or capped to the room left by the
-        # engine core's Request, with the same rule), so SamplingParams is not re-validated
-        # against a cap the caller never asked for.
-        fit_max_tokens(params.max_tokens, len(token_ids), self.max_model_len)
         bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary")
-        if params.structured_outputs is not None:
-            _check_grammar(params)
-        params = msgspec.structs.replace(params)  # the caller's object stays untouched
-        params.verify(self.config.model.max_logprobs, self.vocab_size)
-        params.resolve_bad_words(lambda word: self.tokenizer.encode(word, False))
-        return PreparedRequest(text, token_ids, params)
+        return text, token_ids
+
+    def require_runner(self, runner: str) -> None:
+        """ValueError unless the model is served by `runner` ("generate" or "pooling"):
+        generation asked of an embedding model, or embeddings of a generating one."""
+        if runner == self.runner:
+            return
+        if self.runner == "pooling":
+            raise ValueError(
+                "this model is served with --runner pooling: it embeds (LLM.embed, "
+                "/v1/embeddings) and cannot generate text"
+            )
+        raise ValueError(
+            "this model is served with --runner generate: it cannot embed; start it with "
+            "--runner pooling"
+        )
 
     def render_chat(
         self,
@@ -158,20 +216,27 @@ class InputProcessor:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[int]:
         """The prompt token ids of a conversation, rendered with the chat template.
 
         `chat_template` (a template name or source) overrides the configured one (else the
         model's); `continue_final_message` ends the prompt right after the last message's
-        content, so the model continues it instead of starting a new turn. A template that
-        cannot render the conversation is a ValueError naming messages.
+        content, so the model continues it instead of starting a new turn; `tools` (OpenAI
+        function tools) are the template's `tools`. A template that cannot render the
+        conversation is a ValueError naming messages.
         """
         try:
             text = self.tokenizer.apply_chat_template(
                 list(messages),
                 add_generation_prompt=add_generation_prompt,
-                chat_template=chat_template or self.config.model.chat_template,
-                **(chat_template_kwargs or {}),
+                chat_template=chat_template or self._chat_template,
+                tools=tools,
+                **{
+                    k: v
+                    for k, v in (chat_template_kwargs or {}).items()
+                    if k not in _RENDER_ARGUMENTS
+                },
             )
         except ValueError as exc:
             raise ValueError(f"messages cannot be rendered with the chat template: {exc}") from exc
@@ -231,10 +296,13 @@ class InputProcessor:
         cache_salt: str | None = None,
         lora_request: LoRARequest | None = None,
     ) -> EngineCoreRequest:
+        params = prepared.params
+        pooled = isinstance(params, PoolingParams)
         return EngineCoreRequest(
             request_id=request_id,
             prompt_token_ids=prepared.prompt_token_ids,
-            sampling_params=prepared.params,
+            sampling_params=None if pooled else params,
+            pooling_params=params if pooled else None,
             eos_token_id=self.tokenizer.eos_token_id,
             arrival_time=time.time(),
             priority=priority,

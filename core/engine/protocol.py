@@ -5,10 +5,10 @@ EngineCoreRequests; the engine core answers with EngineCoreOutputs holding new t
 per request, never text: detokenization stays in the frontend process.
 
 The outputs (EngineCoreOutput, EngineCoreOutputs, SchedulerStats) are produced by the
-scheduler, which is part of the engine core, and FinishReason belongs to the request's
-lifecycle: they are defined below this package (`core.scheduler.output`, `core.request`)
-so that the package graph stays acyclic, and re-exported here, the one module frontend
-code imports the contract from.
+scheduler, which is part of the engine core, and FinishReason and EngineCoreEvent belong to
+the request's lifecycle: they are defined below this package (`core.scheduler.output`,
+`core.request`) so that the package graph stays acyclic, and re-exported here, the one
+module frontend code imports the contract from.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from __future__ import annotations
 import msgspec
 
 from core.lora.request import LoRARequest
-from core.request import FinishReason
+from core.pooling.params import PoolingParams
+from core.request import EngineCoreEvent, EngineCoreEventType, FinishReason
 from core.sampling_params import SamplingParams
 from core.scheduler.output import (
     EngineCoreOutput,
@@ -26,6 +27,8 @@ from core.scheduler.output import (
 )
 
 __all__ = [
+    "EngineCoreEvent",
+    "EngineCoreEventType",
     "EngineCoreOutput",
     "EngineCoreOutputs",
     "EngineCoreRequest",
@@ -38,9 +41,10 @@ __all__ = [
 class EngineCoreRequest(msgspec.Struct, kw_only=True, array_like=True):
     request_id: str
     prompt_token_ids: list[int]
-    sampling_params: SamplingParams
+    sampling_params: SamplingParams | None  # None: a pooled request (pooling_params)
     eos_token_id: int | None
     arrival_time: float
     priority: int = 0  # lower runs first under the priority policy
     cache_salt: str | None = None  # requests with different salts never share cache
     lora_request: LoRARequest | None = None  # None: the base model
+    pooling_params: PoolingParams | None = None  # set: embed the prompt (--runner pooling)

@@ -13,6 +13,9 @@ import core
 from core import envs
 from core.engine_args import EngineArgs, engine_options
 from core.entrypoints.bench.cli import bench
+from core.entrypoints.chat_client import chat, complete
+from core.entrypoints.openai.frontend_args import FrontendArgs, frontend_options
+from core.entrypoints.run_batch import run_batch
 
 
 @click.group()
@@ -45,16 +48,23 @@ def info(tp: int, pp: int, dp: int) -> None:
 
 
 cli.add_command(bench)
+cli.add_command(chat)
+cli.add_command(complete)
+cli.add_command(run_batch)
 
 _LORA_MODULES = "--lora-modules"
+# Flags of `core serve` that take several values after one flag, as vLLM's nargs="+".
+_MULTI_VALUE_FLAGS = (_LORA_MODULES, "--allowed-origins", "--allowed-methods", "--allowed-headers")
 
 
 class _ServeCommand(click.Command):
-    """`core serve`, whose --lora-modules takes several values after one flag as vLLM's
-    does (`--lora-modules a=/x b=/y`), besides being repeatable."""
+    """`core serve`, whose --lora-modules (and CORS lists) take several values after one
+    flag as vLLM's do (`--lora-modules a=/x b=/y`), besides being repeatable."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        return super().parse_args(ctx, _spread_values(args, _LORA_MODULES))
+        for flag in _MULTI_VALUE_FLAGS:
+            args = _spread_values(args, flag)
+        return super().parse_args(ctx, args)
 
 
 def _spread_values(args: list[str], flag: str) -> list[str]:
@@ -102,6 +112,19 @@ def _lora_modules(_: click.Context, param: click.Parameter, values: tuple[str, .
     help="only this node's data-parallel engine cores (from --data-parallel-start-rank), "
     "connecting to the API server's node at --data-parallel-address",
 )
+@click.option(
+    "--enable-auto-tool-choice",
+    is_flag=True,
+    help='let the model decide to call tools (tool_choice "auto"); needs --tool-call-parser',
+)
+@click.option(
+    "--tool-call-parser",
+    default=None,
+    metavar="NAME",
+    help="how tool calls are read from the output: hermes, llama3_json, mistral, pythonic, "
+    "or a plugin's (entry-point group core.tool_parsers)",
+)
+@frontend_options
 @engine_options
 def serve(
     model_tag: str | None,
@@ -110,23 +133,30 @@ def serve(
     api_key: str | None,
     lora_modules: tuple,
     headless: bool,
+    enable_auto_tool_choice: bool,
+    tool_call_parser: str | None,
     **options,
 ):
     """Serve MODEL (default: SmolLM2-135M-Instruct) over an OpenAI-compatible API."""
     import asyncio
 
     from core.entrypoints.openai.api_server import serve as run_server
+    from core.entrypoints.openai.tool_calls import ToolCalling
 
     logging.getLogger("core").setLevel(logging.INFO)
     if model_tag:
         options["model"] = model_tag
     try:
         engine_args = EngineArgs.from_cli(options)
+        frontend = FrontendArgs.from_cli(options)
+        tool_calling = ToolCalling.from_flags(enable_auto_tool_choice, tool_call_parser)
         if headless:
             from core.entrypoints.headless import run_headless
 
             sys.exit(run_headless(engine_args))
-        asyncio.run(run_server(engine_args, host, port, api_key, lora_modules))
+        asyncio.run(
+            run_server(engine_args, host, port, api_key, lora_modules, frontend, tool_calling)
+        )
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
     except KeyboardInterrupt:

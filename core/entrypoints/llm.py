@@ -1,4 +1,5 @@
-"""LLM: the offline API — `LLM(model).generate(prompts, params)` and `.chat(messages)`."""
+"""LLM: the offline API — `LLM(model).generate(prompts, params)`, `.chat(messages)`, and
+`.embed(prompts)` for a model served with `runner="pooling"`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from core.engine.llm_engine import LLMEngine
 from core.engine.processor import PreparedRequest
 from core.engine_args import EngineArgs
 from core.lora.request import LoRARequest
-from core.outputs import RequestOutput
+from core.outputs import EmbeddingRequestOutput, RequestOutput
+from core.pooling.params import PoolingParams
 from core.sampling_params import SamplingParams
 
 Prompt = str | list[int] | dict[str, Any]  # text, token ids, {"prompt"} or {"prompt_token_ids"}
@@ -65,6 +67,7 @@ class LLM:
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """Render each conversation with the chat template, then generate."""
+        self.engine.processor.require_runner("generate")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = [
             self.engine.processor.render_chat(
@@ -77,6 +80,23 @@ class LLM:
             for conversation in conversations
         ]
         return self.generate(prompts, sampling_params, use_tqdm)
+
+    def embed(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[EmbeddingRequestOutput]:
+        """Embed every prompt; outputs come back in the prompts' order, each vector at
+        `.outputs.embedding`. The model must be served with `runner="pooling"` (detected
+        for embedding checkpoints), else ValueError. Every prompt is validated before any
+        is queued."""
+        batch = _as_list(prompts)
+        params = _pooling_params_for(batch, pooling_params)
+        prepared = [
+            self.engine.prepare(_prompt_input(p), pp) for p, pp in zip(batch, params, strict=True)
+        ]
+        return self._run(prepared, None, [None] * len(batch), use_tqdm, desc="Embedding")
 
     def _params_for(
         self, batch: list[Prompt], params: SamplingParams | Sequence[SamplingParams] | None
@@ -95,7 +115,8 @@ class LLM:
         priority: Sequence[int] | None,
         loras: list[LoRARequest | None],
         use_tqdm: bool,
-    ) -> list[RequestOutput]:
+        desc: str = "Generating",
+    ) -> list[Any]:
         ids = [self.engine.new_request_id() for _ in prepared]
         for i, (request_id, request) in enumerate(zip(ids, prepared, strict=True)):
             self.engine.add_prepared(
@@ -104,14 +125,24 @@ class LLM:
                 priority=priority[i] if priority else 0,
                 lora_request=loras[i],
             )
-        finished: dict[str, RequestOutput] = {}
-        with tqdm(total=len(ids), desc="Generating", disable=not use_tqdm) as bar:
+        finished: dict[str, Any] = {}  # RequestOutputs, or EmbeddingRequestOutputs
+        with tqdm(total=len(ids), desc=desc, disable=not use_tqdm) as bar:
             while len(finished) < len(ids):
                 for output in self.engine.step():
                     if output.finished:
                         finished[output.request_id] = output
                         bar.update(1)
         return [finished[request_id] for request_id in ids]
+
+
+def _pooling_params_for(
+    batch: list[Prompt], params: PoolingParams | Sequence[PoolingParams] | None
+) -> list[PoolingParams]:
+    if params is None or isinstance(params, PoolingParams):
+        return [params or PoolingParams()] * len(batch)
+    if len(params) != len(batch):
+        raise ValueError(f"pooling_params has {len(params)} entries for {len(batch)} prompts")
+    return list(params)
 
 
 def _loras_for(

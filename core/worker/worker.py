@@ -22,6 +22,7 @@ from core.model_loader import Checkpoint, resolve_model
 from core.models.arch_config import ArchConfig
 from core.models.registry import build_model
 from core.platforms.interface import Platform
+from core.pooling.pooler import build_pooler
 from core.quantization.interface import QuantizationConfig
 from core.quantization.selector import build_quantization_config, resolve_quantization
 from core.sample.interface import Sampler
@@ -86,6 +87,7 @@ class Worker:
             speculator=self.speculator,
             lora=self.lora,
             pin_memory=self.platform.pin_memory,
+            pooler=None if self.config.pooler is None else build_pooler(self.config.pooler),
         )
         if self.config.compilation.compile_model:
             self._compile_model(self.runner)
@@ -166,6 +168,7 @@ class Worker:
             head_size=layers[0].head_size,
             block_size=self.config.cache.block_size,
             kv_cache_dtype=self.config.cache.kv_cache_dtype,
+            attn_type=layers[0].attn_type,
         )
         choice = select_attention_backend(
             self.platform, req, self.config.components.attention_backend

@@ -15,6 +15,7 @@ import httpx
 import openai
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from test_multiproc_executor import PROMPTS, engine
 from tp_checkpoint import write_tp_checkpoint
 
@@ -56,6 +57,17 @@ def completions_at_once(url: str) -> list[str]:
             return await asyncio.gather(*(complete(p) for p in PROMPTS))
 
     return asyncio.run(all_at_once())
+
+
+def generated_tokens_by_engine(url: str) -> dict[str, float]:
+    """vllm:generation_tokens_total of each data-parallel engine, from /metrics."""
+    text = httpx.get(f"{url}/metrics").text
+    return {
+        sample.labels["engine"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "vllm:generation_tokens_total"
+    }
 
 
 def workers(tree: list[psutil.Process]) -> list[psutil.Process]:
@@ -135,6 +147,9 @@ def test_two_data_parallel_engines_share_the_requests_and_answer_like_one(model_
         worked = [sum(e.cpu_times()[:2]) - b for e, b in zip(engines, before, strict=True)]
         assert min(worked) > 0.05 * max(worked), worked  # the requests were shared (an idle
         # engine core waits on its socket and uses next to no CPU)
+        by_engine = generated_tokens_by_engine(server.url)  # each engine its own series
+        assert sorted(by_engine) == ["0", "1"] and min(by_engine.values()) > 0
+        assert sum(by_engine.values()) == 24 * len(PROMPTS)
     finally:
         server.stop()
     _, alive = psutil.wait_procs(tree, timeout=10)

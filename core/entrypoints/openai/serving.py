@@ -5,7 +5,7 @@ each of its engine requests runs with that adapter, and its responses carry that
 
 Each prompt of a request becomes one engine request (n samples each); outputs are
 consumed as deltas, so a client disconnect is noticed between tokens and aborts the
-work, and per-token latencies reach the metrics.
+work. Metrics are recorded by the engine frontend (AsyncLLM.stats_listeners), not here.
 """
 
 from __future__ import annotations
@@ -33,9 +33,14 @@ from core.entrypoints.openai.params import (
     completion_sampling_params,
     field_error,
 )
+from core.entrypoints.openai.request_logger import RequestLogger
+from core.entrypoints.openai.request_options import (
+    EngineRequestOptions,
+    engine_request_options,
+)
 from core.entrypoints.openai.serving_models import ServedModels
+from core.entrypoints.openai.tool_calls import ToolCalling, ToolPlan, ToolStream
 from core.lora.request import LoRARequest
-from core.metrics import EngineMetrics
 from core.outputs import CompletionOutput, RequestOutput
 from core.sampling_params import SamplingParams
 
@@ -47,22 +52,28 @@ class _Tracked:
     prompt_index: int
     prepared: PreparedRequest
     lora_request: LoRARequest | None  # the adapter it runs with; None: the base model
-    arrival: float = field(default_factory=time.monotonic)
-    first_token: float | None = None
-    last_token: float | None = None
+    options: EngineRequestOptions  # the whole request's id, priority and cache salt
     num_tokens: int = 0
     # sample index -> accumulated (text, token_ids, logprobs) and the final fields
     samples: dict[int, CompletionOutput] = field(default_factory=dict)
     prompt_logprobs: list | None = None
     num_cached_tokens: int = 0
-    finished: bool = False
 
 
 class Serving:
-    def __init__(self, engine: AsyncLLM, metrics: EngineMetrics, models: ServedModels):
+    def __init__(
+        self,
+        engine: AsyncLLM,
+        models: ServedModels,
+        request_logger: RequestLogger | None = None,
+        tool_calling: ToolCalling = ToolCalling(),
+    ):
+        """`request_logger`: logs each engine request's inputs (--enable-log-requests);
+        `tool_calling`: the --enable-auto-tool-choice / --tool-call-parser settings."""
         self.engine = engine
-        self.metrics = metrics
         self.models = models
+        self.request_logger = request_logger
+        self.tool_calling = tool_calling
 
     # -- shared ---------------------------------------------------------------------------
 
@@ -81,6 +92,11 @@ class Serving:
         except ValueError as exc:
             raise field_error(str(exc), {"prompt": prompt_field}) from exc
 
+    def _options(
+        self, req: p.CompletionRequest | p.ChatCompletionRequest, raw: Request
+    ) -> EngineRequestOptions:
+        return engine_request_options(req, raw, self.engine.processor.config.scheduler.policy)
+
     def decode_token(self, token_id: int) -> str:
         return self.engine.tokenizer.decode([token_id])
 
@@ -89,13 +105,20 @@ class Serving:
     ) -> AsyncIterator[tuple[_Tracked, RequestOutput]]:
         """Deltas of every request, interleaved; aborts all if the client goes away."""
         queue: asyncio.Queue = asyncio.Queue()
-        base = self.engine.new_request_id()
+        options = requests[0].options
+        base = options.request_id or self.engine.new_request_id()
 
         async def pump(tracked: _Tracked) -> None:
             request_id = f"{base}-{tracked.prompt_index}"
+            if self.request_logger is not None:
+                self.request_logger.log_inputs(request_id, tracked.prepared, tracked.lora_request)
             try:
                 outputs = self.engine.generate(
-                    request_id, tracked.prepared, lora_request=tracked.lora_request
+                    request_id,
+                    tracked.prepared,
+                    priority=options.priority,
+                    lora_request=tracked.lora_request,
+                    cache_salt=options.cache_salt,
                 )
                 async for output in outputs:
                     await queue.put((tracked, output))
@@ -126,39 +149,14 @@ class Serving:
         finally:
             for task in tasks:  # cancelling a pump aborts its engine request
                 task.cancel()
-            for tracked in requests:
-                if not tracked.finished:
-                    self._record_finished(tracked, "abort")
 
     def _record(self, tracked: _Tracked, output: RequestOutput) -> None:
-        now = time.monotonic()
-        new_tokens = sum(len(o.token_ids) for o in output.outputs)
-        if new_tokens:
-            if tracked.first_token is None:
-                tracked.first_token = now
-            elif tracked.last_token is not None:
-                self.metrics.record_inter_token((now - tracked.last_token) / new_tokens)
-            tracked.last_token = now
-            tracked.num_tokens += new_tokens
+        tracked.num_tokens += sum(len(o.token_ids) for o in output.outputs)
         for delta in output.outputs:
             _accumulate(tracked.samples, delta)
         if output.prompt_logprobs:
             tracked.prompt_logprobs = (tracked.prompt_logprobs or []) + output.prompt_logprobs
         tracked.num_cached_tokens = max(tracked.num_cached_tokens, output.num_cached_tokens)
-        if output.finished:
-            reason = tracked.samples[min(tracked.samples)].finish_reason or "abort"
-            self._record_finished(tracked, reason)
-
-    def _record_finished(self, tracked: _Tracked, reason: str) -> None:
-        tracked.finished = True
-        first = tracked.first_token
-        self.metrics.record_request_finished(
-            finish_reason=reason,
-            num_prompt_tokens=len(tracked.prepared.prompt_token_ids),
-            num_generation_tokens=tracked.num_tokens,
-            ttft_s=None if first is None else first - tracked.arrival,
-            e2e_s=time.monotonic() - tracked.arrival,
-        )
 
     def _final_output(self, tracked: _Tracked) -> RequestOutput:
         return RequestOutput(
@@ -190,6 +188,8 @@ class Serving:
 
     async def completions(self, req: p.CompletionRequest, raw: Request) -> Any:
         lora = self.check_model(req.model)
+        self.engine.processor.require_runner("generate")  # a 400 on an embedding model
+        options = self._options(req, raw)
         requests = []
         for i, prompt in enumerate(req.prompts()):
             prompt_len = (
@@ -201,7 +201,8 @@ class Serving:
                 req, self.engine.processor.max_model_len, prompt_len,
                 self.engine.processor.generation_defaults,
             )  # fmt: skip
-            requests.append(_Tracked(i, self._prepare(prompt, params, "prompt"), lora))
+            prepared = self._prepare(prompt, params, "prompt")
+            requests.append(_Tracked(i, prepared, lora, options))
         n = requests[0].prepared.params.n
         if req.stream:
             choices = self._completion_choices(req, n)
@@ -272,7 +273,9 @@ class Serving:
         }
         try:
             async for tracked, output in self._deltas(requests, raw):
-                yield self._sse(response_cls(**header, choices=choices_of(tracked, output)))
+                choices = choices_of(tracked, output)
+                if choices:  # a tool parser may hold a whole delta back
+                    yield self._sse(response_cls(**header, choices=choices))
             if req.stream_options is not None and req.stream_options.include_usage:
                 yield self._sse(response_cls(**header, choices=[], usage=self._usage(requests)))
         except (OpenAIError, EngineDeadError, ValueError) as exc:
@@ -281,54 +284,83 @@ class Serving:
 
     # -- /v1/chat/completions -------------------------------------------------------------
 
-    def render_chat(self, req: p._ChatTemplateRequest) -> list[int]:
-        """The request's conversation as prompt token ids; a 400 naming messages if the
-        chat template cannot render it."""
-        try:
+    def render_chat(
+        self, req: p._ChatTemplateRequest, tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        """The request's conversation, with `tools` (OpenAI's dicts) shown to the template,
+        as prompt token ids; a 400 naming messages if the chat template cannot render it,
+        naming tools if it renders the same prompt without them (it ignores them)."""
+
+        def render(tools: list[dict[str, Any]] | None) -> list[int]:
             return self.engine.processor.render_chat(
                 req.conversation(),
                 chat_template=req.chat_template,
                 add_generation_prompt=req.add_generation_prompt,
                 continue_final_message=req.continue_final_message,
                 chat_template_kwargs=req.chat_template_kwargs,
+                tools=tools,
             )
+
+        try:
+            prompt_ids = render(tools)
+            ignored = bool(tools) and prompt_ids == render(None)
         except ValueError as exc:
             raise OpenAIError(HTTPStatus.BAD_REQUEST, str(exc), param="messages") from exc
+        if ignored:
+            raise OpenAIError(
+                HTTPStatus.BAD_REQUEST,
+                "tools: the chat template does not render tools; pass a chat_template that "
+                "does (or start the server with --chat-template)",
+                param="tools",
+            )
+        return prompt_ids
 
     async def chat(self, req: p.ChatCompletionRequest, raw: Request) -> Any:
         lora = self.check_model(req.model)
-        prompt_ids = self.render_chat(req)
+        self.engine.processor.require_runner("generate")  # a 400 on an embedding model
+        options = self._options(req, raw)
+        tools = self.tool_calling.plan(req, self.engine.tokenizer)
+        prompt_ids = self.render_chat(req, tools.tools)
         params = chat_sampling_params(
             req, self.engine.processor.max_model_len, len(prompt_ids),
             self.engine.processor.generation_defaults,
         )  # fmt: skip
-        requests = [_Tracked(0, self._prepare(prompt_ids, params, "messages"), lora)]
+        params = tools.sampling_params(params)
+        requests = [_Tracked(0, self._prepare(prompt_ids, params, "messages"), lora, options)]
         num_top = req.top_logprobs or 0
         if req.stream:
-            choices = self._chat_choices(num_top)
+            choices = self._chat_choices(num_top, tools)
             stream = self._event_stream(req, requests, raw, p.ChatCompletionStreamResponse, choices)
             return self._stream(stream)
         async for _ in self._deltas(requests, raw):
             pass
         final = self._final_output(requests[0])
-        choices = [r.chat_choice(o, self.decode_token, num_top) for o in final.outputs]
+        choices = [r.chat_choice(o, self.decode_token, num_top, tools) for o in final.outputs]
         response = p.ChatCompletionResponse(
             model=self.models.model_name(lora), choices=choices, usage=self._usage(requests)
         )
         return JSONResponse(response.model_dump(exclude_none=True))
 
     def _chat_choices(
-        self, num_top: int
+        self, num_top: int, tools: ToolPlan
     ) -> Callable[[_Tracked, RequestOutput], list[p.ChatCompletionStreamChoice]]:
-        """Turns each delta into stream choices; a sample's first chunk names the role."""
+        """Turns each delta into stream choices; a sample's first chunk names the role.
+        Each sample's text goes through its own ToolStream when the plan parses output."""
         started: set[int] = set()
+        streams: dict[int, ToolStream | None] = {}
 
         def choices(_: _Tracked, output: RequestOutput) -> list:
             made = []
             for sample in output.outputs:
                 role = None if sample.index in started else "assistant"
                 started.add(sample.index)
-                made.append(r.chat_stream_choice(sample, self.decode_token, num_top, role=role))
+                if sample.index not in streams:
+                    streams[sample.index] = tools.stream()
+                choice = r.chat_stream_choice(
+                    sample, self.decode_token, num_top, role=role, tools=streams[sample.index]
+                )
+                if choice is not None:
+                    made.append(choice)
             return made
 
         return choices

@@ -212,7 +212,7 @@ def test_metrics_show_one_lora_info_series(server):
         s.labels
         for family in text_string_to_metric_families(text)
         for s in family.samples
-        if s.name == "core:lora_requests_info"
+        if s.name == "vllm:lora_requests_info"
     ]
     assert len(series) == 1 and series[0]["max_lora"] == "2"
 

@@ -23,6 +23,7 @@ from core.config import LoRAConfig, UsageContext
 from core.engine import processor as processor_module
 from core.engine.processor import EngineSetup, InputProcessor
 from core.engine.protocol import SchedulerStats
+from core.engine.stats import IterationStats
 from core.engine_args import EngineArgs
 from core.entrypoints.cli import cli
 from core.entrypoints.openai.api_server import build_app
@@ -58,13 +59,14 @@ class StandInEngine:
         self.processor = processor
         self.tokenizer = processor.tokenizer
         self.stats_listeners: list = []
+        self.num_gpu_blocks = None
         self.is_healthy = True
         self.lora_requests: list[LoRARequest | None] = []
 
     def new_request_id(self) -> str:
         return f"req-{len(self.lora_requests)}"
 
-    async def generate(self, request_id, prepared, lora_request=None):
+    async def generate(self, request_id, prepared, priority=0, lora_request=None, cache_salt=None):
         if lora_request is not None:
             self.processor.check_lora(lora_request)
         self.lora_requests.append(lora_request)
@@ -456,18 +458,18 @@ def lora_info_samples(client: TestClient) -> list:
         sample
         for family in text_string_to_metric_families(text)
         for sample in family.samples
-        if sample.name == "core:lora_requests_info"
+        if sample.name == "vllm:lora_requests_info"
     ]
 
 
 def test_metrics_show_the_adapters_of_the_latest_scheduler_stats(engine, client):
-    (listener,) = engine.stats_listeners
     stats = SchedulerStats(
         num_running=2, num_waiting=1, kv_cache_usage=0.0, prefix_cache_queries=0,
         prefix_cache_hits=0, num_preemptions=0,
         running_lora_adapters={"beta": 1, "alpha": 1}, waiting_lora_adapters={"beta": 1},
     )  # fmt: skip
-    listener(stats)
+    for listener in engine.stats_listeners:
+        listener(IterationStats(engine_index=0, scheduler_stats=stats))
     (sample,) = lora_info_samples(client)
     assert sample.labels == {
         "model_name": engine.processor.served_model_name,

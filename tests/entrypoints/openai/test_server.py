@@ -196,13 +196,13 @@ def test_disconnecting_client_aborts_its_request(server):
             next(chunks)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
-        running = metric(server, "core:num_requests_running")
-        usage = metric(server, "core:kv_cache_usage_perc")
+        running = metric(server, "vllm:num_requests_running")
+        usage = metric(server, "vllm:kv_cache_usage_perc")
         if running == 0 and usage == 0:
             break
         time.sleep(0.2)
     assert (running, usage) == (0, 0)
-    assert metric(server, "core:request_success_total", finished_reason="abort") >= 1
+    assert metric(server, "vllm:request_success_total", finished_reason="abort") >= 1
 
 
 BAD_REQUESTS = [

@@ -1,0 +1,68 @@
+"""StatsLogger: the server's periodic log line of the engine's load, as vLLM's (turned off
+with --disable-log-stats).
+
+It listens to the IterationStats of every engine step (AsyncLLM.stats_listeners) and logs
+at most one line per interval: prompt and generation throughput since the previous line,
+running and waiting requests, KV-cache usage, and the prefix-cache hit rate and
+preemptions since the previous line (SchedulerStats' counts are cumulative). Stats only
+arrive while the engine steps, so an idle server logs nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from core.engine.protocol import SchedulerStats
+from core.engine.stats import IterationStats
+
+__all__ = ["LOG_STATS_INTERVAL_S", "StatsLogger"]
+
+logger = logging.getLogger(__name__)
+
+LOG_STATS_INTERVAL_S = 10.0  # vLLM's default interval
+
+
+class StatsLogger:
+    def __init__(
+        self,
+        interval_s: float = LOG_STATS_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.interval_s = interval_s
+        self._clock = clock
+        self._since = clock()
+        self._num_prompt_tokens = 0
+        self._num_generation_tokens = 0
+        self._logged: SchedulerStats | None = None  # the engine's state at the last line
+        self._latest: SchedulerStats | None = None
+
+    def record(self, stats: IterationStats) -> None:
+        """A stats listener: count the step's tokens; log once the interval has passed."""
+        self._num_prompt_tokens += stats.num_prompt_tokens
+        self._num_generation_tokens += stats.num_generation_tokens
+        if stats.scheduler_stats is not None:
+            self._latest = stats.scheduler_stats
+        now = self._clock()
+        latest = self._latest
+        if latest is None or now - self._since < self.interval_s:
+            return
+        logger.info(self._line(latest, now - self._since))
+        self._since, self._logged = now, latest
+        self._num_prompt_tokens = self._num_generation_tokens = 0
+
+    def _line(self, stats: SchedulerStats, elapsed_s: float) -> str:
+        before = self._logged
+        queries = stats.prefix_cache_queries - (before.prefix_cache_queries if before else 0)
+        hits = stats.prefix_cache_hits - (before.prefix_cache_hits if before else 0)
+        preemptions = stats.num_preemptions - (before.num_preemptions if before else 0)
+        return (
+            f"Engine: Avg prompt throughput: {self._num_prompt_tokens / elapsed_s:.1f} "
+            f"tokens/s, Avg generation throughput: "
+            f"{self._num_generation_tokens / elapsed_s:.1f} tokens/s, "
+            f"Running: {stats.num_running} reqs, Waiting: {stats.num_waiting} reqs, "
+            f"KV cache usage: {stats.kv_cache_usage:.1%}, "
+            f"Prefix cache hit rate: {hits / queries if queries else 0.0:.1%}, "
+            f"Preemptions: {preemptions}"
+        )

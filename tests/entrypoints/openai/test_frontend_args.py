@@ -1,0 +1,52 @@
+"""FrontendArgs: the server's own flags are checked at startup and reach uvicorn."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi import FastAPI
+
+from core.entrypoints.openai.api_server import uvicorn_config
+from core.entrypoints.openai.frontend_args import FrontendArgs
+
+
+def test_tls_needs_both_files_and_each_must_exist(tmp_path):
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    key.write_text("k")
+    with pytest.raises(ValueError, match="--ssl-keyfile and --ssl-certfile: TLS needs both"):
+        FrontendArgs(ssl_keyfile=str(key))
+    with pytest.raises(ValueError, match=f"--ssl-certfile {cert}: no such file"):
+        FrontendArgs(ssl_keyfile=str(key), ssl_certfile=str(cert))
+
+
+def test_root_path_must_be_absolute_and_log_len_non_negative():
+    with pytest.raises(ValueError, match="--root-path 'llm': must start with '/'"):
+        FrontendArgs(root_path="llm")
+    with pytest.raises(ValueError, match="--max-log-len -1: must be >= 0"):
+        FrontendArgs(enable_log_requests=True, max_log_len=-1)
+
+
+def test_cli_lists_flatten_json_lists_and_plain_values_in_order():
+    args = FrontendArgs.from_cli(
+        {"allowed_origins": ('["https://a", "https://b"]', "https://c"), "allowed_headers": ()}
+    )
+    assert args.allowed_origins == ("https://a", "https://b", "https://c")
+    assert args.allowed_headers == ("*",)  # not given: vLLM's default
+    with pytest.raises(ValueError, match="--allowed-methods \\[1\\]: the list must hold strings"):
+        FrontendArgs.from_cli({"allowed_methods": ("[1]",)})
+
+
+def test_uvicorn_gets_tls_root_path_and_log_level(tmp_path):
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    key.write_text("k")
+    cert.write_text("c")
+    frontend = FrontendArgs(
+        root_path="/llm",
+        ssl_keyfile=str(key),
+        ssl_certfile=str(cert),
+        uvicorn_log_level="warning",
+    )
+    config = uvicorn_config(FastAPI(), "127.0.0.1", 8123, frontend)
+    assert (config.host, config.port, config.root_path) == ("127.0.0.1", 8123, "/llm")
+    assert (config.ssl_keyfile, config.ssl_certfile) == (str(key), str(cert))
+    assert config.log_level == "warning"
+    assert frontend.scheme == "https" and FrontendArgs().scheme == "http"
