@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
+from stand_in_engine import StandInEngine
 from tiny_engine_checkpoint import VOCAB, write_tiny_checkpoint
 
 from core.config import LoRAConfig, UsageContext
@@ -51,20 +52,13 @@ class FilesOnlyLoRA(LoRAManager):
             raise ValueError(f"LoRA adapter '{request.lora_name}': r: {rank} is too high")
 
 
-class StandInEngine:
+class LoRAStandInEngine(StandInEngine):
     """What build_app uses of AsyncLLM: a real processor; `generate` checks the adapter as
     AsyncLLM does, records it, and answers one token."""
 
     def __init__(self, processor: InputProcessor) -> None:
-        self.processor = processor
-        self.tokenizer = processor.tokenizer
-        self.stats_listeners: list = []
-        self.num_gpu_blocks = None
-        self.is_healthy = True
+        super().__init__(processor)
         self.lora_requests: list[LoRARequest | None] = []
-
-    def new_request_id(self) -> str:
-        return f"req-{len(self.lora_requests)}"
 
     async def generate(self, request_id, prepared, priority=0, lora_request=None, cache_salt=None):
         if lora_request is not None:
@@ -99,21 +93,23 @@ def files_only_lora():
         yield
 
 
-def make_engine(model_dir: Path, **lora: object) -> StandInEngine:
+def make_engine(model_dir: Path, **lora: object) -> LoRAStandInEngine:
     args = EngineArgs(model=str(model_dir), max_model_len=32, **lora)
-    return StandInEngine(InputProcessor(EngineSetup.from_engine_args(args, UsageContext.SERVING)))
+    return LoRAStandInEngine(
+        InputProcessor(EngineSetup.from_engine_args(args, UsageContext.SERVING))
+    )
 
 
-def lora_engine(model_dir: Path) -> StandInEngine:
+def lora_engine(model_dir: Path) -> LoRAStandInEngine:
     return make_engine(model_dir, enable_lora=True, max_loras=2, max_lora_rank=8)
 
 
-def app_client(engine: StandInEngine, modules=(), api_key: str | None = None) -> TestClient:
+def app_client(engine: LoRAStandInEngine, modules=(), api_key: str | None = None) -> TestClient:
     return TestClient(build_app(engine, api_key, modules), raise_server_exceptions=False)
 
 
 @pytest.fixture
-def engine(model_dir) -> StandInEngine:
+def engine(model_dir) -> LoRAStandInEngine:
     return lora_engine(model_dir)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from stand_in_engine import StandInEngine
 from tiny_engine_checkpoint import VOCAB, write_tiny_checkpoint
 
 from core.config import UsageContext
@@ -20,20 +21,13 @@ PROMPT = "w1 w2 w3"
 CHAT = [{"role": "user", "content": "w4 w5"}]
 
 
-class RecordingEngine:
+class RecordingEngine(StandInEngine):
     """What build_app uses of AsyncLLM; `generate` records its engine-side arguments and
     answers one token."""
 
     def __init__(self, processor: InputProcessor) -> None:
-        self.processor = processor
-        self.tokenizer = processor.tokenizer
-        self.stats_listeners: list = []
-        self.num_gpu_blocks = None
-        self.is_healthy = True
+        super().__init__(processor)
         self.calls: list[dict] = []
-
-    def new_request_id(self) -> str:
-        return f"req-{len(self.calls)}"
 
     async def generate(self, request_id, prepared, priority=0, lora_request=None, cache_salt=None):
         self.calls.append({"request_id": request_id, "priority": priority, "salt": cache_salt})
@@ -95,4 +89,4 @@ def test_x_request_id_is_the_engine_request_id_and_is_echoed(model_dir):
     assert [c["request_id"] for c in engine.calls] == ["trace-9-0", "trace-9-1"]
     plain = client.post("/v1/completions", json=body)
     assert "x-request-id" not in plain.headers
-    assert [c["request_id"] for c in engine.calls[2:]] == ["req-2-0", "req-2-1"]
+    assert [c["request_id"] for c in engine.calls[2:]] == ["req-0-0", "req-0-1"]

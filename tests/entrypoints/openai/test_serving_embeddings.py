@@ -5,6 +5,7 @@ be asked to run anything."""
 from __future__ import annotations
 
 from fastapi.testclient import TestClient
+from stand_in_engine import StandInEngine
 from tiny_engine_checkpoint import engine_args, write_tiny_checkpoint
 
 from core.config import UsageContext
@@ -12,18 +13,8 @@ from core.engine.processor import EngineSetup, InputProcessor
 from core.entrypoints.openai.api_server import build_app
 
 
-class IdleEngine:
+class IdleEngine(StandInEngine):
     """What build_app reads of AsyncLLM; `generate` fails the test if reached."""
-
-    def __init__(self, processor: InputProcessor) -> None:
-        self.processor = processor
-        self.tokenizer = processor.tokenizer
-        self.stats_listeners: list = []
-        self.num_gpu_blocks = None
-        self.is_healthy = True
-
-    def new_request_id(self) -> str:
-        return "req-0"
 
     async def generate(self, *args, **kwargs):
         raise AssertionError("no request should reach the engine")

@@ -20,6 +20,7 @@ import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 from server_process import ServerProcess
+from stand_in_engine import StandInEngine
 
 from core.config import UsageContext
 from core.engine.processor import EngineSetup, InputProcessor
@@ -76,21 +77,14 @@ CALL_TEXT = {
 }
 
 
-class ScriptedEngine:
+class ScriptedEngine(StandInEngine):
     """What build_app uses of AsyncLLM: a real processor; `generate` records the request
     and answers with the next text of `script`, in pieces of 4 characters."""
 
     def __init__(self, processor: InputProcessor) -> None:
-        self.processor = processor
-        self.tokenizer = processor.tokenizer
-        self.stats_listeners: list = []
-        self.num_gpu_blocks = None
-        self.is_healthy = True
+        super().__init__(processor)
         self.script: list[str] = []
         self.requests: list = []  # the PreparedRequests received
-
-    def new_request_id(self) -> str:
-        return f"req-{len(self.requests)}"
 
     async def generate(self, request_id, prepared, **_options):
         self.requests.append(prepared)

@@ -1,0 +1,21 @@
+"""The part of AsyncLLM that `build_app` reads, for server tests that script the engine:
+a real InputProcessor (tokenizer, chat template, validation) and no engine core. Each test
+subclasses it with the `generate` it needs."""
+
+from __future__ import annotations
+
+from core.engine.processor import InputProcessor
+
+
+class StandInEngine:
+    def __init__(self, processor: InputProcessor) -> None:
+        self.processor = processor
+        self.tokenizer = processor.tokenizer
+        self.stats_listeners: list = []
+        self.num_gpu_blocks = None
+        self.is_healthy = True
+        self.num_requests = 0
+
+    def new_request_id(self) -> str:
+        self.num_requests += 1
+        return f"req-{self.num_requests - 1}"
