@@ -149,23 +149,35 @@ def _lora_adapter_router(models: ServedModels) -> APIRouter:
     return router
 
 
+# What a supervisor or load balancer probes: answered without the key.
+_OPEN_PATHS = frozenset({"/health", "/version"})
+
+
 def _require_api_key(app: FastAPI, api_key: str) -> None:
-    expected = f"Bearer {api_key}"
+    """Every path but the liveness probes needs `Authorization: Bearer <key>` (the scheme
+    case-insensitive, RFC 7235); a 401 says which scheme in `WWW-Authenticate`."""
 
     @app.middleware("http")
     async def check_key(request: Request, call_next):
-        if request.url.path.startswith("/v1"):
-            given = request.headers.get("Authorization", "")
-            if not secrets.compare_digest(given.encode(), expected.encode()):
-                return error_response(
-                    OpenAIError(
-                        HTTPStatus.UNAUTHORIZED,
-                        "Incorrect or missing API key.",
-                        type="authentication_error",
-                        code="invalid_api_key",
-                    )
-                )
-        return await call_next(request)
+        if request.url.path in _OPEN_PATHS or _bearer_matches(request, api_key):
+            return await call_next(request)
+        response = error_response(
+            OpenAIError(
+                HTTPStatus.UNAUTHORIZED,
+                "Incorrect or missing API key.",
+                type="authentication_error",
+                code="invalid_api_key",
+            )
+        )
+        response.headers["WWW-Authenticate"] = "Bearer"
+        return response
+
+
+def _bearer_matches(request: Request, api_key: str) -> bool:
+    scheme, _, token = request.headers.get("Authorization", "").strip().partition(" ")
+    return scheme.lower() == "bearer" and secrets.compare_digest(
+        token.strip().encode(), api_key.encode()
+    )
 
 
 def _mount_endpoint_plugins(app: FastAPI) -> None:

@@ -182,11 +182,15 @@ class ChatMessageParam(_Request):
 # --- requests ------------------------------------------------------------------------------
 
 
+MAX_N = 128
+"""The most choices one request may ask for (OpenAI's limit)."""
+
+
 class _SamplingRequest(_Request):
     """The sampling fields completions and chat share (OpenAI's and vLLM's extras)."""
 
     model: str | None = None
-    n: int | None = None
+    n: int | None = Field(default=None, le=MAX_N)  # OpenAI's limit
     stream: bool | None = False  # OpenAI accepts null for its optional flags: false
     stream_options: StreamOptions | None = None
     echo: bool | None = False

@@ -91,6 +91,7 @@ def test_non_object_body_is_400(client):
          "stream_options: stream_options is only allowed when stream is true"),
         ({"prompt": "x", "structured_outputs": {"json": 3}}, "structured_outputs.json", None),
         ({"prompt": "x", "logit_bias": {"7": "x"}}, "logit_bias", None),
+        ({"prompt": "x", "n": 129}, "n", "n: Input should be less than or equal to 128"),
     ],
 )  # fmt: skip
 def test_validation_error_is_400_naming_the_field(client, payload, param, message):

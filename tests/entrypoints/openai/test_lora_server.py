@@ -172,7 +172,7 @@ def test_one_batch_mixing_adapters_and_the_base_model_matches_peft(server, refer
 def test_chat_with_an_adapter_echoes_its_name_and_matches_peft(server, references):
     messages = [{"role": "user", "content": "w5 w6 w7"}]
     prompt = httpx.post(
-        f"{server.url}/tokenize", json={"model": "chat", "messages": messages}
+        f"{server.url}/tokenize", json={"model": "chat", "messages": messages}, headers=AUTH
     ).json()["tokens"]
     api = openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0)
     reply = api.chat.completions.create(
@@ -207,7 +207,7 @@ def test_adapter_loaded_at_runtime_serves_then_unloads(server, root, references)
 def test_metrics_show_one_lora_info_series(server):
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = httpx.get(f"{server.url}/metrics").text
+    text = httpx.get(f"{server.url}/metrics", headers=AUTH).text
     series = [
         s.labels
         for family in text_string_to_metric_families(text)

@@ -60,7 +60,8 @@ def test_api_key_and_allowlisted_endpoint_plugin(plugin_site):
         )
         assert (missing.status_code, wrong.status_code, right.status_code) == (401, 401, 200)
         assert missing.json()["error"]["type"] == "authentication_error"
-        assert httpx.get(f"{server.url}/acme").json() == {"acme": True}
+        auth = {"Authorization": "Bearer sesame"}
+        assert httpx.get(f"{server.url}/acme", headers=auth).json() == {"acme": True}
     finally:
         server.stop()
 
