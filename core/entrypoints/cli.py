@@ -96,7 +96,11 @@ def _lora_modules(_: click.Context, param: click.Parameter, values: tuple[str, .
 @click.argument("model_tag", metavar="[MODEL]", required=False)
 @click.option("--host", default=None, help="interface to bind (default: all)")
 @click.option("--port", type=int, default=8000, show_default=True)
-@click.option("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1")
+@click.option(
+    "--api-key",
+    default=None,
+    help="require 'Authorization: Bearer KEY' on every route but /health and /version",
+)
 @click.option(
     _LORA_MODULES,
     "lora_modules",
