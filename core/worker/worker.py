@@ -52,6 +52,7 @@ class Worker:
         self.speculator: Speculator | None = None
         self.runner: ModelRunner | None = None
         self.arch: ArchConfig | None = None
+        self.graph_mode = CUDAGraphMode.NONE  # -O2's graphs, resolved in load_model
         self.free_memory_at_start: int | None = None
 
     def init_device(self) -> None:
@@ -73,6 +74,9 @@ class Worker:
         )
         self.speculator = self._build_speculator(sampler)
         self._bind_attention_backend()
+        # Resolved once, with the backend: the compile needs it (pieces or not) and so
+        # does the capture after the KV cache exists.
+        self.graph_mode = self._graph_mode()
         scheduler = self.config.scheduler
         max_model_len = self.max_model_len
         self.runner = ModelRunner(
@@ -95,7 +99,7 @@ class Worker:
     def _compile_model(self, runner: ModelRunner) -> None:
         """-O1: compile the target's forward and trace it now, with dummy batches of the
         largest and the smallest step, so no request waits for a compile."""
-        pieces = self._graph_mode() in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL_AND_PIECEWISE)
+        pieces = self.graph_mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL_AND_PIECEWISE)
         capture = self.platform.capture_graph if pieces else None
         model = self._require(self.model)
         runner.use_compiled(compile_model(model, self.config.compilation, capture))
@@ -244,14 +248,9 @@ class Worker:
             builder.reserve(limits)
             builders.append(builder)
         runner.initialize_kv_cache(kv_cache_config, builders)
-        if self.config.compilation.capture_graphs:
-            self._capture_graphs(runner)
-
-    def _capture_graphs(self, runner: ModelRunner) -> None:
-        mode = self._graph_mode()
-        if mode is not CUDAGraphMode.NONE:
+        if self.graph_mode is not CUDAGraphMode.NONE:
             sizes = self.config.compilation.cudagraph_capture_sizes
-            runner.capture_graphs(mode, self.platform.capture_graph, sizes)
+            runner.capture_graphs(self.graph_mode, self.platform.capture_graph, sizes)
 
     def _graph_mode(self) -> CUDAGraphMode:
         """The cudagraph mode this worker captures (-O2), given its attention backend.
