@@ -11,6 +11,7 @@ from its `core.general` entry point:
 device_type)` one of them.
 """
 
+from core.ops.linear import linear, linear_reference
 from core.ops.norm import (
     fused_add_rms_norm,
     fused_add_rms_norm_reference,
@@ -31,6 +32,8 @@ __all__ = [
     "OpRegistry",
     "fused_add_rms_norm",
     "fused_add_rms_norm_reference",
+    "linear",
+    "linear_reference",
     "provider",
     "providers",
     "quant_linear",

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from core.ops import linear
 from core.quantization.interface import LinearMethod, LinearPartition
 from core.quantization.weight_loader import add_parameter, fused_weight_loader, set_shard_dims
 
@@ -49,20 +50,10 @@ class UnquantizedLinearMethod(LinearMethod):
         return F.embedding(token_ids, layer.weight)
 
 
-# On CPUs, torch's 16-bit matmul of a single row takes a slow path; its matrix-vector
-# product is 1.5-4x faster (SmolLM2's shapes, 2 threads), and single-stream decode is
-# exactly that.
-_MV_DTYPES = (torch.bfloat16, torch.float16)
-
-
 def dense_linear(
     x: torch.Tensor,  # [N, input_size]
     weight: torch.Tensor,  # [output_size, input_size]
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [N, output_size]
-    """x @ weight.T + bias, through the faster kernel for a single 16-bit CPU row."""
-    # The row count last: a compiled float32 forward then has no size-1 branch to trace.
-    if x.dtype in _MV_DTYPES and x.device.type == "cpu" and x.shape[0] == 1:
-        out = torch.mv(weight, x[0])
-        return (out if bias is None else out + bias)[None]
-    return F.linear(x, weight, bias)
+    """x @ weight.T + bias through `core::linear` (the kernel serving x's device type)."""
+    return linear(x, weight, bias)

@@ -13,11 +13,12 @@ setup(
             "core_cpu_kernels._C",
             [
                 "core_cpu_kernels/csrc/bindings.cpp",
+                "core_cpu_kernels/csrc/dense_linear.cpp",
+                "core_cpu_kernels/csrc/linear_avx2.cpp",
+                "core_cpu_kernels/csrc/linear_avx512.cpp",
+                "core_cpu_kernels/csrc/linear_scalar.cpp",
                 "core_cpu_kernels/csrc/paged_attention.cpp",
                 "core_cpu_kernels/csrc/quant_linear.cpp",
-                "core_cpu_kernels/csrc/quant_linear_avx2.cpp",
-                "core_cpu_kernels/csrc/quant_linear_avx512.cpp",
-                "core_cpu_kernels/csrc/quant_linear_scalar.cpp",
                 "core_cpu_kernels/csrc/rms_norm.cpp",
             ],
             # -fopenmp: at::parallel_for is inlined here and runs on OpenMP; the runtime

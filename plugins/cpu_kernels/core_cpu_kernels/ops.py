@@ -1,25 +1,30 @@
 """core's kernel ops on the CPU, served by this package's C++ kernels.
 
 `register` is this distribution's `core.general` entry point: every process that runs a
-model calls it before building one. It serves core::rms_norm, core::fused_add_rms_norm
-and core::quant_linear (group-quantized 4- and 8-bit weights: a GEMV for decode rows
-that unpacks the weights in registers, a tiled GEMM for prefill; AVX-512, AVX2 or
-portable kernels, chosen by probing the CPU at load). Inputs the C++ kernels do not take
-(another dtype, a weight of another dtype, a strided last dimension, a non-contiguous
-packed weight) go to core's reference, so the registered kernel serves the op's whole
-domain.
+model calls it before building one. It serves core::rms_norm, core::fused_add_rms_norm,
+core::linear (a GEMV that streams each weight row once for few-row activations, where
+torch's BLAS runs a slow path) and core::quant_linear (group-quantized 4- and 8-bit
+weights: a GEMV for decode rows that unpacks the weights in registers, a tiled GEMM for
+prefill); AVX-512, AVX2 or portable kernels, chosen by probing the CPU at load. Inputs
+the C++ kernels do not take (another dtype, a weight of another dtype, a strided last
+dimension, a non-contiguous packed weight) go to core's reference, so the registered
+kernel serves the op's whole domain.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
 from core.ops import (
     fused_add_rms_norm_reference,
+    linear_reference,
     quant_linear_reference,
     register_impl,
     rms_norm_reference,
 )
+from core.platforms.cpu import cpu_flags
 from core_cpu_kernels import _C  # import after torch: the module links against libtorch
 
 PROVIDER = "core-cpu-kernels"
@@ -41,6 +46,53 @@ def fused_add_rms_norm(
     if _takes(x, weight) and like_x and residual.stride(-1) == 1:
         return _C.fused_add_rms_norm(x, residual, weight, eps)
     return fused_add_rms_norm_reference(x, residual, weight, eps)
+
+
+# Up to this many rows of float32 activations the GEMV beats torch's BLAS (MKL): measured
+# with 2 threads on SmolLM2's shapes (AMD EPYC, AVX2), see dense_linear_max_rows.
+FLOAT32_MAX_ROWS = 16
+# CPU flags with which torch multiplies each 16-bit dtype natively (oneDNN's AMX /
+# AVX512_BF16 / AVX512_FP16 paths): there the GEMV only takes FLOAT32_MAX_ROWS rows, as for
+# float32. Without them torch's 16-bit matmul of more than one row is orders of magnitude
+# slower than the GEMV, which widens the weights in registers, so it takes every row.
+_NATIVE_FLAGS = {
+    torch.bfloat16: frozenset({"amx_bf16", "avx512_bf16"}),
+    torch.float16: frozenset({"amx_fp16", "avx512_fp16"}),
+}
+
+
+@functools.cache
+def dense_linear_max_rows(dtype: torch.dtype) -> int | None:
+    """The most activation rows core::linear's GEMV takes for `dtype` (None: any number)."""
+    native = _NATIVE_FLAGS.get(dtype)
+    if native is None or native & cpu_flags():
+        return FLOAT32_MAX_ROWS
+    return None
+
+
+def linear(
+    x: torch.Tensor,  # [..., K]
+    weight: torch.Tensor,  # [N, K]
+    bias: torch.Tensor | None = None,  # [N]
+) -> torch.Tensor:  # [..., N]
+    """core::linear: the GEMV (`_C.dense_linear`, widest ISA) for few rows of x in the
+    weight's dtype and a contiguous weight; torch (the reference) for everything else."""
+    rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
+    max_rows = dense_linear_max_rows(x.dtype)
+    takes = (
+        x.dtype is weight.dtype
+        and x.dtype in _DTYPES
+        and weight.dim() == 2
+        and weight.is_contiguous()
+        and x.dim() >= 1
+        and 0 < rows
+        and (max_rows is None or rows <= max_rows)
+        and (bias is None or (bias.dtype is x.dtype and bias.dim() == 1))
+    )
+    if not takes:
+        return linear_reference(x, weight, bias)
+    out = _C.dense_linear(x.reshape(rows, x.shape[-1]).contiguous(), weight, bias)
+    return out.view(*x.shape[:-1], weight.shape[0])
 
 
 def quant_linear(
@@ -69,10 +121,11 @@ def quant_linear(
 
 
 def register() -> None:
-    """Serve core::rms_norm, core::fused_add_rms_norm and core::quant_linear on "cpu"
-    (re-entrant)."""
+    """Serve core::rms_norm, core::fused_add_rms_norm, core::linear and core::quant_linear
+    on "cpu" (re-entrant)."""
     register_impl("rms_norm", "cpu", rms_norm, PROVIDER)
     register_impl("fused_add_rms_norm", "cpu", fused_add_rms_norm, PROVIDER)
+    register_impl("linear", "cpu", linear, PROVIDER)
     register_impl("quant_linear", "cpu", quant_linear, PROVIDER)
 
 

@@ -14,4 +14,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("isa") = "");
   m.def("quant_linear_isas", &quant_linear_isas,
         "The vector ISAs quant_linear can use on this CPU, widest (the default) first");
+  m.def("dense_linear", &dense_linear,
+        "core::linear's GEMV with the kernels of one vector ISA (\"\": the widest available)",
+        py::arg("x"), py::arg("weight"), py::arg("bias") = py::none(), py::arg("isa") = "");
+  m.def("dense_linear_isas", &dense_linear_isas,
+        "The vector ISAs dense_linear can use on this CPU, widest (the default) first");
 }

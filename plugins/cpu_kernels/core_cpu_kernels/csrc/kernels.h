@@ -27,3 +27,11 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
 
 // The vector ISAs quant_linear can use on this CPU, widest (the default) first.
 std::vector<std::string> quant_linear_isas();
+
+// core::linear, x [T, K] @ weight [N, K]^T + bias, with the GEMV of vector ISA `isa` ("" for
+// the widest this CPU runs); x contiguous and of weight's dtype (float32, bfloat16, float16).
+torch::Tensor dense_linear(const torch::Tensor& x, const torch::Tensor& weight,
+                           const c10::optional<torch::Tensor>& bias, const std::string& isa);
+
+// The vector ISAs dense_linear can use on this CPU, widest (the default) first.
+std::vector<std::string> dense_linear_isas();

@@ -17,15 +17,12 @@
 #include <type_traits>
 #include <vector>
 
-#include "cpu_utils.h"
-#include "dtype_dispatch.h"
+#include "float_rows.h"
 #include "kernels.h"
 #include "quant_linear.h"
 
 namespace {
 
-using core_cpu::from_float;
-using core_cpu::to_float;
 namespace ql = core_cpu::quant_linear;
 
 // Up to this many tokens the GEMV's single pass over W beats dequantizing it for a GEMM
@@ -99,16 +96,6 @@ ql::PackedWeight packed_weight(const torch::Tensor& qweight, const torch::Tensor
           static_cast<int>(bits)};
 }
 
-template <typename T>
-CORE_MULTIVERSION void to_floats(const T* x, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = to_float(x[i]);
-}
-
-template <typename T>
-CORE_MULTIVERSION void from_floats(const float* x, T* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = from_float<T>(x[i]);
-}
-
 // sums[r, g] = the sum of x[r, g * G .. (g + 1) * G) over the rows of x [rows, k].
 CORE_MULTIVERSION void group_sums(const float* x, int64_t rows, int64_t k, int64_t group_size,
                                   float* sums) {
@@ -119,27 +106,14 @@ CORE_MULTIVERSION void group_sums(const float* x, int64_t rows, int64_t k, int64
   }
 }
 
-// x [T, k] as float32: x's own data, or its conversion held in `buffer`.
-template <typename T>
-const float* float_rows(const torch::Tensor& x, std::vector<float>& buffer) {
-  if constexpr (std::is_same_v<T, float>) {
-    return x.data_ptr<float>();
-  } else {
-    buffer.resize(x.numel());
-    to_floats(x.data_ptr<T>(), buffer.data(), x.numel());
-    return buffer.data();
-  }
-}
-
 template <typename T>
 void gemv(const ql::IsaKernels& isa, const ql::PackedWeight& w, const torch::Tensor& x,
           torch::Tensor& out) {
   const int64_t num_tokens = x.size(0), n = out.size(1);
   std::vector<float> x_buffer, sums(num_tokens * w.groups()), out_buffer;
-  const float* xf = float_rows<T>(x, x_buffer);
+  const float* xf = core_cpu::float_rows<T>(x, x_buffer);
   group_sums(xf, num_tokens, w.k, w.group_size, sums.data());
-  if constexpr (!std::is_same_v<T, float>) out_buffer.resize(num_tokens * n);
-  float* out_f = std::is_same_v<T, float> ? out.data_ptr<float>() : out_buffer.data();
+  float* out_f = core_cpu::float_output<T>(out, out_buffer);
   const ql::Activations a{xf, sums.data(), num_tokens};
   const int64_t num_blocks = (n + kGemvRowsPerBlock - 1) / kGemvRowsPerBlock;
   const int64_t grain = kGemvMacsPerTask / (kGemvRowsPerBlock * w.k * num_tokens) + 1;
@@ -147,7 +121,7 @@ void gemv(const ql::IsaKernels& isa, const ql::PackedWeight& w, const torch::Ten
     const int64_t n1 = end * kGemvRowsPerBlock;
     isa.gemv(w, begin * kGemvRowsPerBlock, n1 < n ? n1 : n, a, out_f, n);
   });
-  if constexpr (!std::is_same_v<T, float>) from_floats(out_f, out.data_ptr<T>(), out.numel());
+  core_cpu::store_float_output<T>(out_f, out);
 }
 
 // Rows per GEMM tile: a tile fits kTileBytes, and the tiles split evenly between the

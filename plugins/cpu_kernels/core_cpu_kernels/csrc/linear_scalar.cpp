@@ -1,12 +1,14 @@
-// core::quant_linear's portable kernels: plain C++ the compiler vectorizes for the
+// core::quant_linear's and core::linear's portable kernels: plain C++ the compiler vectorizes for the
 // baseline ISA, for CPUs (or builds) without the x86 paths.
 
 #include <cstdint>
 
+#include "dense_linear.h"
+#include "dense_linear_isa.h"
 #include "quant_linear.h"
 #include "quant_linear_isa.h"
 
-namespace core_cpu::quant_linear {
+namespace core_cpu {
 namespace {
 
 struct Scalar {
@@ -19,6 +21,8 @@ struct Scalar {
   static CORE_QL_INLINE void store(float* p, V v) { *p = v; }
   static CORE_QL_INLINE V fma(V a, V b, V c) { return a * b + c; }
   static CORE_QL_INLINE float sum(V v) { return v; }
+  static CORE_QL_INLINE V load_bf16(const uint16_t* p) { return dense_linear::bf16_to_float(*p); }
+  static CORE_QL_INLINE V load_f16(const uint16_t* p) { return dense_linear::f16_to_float(*p); }
 
   template <int BITS>
   static CORE_QL_INLINE void unpack(const uint8_t* unit, V* q) {
@@ -35,6 +39,12 @@ struct Scalar {
 
 }  // namespace
 
+namespace quant_linear {
 const IsaKernels kScalarKernels{"scalar", &gemv<Scalar>, &dequantize<Scalar>};
+}  // namespace quant_linear
 
-}  // namespace core_cpu::quant_linear
+namespace dense_linear {
+const IsaKernels kScalarKernels{"scalar", &gemv<Scalar>};
+}  // namespace dense_linear
+
+}  // namespace core_cpu

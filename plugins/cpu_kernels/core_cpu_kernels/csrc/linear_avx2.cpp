@@ -1,20 +1,22 @@
-// core::quant_linear's AVX2 + FMA kernels: 8 float32 lanes. A run's 16 bytes are widened
+// core::quant_linear's and core::linear's AVX2 + FMA kernels: 8 float32 lanes. A run's 16 bytes are widened
 // 8 at a time into 32-bit lanes (vpmovzxbd), and the nibbles masked and shifted out there.
 
+#include "dense_linear.h"
 #include "quant_linear.h"
 
-#ifdef CORE_QUANT_LINEAR_X86
+#if defined(CORE_QUANT_LINEAR_X86) && defined(CORE_DENSE_LINEAR_X86)
 
 #include <immintrin.h>
 
 #include <cstdint>
 
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 
+#include "dense_linear_isa.h"
 #include "quant_linear_isa.h"
 
-namespace core_cpu::quant_linear {
+namespace core_cpu {
 namespace {
 
 struct Avx2 {
@@ -26,6 +28,15 @@ struct Avx2 {
   static CORE_QL_INLINE V load(const float* p) { return _mm256_loadu_ps(p); }
   static CORE_QL_INLINE void store(float* p, V v) { _mm256_storeu_ps(p, v); }
   static CORE_QL_INLINE V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+
+  // 16-bit weights widened to 32-bit lanes: bf16 is a float32's top half; fp16 by F16C.
+  static CORE_QL_INLINE V load_bf16(const uint16_t* p) {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  }
+  static CORE_QL_INLINE V load_f16(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
 
   static CORE_QL_INLINE float sum(V v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -56,9 +67,15 @@ struct Avx2 {
 
 }  // namespace
 
+namespace quant_linear {
 const IsaKernels kAvx2Kernels{"avx2", &gemv<Avx2>, &dequantize<Avx2>};
+}  // namespace quant_linear
 
-}  // namespace core_cpu::quant_linear
+namespace dense_linear {
+const IsaKernels kAvx2Kernels{"avx2", &gemv<Avx2>};
+}  // namespace dense_linear
+
+}  // namespace core_cpu
 
 #pragma GCC pop_options
 

@@ -1,10 +1,11 @@
-// core::quant_linear's AVX-512 kernels: 16 float32 lanes, so one widening (vpmovzxbd zmm,
+// core::quant_linear's and core::linear's AVX-512 kernels: 16 float32 lanes, so one widening (vpmovzxbd zmm,
 // straight from memory) brings a run's 16 bytes into 32-bit lanes, where a mask gives its
 // values 0..15 and a shift its values 16..31: one shuffle per run, the port Intel has one of.
 
+#include "dense_linear.h"
 #include "quant_linear.h"
 
-#ifdef CORE_QUANT_LINEAR_X86
+#if defined(CORE_QUANT_LINEAR_X86) && defined(CORE_DENSE_LINEAR_X86)
 
 #include <immintrin.h>
 
@@ -16,9 +17,10 @@
 // used uninitialized" (GCC bug 105593, fixed in 13): a false positive in its own header.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
+#include "dense_linear_isa.h"
 #include "quant_linear_isa.h"
 
-namespace core_cpu::quant_linear {
+namespace core_cpu {
 namespace {
 
 struct Avx512 {
@@ -31,6 +33,15 @@ struct Avx512 {
   static CORE_QL_INLINE void store(float* p, V v) { _mm512_storeu_ps(p, v); }
   static CORE_QL_INLINE V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static CORE_QL_INLINE float sum(V v) { return _mm512_reduce_add_ps(v); }
+
+  static CORE_QL_INLINE V load_bf16(const uint16_t* p) {
+    const __m512i wide =
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+  }
+  static CORE_QL_INLINE V load_f16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
 
   template <int BITS>
   static CORE_QL_INLINE void unpack(const uint8_t* unit, V* q) {
@@ -47,9 +58,15 @@ struct Avx512 {
 
 }  // namespace
 
+namespace quant_linear {
 const IsaKernels kAvx512Kernels{"avx512", &gemv<Avx512>, &dequantize<Avx512>};
+}  // namespace quant_linear
 
-}  // namespace core_cpu::quant_linear
+namespace dense_linear {
+const IsaKernels kAvx512Kernels{"avx512", &gemv<Avx512>};
+}  // namespace dense_linear
+
+}  // namespace core_cpu
 
 #pragma GCC pop_options
 
