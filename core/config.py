@@ -83,8 +83,10 @@ class ModelConfig(_Config):
     # "auto" is resolved from the checkpoint before the config is frozen (core.pooling.runner).
     runner: Literal["auto", "generate", "pooling"] = "auto"
 
-    def torch_dtype(self, platform_default: torch.dtype) -> torch.dtype:
-        return platform_default if self.dtype == "auto" else _DTYPES[self.dtype]
+    def torch_dtype(self, platform: Any) -> torch.dtype:
+        """--dtype, or for "auto" the platform's `default_dtype` (read only then: the CPU
+        platform may measure it)."""
+        return platform.default_dtype if self.dtype == "auto" else _DTYPES[self.dtype]
 
 
 class CacheConfig(_Config):

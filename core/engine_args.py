@@ -267,7 +267,7 @@ class EngineArgs:
         _refuse_unbuilt(config)
         tp_size = config.parallel.tensor_parallel_size
         if stored_quantization is not None:
-            dtype = config.model.torch_dtype(platform.default_dtype)
+            dtype = config.model.torch_dtype(platform)
             config.model.quantization = resolve_quantization(
                 config.model.quantization,
                 stored_quantization,

@@ -32,9 +32,14 @@ def trace_plugins() -> bool:
 
 
 def cache_dir() -> Path:
-    """CORE_CACHE_DIR: where core keeps downloads (default ~/.cache/core)."""
+    """CORE_CACHE_DIR: where core keeps downloads and measurements (default
+    $XDG_CACHE_HOME/core, or ~/.cache/core without XDG_CACHE_HOME)."""
     raw = os.environ.get("CORE_CACHE_DIR")
-    return Path(raw).expanduser() if raw else Path.home() / ".cache" / "core"
+    if raw:
+        return Path(raw).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    # The XDG spec says a relative path there is invalid and to be ignored.
+    return (Path(xdg) if Path(xdg).is_absolute() else Path.home() / ".cache") / "core"
 
 
 def allow_runtime_lora_updating() -> bool:

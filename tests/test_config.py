@@ -6,6 +6,7 @@ import importlib.metadata as metadata
 
 import click
 import pytest
+import torch
 from click.testing import CliRunner
 from plugin_sources import API
 
@@ -187,3 +188,24 @@ def test_more_ranks_than_devices_are_refused_before_any_process_starts():
     args = EngineArgs(data_parallel_size=2, data_parallel_size_local=1)
     assert args.create_engine_config(OneDevice()).parallel.world_size == 1
     assert EngineArgs().create_engine_config(OneDevice()).parallel.world_size == 1
+
+
+class _MeasuringPlatform:
+    """A platform whose default dtype costs a measurement: counts the reads."""
+
+    reads = 0
+
+    @property
+    def default_dtype(self):
+        type(self).reads += 1
+        return torch.bfloat16
+
+
+def test_an_explicit_dtype_never_reads_the_platform_default():
+    from core.config import ModelConfig
+
+    platform = _MeasuringPlatform()
+    assert ModelConfig(model="m", dtype="float32").torch_dtype(platform) is torch.float32
+    assert _MeasuringPlatform.reads == 0
+    assert ModelConfig(model="m", dtype="auto").torch_dtype(platform) is torch.bfloat16
+    assert _MeasuringPlatform.reads == 1

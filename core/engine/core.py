@@ -75,6 +75,15 @@ def _build_executor(config: EngineConfig, platform: Platform, checkpoint: Checkp
     return UniProcExecutor(config, platform, checkpoint)
 
 
+def _dtype_words(config: EngineConfig, platform: Platform) -> str:
+    """The model's dtype and where it comes from: --dtype, or the platform's default and
+    why (read only for "auto": the CPU platform may measure it)."""
+    if config.model.dtype != "auto":
+        return f"{config.model.dtype} (--dtype)"
+    name = str(platform.default_dtype).removeprefix("torch.")
+    return f"{name} ({platform.default_dtype_reason})"
+
+
 def _grammar_backend(config: EngineConfig, checkpoint: Checkpoint) -> XgrammarBackend:
     """Built on the first structured-output request (xgrammar takes seconds to import)."""
     from core.structured_output.xgrammar_backend import XgrammarBackend
@@ -98,6 +107,7 @@ class EngineCore:
         self.config = config
         self.hooks = hooks
         self.max_model_len = config.model.max_model_len
+        logger.info("dtype: %s", _dtype_words(config, platform))
         checkpoint = checkpoint or resolve_model(config.model.model)
         self.executor = _build_executor(config, platform, checkpoint)
         self.kv = self._init_kv_cache(platform)

@@ -131,7 +131,8 @@ def info_report(registry: PluginRegistry | None = None) -> str:
         f"torch: {torch.__version__}, {torch.get_num_threads()} threads",
         f"memory: {memory.available_bytes / 2**30:.1f} GiB available "
         f"of {memory.total_bytes / 2**30:.1f} GiB",
-        f"default dtype: {choice.platform.default_dtype}",
+        f"default dtype: {str(choice.platform.default_dtype).removeprefix('torch.')} "
+        f"({choice.platform.default_dtype_reason})",
     ]
     lines += _kernel_op_lines(registry, choice.platform.device_type)
     return "\n".join(lines + _quantization_lines(registry, choice.platform))

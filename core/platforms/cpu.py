@@ -8,14 +8,15 @@ import os
 import torch
 
 from core.config import UsageContext
+from core.platforms.cpu_dtype import DtypeChoice, choose_cpu_dtype
 from core.platforms.interface import MemoryInfo, Platform
 
 SERVING_TOKEN_BUDGET = 64
 
 
 class CpuPlatform(Platform):
-    """Runs everything on the host CPU: bfloat16 where the CPU multiplies it natively
-    (AMX), float32 elsewhere.
+    """Runs everything on the host CPU: bfloat16 where the CPU multiplies it natively (AMX
+    or AVX512_BF16) and a probe measures it faster, float32 elsewhere (cpu_dtype.py).
 
     Measured with 2 threads: on an AMX Xeon, torch's bf16 matmul runs 3-7x faster than
     fp32 at batch 64 (W1 1.8x end to end) and no slower for single-stream decode; on CPUs
@@ -40,7 +41,17 @@ class CpuPlatform(Platform):
 
     @property
     def default_dtype(self) -> torch.dtype:
-        return torch.bfloat16 if "amx_bf16" in cpu_flags() else torch.float32
+        return self.dtype_choice().dtype
+
+    @property
+    def default_dtype_reason(self) -> str:
+        return self.dtype_choice().reason
+
+    def dtype_choice(self) -> DtypeChoice:
+        """The default dtype and why: measured on the first call where bfloat16 is a
+        candidate, not when the platform is built (`core --help` never pays for it)."""
+        model_name = cpuinfo().get("model name", "unknown CPU")
+        return choose_cpu_dtype(model_name, cpu_flags(), torch.get_num_threads())
 
     def default_max_num_batched_tokens(self, usage: UsageContext) -> int:
         # A CPU step costs about as much per prefill token as per decode row, so a big

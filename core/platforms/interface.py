@@ -107,6 +107,11 @@ class Platform(ABC):
     def default_dtype(self) -> torch.dtype:
         return self.supported_dtypes[0]
 
+    @property
+    def default_dtype_reason(self) -> str:
+        """Why `default_dtype` is what it is, for `core info` and the engine's start log."""
+        return f"the first of the {self.name} platform's supported dtypes"
+
     def default_max_num_batched_tokens(self, usage: UsageContext) -> int:
         """The per-step token budget when the user sets none (with chunked prefill).
 
@@ -139,7 +144,7 @@ class Platform(ABC):
 
     def check_and_update_config(self, config: Any) -> None:
         """Validate `config` (an EngineConfig) for this platform and fill its defaults."""
-        dtype = config.model.torch_dtype(self.default_dtype)
+        dtype = config.model.torch_dtype(self)
         if dtype not in self.supported_dtypes:
             supported = ", ".join(_dtype_name(d) for d in self.supported_dtypes)
             raise ValueError(

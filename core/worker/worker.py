@@ -47,7 +47,7 @@ class Worker:
         self.platform = platform
         self.rank = rank
         self.device = platform.torch_device(local_rank)
-        self.dtype = config.model.torch_dtype(platform.default_dtype)
+        self.dtype = config.model.torch_dtype(platform)
         self.model: nn.Module | None = None
         self.speculator: Speculator | None = None
         self.runner: ModelRunner | None = None

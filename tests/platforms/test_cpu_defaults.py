@@ -7,7 +7,6 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
 
 from core.engine_args import EngineArgs
 from core.platforms import cpu
@@ -29,15 +28,6 @@ def fresh_cpuinfo():
     cpu.cpuinfo.cache_clear()
     yield
     cpu.cpuinfo.cache_clear()
-
-
-@pytest.mark.parametrize(
-    ("flags", "dtype"),
-    [({"avx512f", "amx_tile", "amx_bf16"}, torch.bfloat16), ({"avx2", "fma"}, torch.float32)],
-)
-def test_bfloat16_is_the_default_only_with_amx(monkeypatch, flags, dtype):
-    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset(flags))
-    assert CpuPlatform().default_dtype == dtype
 
 
 def test_cpuinfo_reads_only_the_first_processors_fields(monkeypatch, fresh_cpuinfo):
