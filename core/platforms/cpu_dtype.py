@@ -26,6 +26,8 @@ from typing import Any
 import torch
 
 from core import envs
+from core.ops import linear
+from core.plugins.registry import get_registry
 
 logger = logging.getLogger(__name__)
 
@@ -79,8 +81,9 @@ class DtypeChoice:
 
 
 def probe_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """The linear layer the probe times, the one the model's layers call."""
-    return torch.nn.functional.linear(x, weight)
+    """The linear layer the probe times, the one the model's layers call: `core::linear`,
+    served by whichever kernel a plugin registered for the CPU (see measure_linear_times)."""
+    return linear(x, weight)
 
 
 @functools.cache
@@ -125,6 +128,10 @@ def _speedup_words(speedup: float) -> str:
 def measure_linear_times(budget_s: float = PROBE_BUDGET_S) -> ProbeTimes:
     """Time `probe_linear` over PROBE_CASES in float32 and bfloat16, cheapest first,
     stopping early when bfloat16 is hopeless or `budget_s` has passed."""
+    # The kernels that will serve the model are the ones to time: plugins register them
+    # from their `core.general` entry points (re-entrant; a process running a model calls
+    # them anyway).
+    get_registry().run_general_plugins()
     # A private generator: the probe must not move the user's (or the engine's) RNG.
     generator = torch.Generator().manual_seed(0)
     float32_s = bfloat16_s = 0.0
