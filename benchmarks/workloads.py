@@ -7,8 +7,10 @@ Every engine gets the same token ids: prompts are drawn here, once, with fixed s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -162,12 +164,16 @@ def core_w2(llm: LLM, sizes: Sizes) -> Metrics:
     return {**latency_metrics(result), "how": how}
 
 
+def engine_dtype(llm: LLM) -> str:
+    """The dtype the engine computes in (the platform's default unless one was asked for),
+    e.g. "bfloat16"."""
+    return str(llm.engine.core.executor.worker.dtype).removeprefix("torch.")
+
+
 def _precision(llm: LLM) -> str:
-    """The dtype the engine computes in (the platform's default unless one was asked for)
-    and, when its weights stay quantized, the method holding them."""
-    worker = llm.engine.core.executor.worker
-    dtype = str(worker.dtype).removeprefix("torch.")
-    method = worker.config.model.quantization
+    """`engine_dtype` and, when its weights stay quantized, the method holding them."""
+    dtype = engine_dtype(llm)
+    method = llm.engine.core.executor.worker.config.model.quantization
     if method is None:
         return dtype
     return f"{dtype}, {method} weights, core::quant_linear by {quant_linear_provider()}"
@@ -251,13 +257,19 @@ def thread_env(num_threads: int) -> dict[str, str]:
 
 @contextmanager
 def server_process(
-    command: list[str], base_url: str, env: dict[str, str], timeout_s: float = 600.0
+    command: list[str],
+    base_url: str,
+    env: dict[str, str],
+    timeout_s: float = 600.0,
+    reap_group: bool = False,
 ) -> Iterator[str]:
     """Run a server until the block ends, yielding `base_url` once GET /health answers 200.
 
     Stopped with SIGTERM (the server's own shutdown path), then killed with its process
-    group if it has not exited after 60 s. A server that dies or never gets healthy raises
-    RuntimeError with the tail of its log.
+    group if it has not exited after 60 s. With `reap_group`, whatever is left of its
+    process group once it has stopped is killed too: for servers whose children outlive
+    them (vLLM's engine core busy-polls when orphaned). A server that dies or never gets
+    healthy raises RuntimeError with the tail of its log.
     """
     with tempfile.TemporaryFile() as log:
         process = subprocess.Popen(
@@ -268,6 +280,8 @@ def server_process(
             yield base_url
         finally:
             _stop(process)
+            if reap_group:
+                kill_group(process.pid)
 
 
 def _wait_healthy(process: subprocess.Popen, base_url: str, timeout_s: float, log: Any) -> None:
@@ -303,6 +317,13 @@ def _stop(process: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, 9)
         process.wait()
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL every process still in process group `pgid` (a child started with
+    `start_new_session` leads its own group, whose id is its pid); none left is fine."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def served_model_id(base_url: str) -> str:
@@ -355,10 +376,15 @@ def core_serve_command(gguf_path: Path, port: int) -> list[str]:
 
 
 def core_w3(gguf_path: Path, prompts: Prompts, sizes: Sizes, num_threads: int) -> Metrics:
+    """W3's figures, and `start_s`: seconds from launching `core serve` to its first healthy
+    /health (caches warm when core's offline runs came first)."""
     port = free_port()
     command = core_serve_command(gguf_path, port)
+    start = time.perf_counter()
     with server_process(command, f"http://127.0.0.1:{port}", thread_env(num_threads)) as url:
-        return served(url, prompts, sizes.w1_output_len, sizes.w3_max_concurrency, "core serve")
+        start_s = time.perf_counter() - start
+        found = served(url, prompts, sizes.w1_output_len, sizes.w3_max_concurrency, "core serve")
+    return {**found, "start_s": start_s}
 
 
 __all__ = [
@@ -372,7 +398,9 @@ __all__ = [
     "core_w2",
     "core_w3",
     "core_w4",
+    "engine_dtype",
     "free_port",
+    "kill_group",
     "latency_metrics",
     "load_core",
     "quant_linear_provider",
