@@ -157,6 +157,7 @@ UNIFIED_ATTENTION = CORE_OPS.declare(
     "str layer_name) -> ()",
     _unified_attention,
     _unified_attention_fake,
+    conformance=None,  # a seam for compiled graphs: attention backends do the work
 )
 """Attention of one layer as one op writing into `output`: what a compiled graph calls
 (see the module doc); graph splitting for piecewise capture cuts the graph at it."""

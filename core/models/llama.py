@@ -29,7 +29,6 @@ from core.models.layers import (
     SiluAndMul,
     TiedLMHead,
     VocabEmbedding,
-    apply_rotary_emb,
 )
 from core.models.pipeline import IntermediateTensors, MissingLayer, stage_layers
 from core.quantization.interface import QuantizationConfig
@@ -84,6 +83,7 @@ class LlamaAttention(nn.Module):
         config: ArchConfig,
         options: DecoderOptions,
         layer_idx: int,
+        rotary_emb: RotaryEmbedding,
         quant_config: QuantizationConfig | None,
         prefix: str,
         dtype: torch.dtype,
@@ -115,6 +115,7 @@ class LlamaAttention(nn.Module):
         )
         self.q_norm = _head_norm(config, options, dtype)
         self.k_norm = _head_norm(config, options, dtype)
+        self.rotary_emb = rotary_emb  # the model's one table, shared by every layer
         window = config.layer_sliding_window(layer_idx) if options.sliding_window else None
         self.attn = Attention(
             layer_name=f"{prefix}.attn",
@@ -127,27 +128,38 @@ class LlamaAttention(nn.Module):
 
     def forward(
         self,
+        positions: torch.Tensor,  # [T] int64
         hidden: torch.Tensor,  # [T, hidden]
-        cos: torch.Tensor,  # [T, 1, head_dim]
-        sin: torch.Tensor,  # [T, 1, head_dim]
     ) -> torch.Tensor:  # [T, hidden]
         num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)  # [T, (H + 2 * H_kv) * D]
         kv_size = self.qkv_proj.kv_size
         q, k, v = qkv.split([self.qkv_proj.q_size, kv_size, kv_size], dim=-1)
+        # Views into qkv (or the head norms' outputs), rotated in place. `view` rather than
+        # `reshape` back: a compiled graph would guard reshape's copy-or-view choice on
+        # T == 1 (rows of a strided view) and trace a second graph for one-token steps.
         q = self.q_norm(q.view(num_tokens, self.num_heads, self.head_dim))  # [T, H, D]
         k = self.k_norm(k.view(num_tokens, self.num_kv_heads, self.head_dim))  # [T, H_kv, D]
-        q, k = apply_rotary_emb(q, cos, sin), apply_rotary_emb(k, cos, sin)
-        out = self.attn(q.reshape(num_tokens, -1), k.reshape(num_tokens, -1), v)  # [T, H * D]
+        self.rotary_emb(positions, q, k)
+        out = self.attn(q.view(num_tokens, -1), k.view(num_tokens, -1), v)  # [T, H * D]
         return self.o_proj(out)
 
 
 class LlamaDecoderLayer(nn.Module):
+    """One pre-norm decoder layer that carries the residual stream the vLLM way.
+
+    The layer returns its MLP output and the residual stream *before* that output is
+    added: the next layer's input norm adds them in the same pass that normalizes the
+    sum (`core::fused_add_rms_norm`), and the model's final norm does the last add. The
+    sums are the unfused layer's, in the same order, so the outputs are unchanged.
+    """
+
     def __init__(
         self,
         config: ArchConfig,
         options: DecoderOptions,
         layer_idx: int,
+        rotary_emb: RotaryEmbedding,
         quant_config: QuantizationConfig | None,
         prefix: str,
         dtype: torch.dtype,
@@ -156,19 +168,24 @@ class LlamaDecoderLayer(nn.Module):
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype)
         self.self_attn = LlamaAttention(
-            config, options, layer_idx, quant_config, f"{prefix}.self_attn", dtype
+            config, options, layer_idx, rotary_emb, quant_config, f"{prefix}.self_attn", dtype
         )
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype)
         self.mlp = LlamaMLP(config, options, quant_config, f"{prefix}.mlp", dtype)
 
     def forward(
         self,
-        hidden: torch.Tensor,  # [T, hidden]
-        cos: torch.Tensor,  # [T, 1, head_dim]
-        sin: torch.Tensor,  # [T, 1, head_dim]
-    ) -> torch.Tensor:  # [T, hidden]
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        positions: torch.Tensor,  # [T] int64
+        hidden: torch.Tensor,  # [T, hidden]: the previous layer's MLP output, or the input
+        residual: torch.Tensor | None,  # [T, hidden]; None: `hidden` is the whole stream
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # (MLP output, residual before it), [T, hidden]
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
 
 
 class LlamaModel(nn.Module):
@@ -206,7 +223,9 @@ class LlamaModel(nn.Module):
             config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
         )
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, options, i, quant_config, f"{prefix}.layers.{i}", dtype)
+            LlamaDecoderLayer(
+                config, options, i, self.rotary_emb, quant_config, f"{prefix}.layers.{i}", dtype
+            )
             if self.start <= i < self.end
             else MissingLayer()
             for i in range(config.num_hidden_layers)
@@ -228,13 +247,18 @@ class LlamaModel(nn.Module):
             hidden = self.embed_tokens(input_ids)
         else:
             hidden = intermediate_tensors["hidden_states"]
-        cos, sin = self.rotary_emb(positions)
+        residual = None
         end = self.end if num_layers is None else min(num_layers, self.end)
         for layer in self.layers[self.start : end]:
-            hidden = layer(hidden, cos, sin)
+            hidden, residual = layer(positions, hidden, residual)
         if not self.is_last_stage:
-            return IntermediateTensors({"hidden_states": hidden})
-        return self.norm(hidden)
+            # The stream is folded at the stage's end (the add the next layer would have
+            # fused), so a stage hands the next one hidden states alone, as before.
+            stream = hidden if residual is None else hidden + residual
+            return IntermediateTensors({"hidden_states": stream})
+        if residual is None:
+            return self.norm(hidden)
+        return self.norm(hidden, residual)[0]
 
 
 class LlamaForCausalLM(nn.Module):

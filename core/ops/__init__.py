@@ -1,8 +1,9 @@
 """Kernel ops declared by core; plugins register faster kernels for them.
 
 Each op is a torch.library custom op in the "core" namespace with a pure-PyTorch
-reference and a fake for tracing (see `core.ops.registry`). A plugin registers a kernel
-from its `core.general` entry point:
+reference, a fake for tracing, and conformance samples with per-dtype tolerances (see
+`core.ops.registry` and `core.ops.samples`). A plugin registers a kernel from its
+`core.general` entry point:
 
     from core.ops import register_impl
     register_impl("rms_norm", "cpu", my_rms_norm, provider="my-plugin")
@@ -11,6 +12,7 @@ from its `core.general` entry point:
 device_type)` one of them.
 """
 
+from core.ops.activation import silu_and_mul, silu_and_mul_reference
 from core.ops.linear import linear, linear_reference
 from core.ops.norm import (
     fused_add_rms_norm,
@@ -20,6 +22,8 @@ from core.ops.norm import (
 )
 from core.ops.quant_linear import quant_linear, quant_linear_reference
 from core.ops.registry import CORE_OPS, REFERENCE, KernelOp, OpRegistry
+from core.ops.rotary import apply_rotary_emb, rotary_embedding, rotary_embedding_reference
+from core.ops.samples import Conformance, OpSample, SampleBuilder, Tolerance
 
 register_impl = CORE_OPS.register_impl
 providers = CORE_OPS.providers
@@ -27,9 +31,14 @@ provider = CORE_OPS.provider
 
 __all__ = [
     "CORE_OPS",
+    "Conformance",
     "REFERENCE",
     "KernelOp",
     "OpRegistry",
+    "OpSample",
+    "SampleBuilder",
+    "Tolerance",
+    "apply_rotary_emb",
     "fused_add_rms_norm",
     "fused_add_rms_norm_reference",
     "linear",
@@ -41,4 +50,8 @@ __all__ = [
     "register_impl",
     "rms_norm",
     "rms_norm_reference",
+    "rotary_embedding",
+    "rotary_embedding_reference",
+    "silu_and_mul",
+    "silu_and_mul_reference",
 ]

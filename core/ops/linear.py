@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from core.ops.registry import CORE_OPS
+from core.ops.samples import Conformance, OpSample, Tolerance, randn
 
 _MV_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -36,8 +37,41 @@ def _linear_fake(
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
+def _linear_samples(dtype: torch.dtype, device: torch.device) -> list[OpSample]:
+    def sample(name: str, x: torch.Tensor, n: int, bias: bool) -> OpSample:
+        k = x.shape[-1]
+        weight = randn((n, k), dtype, device, seed=1, scale=0.5)
+        return OpSample(name, (x, weight, randn((n,), dtype, device, seed=2) if bias else None))
+
+    def rows(t: int, k: int) -> torch.Tensor:
+        return randn((t, k), dtype, device, seed=0)
+
+    strided = randn((40, 3), dtype, device, seed=0).t()  # [3, 40], rows 1 apart
+    return [
+        sample("one row (decode)", rows(1, 64), 96, False),
+        sample("odd sizes past the vector and row blocks, with bias", rows(5, 13), 7, True),
+        sample("an input smaller than one vector", rows(3, 1), 5, False),
+        sample("strided rows", strided, 9, True),
+        sample("3-D activations", randn((2, 3, 24), dtype, device, seed=0), 10, False),
+        sample("many rows (a prefill chunk)", rows(33, 64), 48, True),
+    ]
+
+
+# A kernel sums in another order: float32 error up to a few units of float32 precision of
+# |x| @ |W|^T (at most ~30 on the samples), hence the absolute term; a half-type result is
+# rounded once, from a float32 sum that may differ from the reference's in its last bits.
+_SUM_ORDER_ATOL = 1e-4
+TOLERANCES = {
+    torch.float32: Tolerance(rtol=1e-5, atol=_SUM_ORDER_ATOL),
+    torch.bfloat16: Tolerance(rtol=2 * torch.finfo(torch.bfloat16).eps, atol=_SUM_ORDER_ATOL),
+    torch.float16: Tolerance(rtol=2 * torch.finfo(torch.float16).eps, atol=_SUM_ORDER_ATOL),
+}
+
 LINEAR = CORE_OPS.declare(
-    "linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor", linear_reference, _linear_fake
+    "linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
+    linear_reference,
+    _linear_fake,
+    Conformance(_linear_samples, TOLERANCES),
 )
 
 

@@ -10,6 +10,18 @@ from __future__ import annotations
 import torch
 
 from core.ops.registry import CORE_OPS
+from core.ops.samples import Conformance, OpSample, Tolerance, randn
+
+_EPS = 1e-6  # the samples' epsilon: SmolLM2's, small enough that it never dominates
+
+# A kernel may round the float32 sum of squares differently (another summation order),
+# which moves the normalized row, rounded to a half type, by one unit in the last place,
+# and the product with the weight by one more.
+TOLERANCES = {
+    torch.float32: Tolerance(rtol=1e-5, atol=1e-6),
+    torch.bfloat16: Tolerance(rtol=2 * torch.finfo(torch.bfloat16).eps, atol=1e-5),
+    torch.float16: Tolerance(rtol=2 * torch.finfo(torch.float16).eps, atol=1e-5),
+}
 
 
 def rms_norm_reference(
@@ -51,15 +63,48 @@ def _fused_add_rms_norm_fake(
     return _rms_norm_fake(new_residual, weight, eps), new_residual
 
 
+def _rms_norm_samples(dtype: torch.dtype, device: torch.device) -> list[OpSample]:
+    def sample(name: str, x: torch.Tensor) -> OpSample:
+        return OpSample(name, (x, randn(x.shape[-1:], dtype, device, seed=1), _EPS))
+
+    qkv = randn((5, 3 * 4 * 16), dtype, device, seed=0, scale=3)  # [T, (H + 2 H_kv) * D]
+    return [
+        sample("one row", randn((1, 64), dtype, device, seed=0, scale=3)),
+        sample("odd hidden size", randn((5, 7), dtype, device, seed=0, scale=3)),
+        sample("hidden size 1", randn((3, 1), dtype, device, seed=0, scale=3)),
+        sample("3-D input", randn((2, 3, 40), dtype, device, seed=0, scale=3)),
+        sample("head-split view of a fused QKV", qkv[:, : 4 * 16].view(5, 4, 16)),
+    ]
+
+
+def _fused_add_rms_norm_samples(dtype: torch.dtype, device: torch.device) -> list[OpSample]:
+    def sample(name: str, x: torch.Tensor, residual: torch.Tensor) -> OpSample:
+        weight = randn(x.shape[-1:], dtype, device, seed=1)
+        return OpSample(name, (x, residual, weight, _EPS))
+
+    def pair(shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        return randn(shape, dtype, device, seed=0, scale=3), randn(shape, dtype, device, seed=2)
+
+    x_rows, residual_rows = randn((6, 40), dtype, device, seed=0), randn((6, 40), dtype, device, 2)
+    return [
+        sample("one row", *pair((1, 64))),
+        sample("odd hidden size", *pair((5, 7))),
+        sample("3-D input", *pair((2, 3, 40))),
+        sample("strided rows of both inputs", x_rows[::2, :24], residual_rows[::2, :24]),
+    ]
+
+
 RMS_NORM = CORE_OPS.declare(
     "rms_norm(Tensor x, Tensor weight, float eps) -> Tensor",
     rms_norm_reference,
     _rms_norm_fake,
+    Conformance(_rms_norm_samples, TOLERANCES),
 )
 FUSED_ADD_RMS_NORM = CORE_OPS.declare(
     "fused_add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)",
     fused_add_rms_norm_reference,
     _fused_add_rms_norm_fake,
+    Conformance(_fused_add_rms_norm_samples, TOLERANCES),
 )
 
 

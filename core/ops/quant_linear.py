@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 
 from core.ops.registry import CORE_OPS
+from core.ops.samples import Conformance, OpSample, Tolerance, randn
 
 _RUN = 32  # 4-bit values are packed in runs of 32 inputs, 16 bytes each
 BITS = (4, 8)
@@ -132,10 +133,48 @@ def _quant_linear_fake(
     return x.new_empty((x.shape[0], qweight.shape[0]))
 
 
+# A kernel sums in another order (and may group the sum as scale * sum(q x) + min * sum(x)):
+# float32 error up to a few units of float32 precision of |x| @ |W|^T, which is at most ~20
+# on the samples below, hence the absolute term; half types are rounded once more.
+_SUM_ORDER_ATOL = 1e-4
+TOLERANCES = {
+    torch.float32: Tolerance(rtol=1e-5, atol=_SUM_ORDER_ATOL),
+    torch.bfloat16: Tolerance(rtol=torch.finfo(torch.bfloat16).eps, atol=_SUM_ORDER_ATOL),
+    torch.float16: Tolerance(rtol=torch.finfo(torch.float16).eps, atol=_SUM_ORDER_ATOL),
+}
+
+
+def _sample_weight(
+    n: int, k: int, bits: int, group: int, device: torch.device, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A random packed weight [n, k]: AWQ-like scales and zero points (mins = -zero * scale)."""
+    generator = torch.Generator().manual_seed(seed)
+    low, high = (0, 16) if bits == 4 else (-128, 128)
+    q = torch.randint(low, high, (n, k), generator=generator)
+    scales = torch.rand(n, k // group, generator=generator) * 0.02 + 1e-3
+    zeros = torch.randint(0, 16, (n, k // group), generator=generator).float()
+    return pack(q, bits).to(device), scales.to(device), (-zeros * scales).to(device)
+
+
+def _quant_linear_samples(dtype: torch.dtype, device: torch.device) -> list[OpSample]:
+    def sample(name: str, x: torch.Tensor, n: int, bits: int, group: int) -> OpSample:
+        weight = _sample_weight(n, x.shape[1], bits, group, device, seed=1)
+        return OpSample(name, (x, *weight, bits))
+
+    rows = randn((3, 96), dtype, device, seed=0)
+    return [
+        sample("one row, 4-bit, groups of 32", randn((1, 64), dtype, device, 0), 7, 4, 32),
+        sample("5 rows, 8-bit, groups of 16", randn((5, 96), dtype, device, 0), 7, 8, 16),
+        sample("strided rows, 4-bit, one group", rows[:, :64], 9, 4, 64),
+        sample("one output, 8-bit, groups of 32", randn((2, 64), dtype, device, 0), 1, 8, 32),
+    ]
+
+
 QUANT_LINEAR = CORE_OPS.declare(
     "quant_linear(Tensor x, Tensor qweight, Tensor scales, Tensor mins, int bits) -> Tensor",
     quant_linear_reference,
     _quant_linear_fake,
+    Conformance(_quant_linear_samples, TOLERANCES),
 )
 
 

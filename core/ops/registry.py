@@ -6,6 +6,10 @@ dtypes for tracing. Plugins then register faster kernels for a device type throu
 `register_impl`, and the registry remembers which provider serves each (op, device type)
 so `core info` can name it.
 
+Each kernel op also carries sample inputs and a tolerance per dtype (`core.ops.samples`):
+the conformance kit checks every kernel a plugin registers against the reference over them.
+`registrations_of` tells which kernels one plugin's registration callable serves.
+
 Two routes reach the same kernels. `torch.ops.<namespace>.<name>` goes through the
 dispatcher (the registered kernel for the tensors' device, else the reference), which is
 what tracing and compilation see. Calling the `KernelOp` itself in eager mode reads the
@@ -21,6 +25,8 @@ from typing import Any
 
 import torch
 
+from core.ops.samples import Conformance
+
 REFERENCE = "reference"
 """The provider name `providers` implies for a device type nobody registered a kernel for."""
 
@@ -30,11 +36,13 @@ _REFERENCE_KEY = "CompositeExplicitAutograd"
 
 @dataclass
 class KernelOp:
-    """One declared op: its reference, fake, and the kernels registered per device type."""
+    """One declared op: its reference, conformance samples and tolerances, and the kernels
+    registered per device type."""
 
     name: str
     qualname: str  # "namespace::name"
     reference: Callable[..., Any]
+    conformance: Conformance | None  # None: a dispatch seam, not a kernel op (see declare)
     kernels: dict[str, Callable[..., Any]] = field(default_factory=dict)  # by device type
     providers: dict[str, str] = field(default_factory=dict)  # by device type
 
@@ -66,22 +74,33 @@ class OpRegistry:
         self.namespace = namespace
         self._library = torch.library.Library(namespace, "DEF")
         self._ops: dict[str, KernelOp] = {}
+        self._recorded: dict[tuple[str, str], KernelOp] | None = None  # by (op, device type)
 
     def declare(
-        self, schema: str, reference: Callable[..., Any], fake: Callable[..., Any]
+        self,
+        schema: str,
+        reference: Callable[..., Any],
+        fake: Callable[..., Any],
+        conformance: Conformance | None,
     ) -> KernelOp:
         """Define `namespace::name` from a schema such as "name(Tensor x) -> Tensor".
 
         `reference` serves every device type until a kernel is registered for it; `fake`
         computes the outputs' metadata from fake inputs for tracing. Outputs must be new
-        tensors, never views of the inputs (the schema declares no aliasing).
+        tensors, never views of the inputs. An op that writes into arguments marks them in
+        the schema ("name(Tensor(a!) x) -> ()"), returns nothing, and its fake returns None.
+
+        `conformance` holds the samples and per-dtype tolerances the conformance kit checks
+        every registered kernel against (see `core.ops.samples`). None is for an op that is
+        a dispatch seam rather than a kernel (core::unified_attention: the attention
+        backend does its work); the kit refuses a kernel registered for such an op.
         """
         name = schema.split("(", 1)[0].strip()
         qualname = f"{self.namespace}::{name}"
         self._library.define(schema)
         self._library.impl(name, reference, _REFERENCE_KEY)
         torch.library.register_fake(qualname, fake, lib=self._library)
-        op = KernelOp(name=name, qualname=qualname, reference=reference)
+        op = KernelOp(name, qualname, reference, conformance)
         self._ops[name] = op
         return op
 
@@ -101,6 +120,7 @@ class OpRegistry:
         current = op.providers.get(device_type)
         if current is not None:
             if current == provider and op.kernels[device_type] is fn:
+                self._record(op, device_type)
                 return
             raise ValueError(
                 f"{op.qualname} on {device_type!r} is already served by {current}; "
@@ -114,6 +134,19 @@ class OpRegistry:
             raise ValueError(f"device_type {device_type!r}: {exc}") from exc
         op.kernels[device_type] = fn
         op.providers[device_type] = provider
+        self._record(op, device_type)
+
+    def registrations_of(self, register: Callable[[], None]) -> list[tuple[KernelOp, str]]:
+        """Call `register` (a plugin's re-entrant registration callable, e.g. its
+        `core.general` entry point) and return the (op, device type) pairs it served,
+        those it had registered before included: what the plugin provides, for the
+        conformance kit to check. Exceptions from `register` propagate."""
+        self._recorded = {}
+        try:
+            register()
+            return [(op, device_type) for (_, device_type), op in self._recorded.items()]
+        finally:
+            self._recorded = None
 
     def providers(self) -> dict[str, dict[str, str]]:
         """Op name -> {device type: provider} of the registered kernels.
@@ -125,6 +158,10 @@ class OpRegistry:
     def provider(self, op_name: str, device_type: str) -> str | None:
         """Who serves `op_name` on `device_type` tensors; None when the reference does."""
         return self._op(op_name).providers.get(device_type)
+
+    def _record(self, op: KernelOp, device_type: str) -> None:
+        if self._recorded is not None:
+            self._recorded[op.name, device_type] = op
 
     def _op(self, op_name: str) -> KernelOp:
         op = self._ops.get(op_name)

@@ -37,7 +37,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         dest="core_conformance",
         help="run the conformance kit for one component instead of the collected tests: "
         "KIND is platform, attention, sampler, quantization, kv_connector, model, "
-        "spec_proposer or rejection_sampler; NAME an entry name of that kind's entry-point "
+        "spec_proposer, lora, rejection_sampler or kernels (a core.general entry point that "
+        "registers kernels for core's ops); NAME an entry name of that kind's entry-point "
         "group (rejection_sampler has none) or an importable module.path:Attr "
         "reference (`python -m pytest` puts the current directory on sys.path); "
         "repeatable, or comma-separated",

@@ -12,6 +12,7 @@ setup(
         CppExtension(
             "core_cpu_kernels._C",
             [
+                "core_cpu_kernels/csrc/activation.cpp",
                 "core_cpu_kernels/csrc/bindings.cpp",
                 "core_cpu_kernels/csrc/dense_linear.cpp",
                 "core_cpu_kernels/csrc/linear_avx2.cpp",
@@ -20,6 +21,7 @@ setup(
                 "core_cpu_kernels/csrc/paged_attention.cpp",
                 "core_cpu_kernels/csrc/quant_linear.cpp",
                 "core_cpu_kernels/csrc/rms_norm.cpp",
+                "core_cpu_kernels/csrc/rotary.cpp",
             ],
             # -fopenmp: at::parallel_for is inlined here and runs on OpenMP; the runtime
             # resolves to the libgomp torch has already loaded.

@@ -288,6 +288,34 @@ def test_general_plugins_run_once_per_process(site, tmp_path):
     assert failed.state is EntryState.FAILED and "RuntimeError: boom" in failed.reason
 
 
+def test_a_general_plugin_that_fails_to_import_is_logged_and_the_others_still_run(
+    site, tmp_path, caplog
+):
+    counter = tmp_path / "calls"
+    modules = {
+        "unbuilt/__init__.py": API,
+        "unbuilt/ops.py": "raise ImportError('unbuilt._C: undefined symbol')\n",
+        "counting/__init__.py": API,
+        "counting/setup.py": f"""
+            def setup():
+                with open({str(counter)!r}, "a") as f:
+                    f.write("x")
+        """,
+    }
+    site.add("unbuilt", {GENERAL: {"kernels": "unbuilt.ops:register"}}, modules)
+    site.add("counting", {GENERAL: {"count": "counting.setup:setup"}}, {})
+    registry = registry_of("unbuilt", "counting")
+    with caplog.at_level("WARNING", logger="core.plugins.registry"):
+        registry.run_general_plugins()
+    assert counter.read_text() == "x"
+    failed = registry.get(GENERAL, "kernels")
+    reason = "import failed: ImportError: unbuilt._C: undefined symbol"
+    assert (failed.state, failed.reason) == (EntryState.FAILED, reason)
+    assert f"plugin kernels from distribution unbuilt (group core.general) failed: {reason}" in (
+        caplog.text
+    )
+
+
 def test_probe_that_raises_is_not_fatal(site):
     site.add("flaky", {PLATFORMS: {"flaky": "flaky.probe:probe"}},
              platform_plugin("flaky", "Flaky", "raise OSError('driver crashed')"))  # fmt: skip

@@ -66,3 +66,14 @@ def test_a_kind_without_an_entry_point_group_is_named_only_by_reference():
     reference = "core.spec_decode.rejection_sampler:StandardRejectionSampler"
     (spec,) = parse_targets([f"rejection_sampler:{reference}"])
     assert resolve(spec).value is StandardRejectionSampler
+
+
+def test_kernels_name_a_general_entry_point_or_a_callable_by_reference():
+    pytest.importorskip("core_cpu_kernels.ops", reason="core-cpu-kernels is not installed")
+    from core_cpu_kernels.ops import register
+
+    assert resolve(TargetSpec("kernels", "kernel_ops")).value is register
+    with pytest.raises(
+        ValueError, match="'core.ops:CORE_OPS': a value of type OpRegistry is not callable"
+    ):
+        resolve(TargetSpec("kernels", "core.ops:CORE_OPS"))

@@ -9,7 +9,7 @@ from core.models.layers.linear import (
     ReplicatedLinear,
     RowParallelLinear,
 )
-from core.models.layers.rotary_embedding import RotaryEmbedding, apply_rotary_emb
+from core.models.layers.rotary_embedding import RotaryEmbedding
 from core.models.layers.vocab_embedding import LMHead, TiedLMHead, VocabEmbedding, VocabMatrix
 
 __all__ = [
@@ -25,5 +25,4 @@ __all__ = [
     "TiedLMHead",
     "VocabEmbedding",
     "VocabMatrix",
-    "apply_rotary_emb",
 ]

@@ -2,7 +2,8 @@
 
 The cos/sin tables are computed once, in float32, for every position up to
 `max_position_embeddings`, and indexed by each token's position: tokens of different
-requests packed back to back each carry their own position.
+requests packed back to back each carry their own position. Queries and keys are rotated
+in place by `core::rotary_embedding` (core.ops.rotary: the arithmetic of transformers).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from core.ops import rotary_embedding
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -38,26 +41,14 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_cache", freqs.cos(), persistent=False)
         self.register_buffer("sin_cache", freqs.sin(), persistent=False)
 
-    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, sin) for `positions` [T], each [T, 1, head_dim] float32 (broadcast over heads)."""
-        cos = self.cos_cache[positions]  # [T, head_dim / 2]
-        sin = self.sin_cache[positions]
-        return torch.cat((cos, cos), -1).unsqueeze(1), torch.cat((sin, sin), -1).unsqueeze(1)
-
-
-def apply_rotary_emb(
-    x: torch.Tensor,  # [T, num_heads, head_dim]
-    cos: torch.Tensor,  # [T, 1, head_dim]
-    sin: torch.Tensor,  # [T, 1, head_dim]
-) -> torch.Tensor:  # [T, num_heads, head_dim]
-    """Rotate each (i, i + head_dim/2) pair of `x` by its position's angle.
-
-    cos/sin are cast to x's dtype first, as transformers does, so low-precision models
-    round where the reference does.
-    """
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+    def forward(
+        self,
+        positions: torch.Tensor,  # [T] int64
+        query: torch.Tensor,  # [T, num_heads, head_dim], may be a view into a fused QKV
+        key: torch.Tensor,  # [T, num_kv_heads, head_dim]
+    ) -> None:
+        """Rotate `query` and `key` in place by the angles of their tokens' positions."""
+        rotary_embedding(positions, query, key, self.cos_cache, self.sin_cache)
 
 
 def rope_inv_freq(

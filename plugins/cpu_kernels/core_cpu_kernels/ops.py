@@ -3,12 +3,13 @@
 `register` is this distribution's `core.general` entry point: every process that runs a
 model calls it before building one. It serves core::rms_norm, core::fused_add_rms_norm,
 core::linear (a GEMV that streams each weight row once for few-row activations, where
-torch's BLAS runs a slow path) and core::quant_linear (group-quantized 4- and 8-bit
-weights: a GEMV for decode rows that unpacks the weights in registers, a tiled GEMM for
-prefill); AVX-512, AVX2 or portable kernels, chosen by probing the CPU at load. Inputs
-the C++ kernels do not take (another dtype, a weight of another dtype, a strided last
-dimension, a non-contiguous packed weight) go to core's reference, so the registered
-kernel serves the op's whole domain.
+torch's BLAS runs a slow path), core::silu_and_mul, core::rotary_embedding (in place, in
+the fused QKV's views) and core::quant_linear (group-quantized 4- and 8-bit weights: a
+GEMV for decode rows that unpacks the weights in registers, a tiled GEMM for prefill);
+AVX-512, AVX2 or portable kernels, chosen by probing the CPU at load. Inputs the C++
+kernels do not take (another dtype, a weight of another dtype, a strided last dimension,
+a non-contiguous packed weight) go to core's reference, so the registered kernel serves
+the op's whole domain.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from core.ops import (
     quant_linear_reference,
     register_impl,
     rms_norm_reference,
+    rotary_embedding_reference,
+    silu_and_mul_reference,
 )
 from core.platforms.cpu import cpu_flags
 from core_cpu_kernels import _C  # import after torch: the module links against libtorch
@@ -95,6 +98,30 @@ def linear(
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:  # [T, 2I] -> [T, I]
+    """One pass over 2-D x with a contiguous last dimension (rows may be strided)."""
+    if x.dtype in _DTYPES and x.dim() == 2 and x.stride(-1) == 1 and x.shape[-1] % 2 == 0:
+        return _C.silu_and_mul(x)
+    return silu_and_mul_reference(x)
+
+
+def rotary_embedding(
+    positions: torch.Tensor,  # [T] int64
+    query: torch.Tensor,  # [T, Hq, D]
+    key: torch.Tensor,  # [T, Hkv, D]
+    cos_cache: torch.Tensor,  # [max_positions, D / 2] float32
+    sin_cache: torch.Tensor,
+) -> None:
+    """Rotates query and key where they lie (strided heads and rows of a fused QKV).
+
+    Positions outside the tables raise RuntimeError before anything is written.
+    """
+    if _takes_rotary(positions, query, key, cos_cache, sin_cache):
+        _C.rotary_embedding(positions, query, key, cos_cache, sin_cache)
+    else:
+        rotary_embedding_reference(positions, query, key, cos_cache, sin_cache)
+
+
 def quant_linear(
     x: torch.Tensor,  # [T, K]
     qweight: torch.Tensor,
@@ -121,11 +148,12 @@ def quant_linear(
 
 
 def register() -> None:
-    """Serve core::rms_norm, core::fused_add_rms_norm, core::linear and core::quant_linear
-    on "cpu" (re-entrant)."""
+    """Serve core's kernel ops on "cpu" with this package's kernels (re-entrant)."""
     register_impl("rms_norm", "cpu", rms_norm, PROVIDER)
     register_impl("fused_add_rms_norm", "cpu", fused_add_rms_norm, PROVIDER)
     register_impl("linear", "cpu", linear, PROVIDER)
+    register_impl("silu_and_mul", "cpu", silu_and_mul, PROVIDER)
+    register_impl("rotary_embedding", "cpu", rotary_embedding, PROVIDER)
     register_impl("quant_linear", "cpu", quant_linear, PROVIDER)
 
 
@@ -138,3 +166,33 @@ def _takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
     if x.dtype not in _DTYPES or weight.dtype is not x.dtype or x.dim() == 0:
         return False
     return weight.shape == x.shape[-1:] and weight.is_contiguous() and x.stride(-1) == 1
+
+
+def _takes_rotary(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    cos_cache: torch.Tensor,
+    sin_cache: torch.Tensor,
+) -> bool:
+    """Whether the C++ kernel takes these (else the reference serves them): q and k of one
+    dtype of `_DTYPES`, [T, heads, D] with a contiguous last dimension; contiguous int64
+    positions [T]; contiguous float32 tables [positions, D / 2] of equal shape."""
+    heads = query.dtype in _DTYPES and key.dtype is query.dtype and query.dim() == key.dim() == 3
+    if not heads or query.stride(-1) != 1 or key.stride(-1) != 1:
+        return False
+    tables = (
+        cos_cache.dtype is sin_cache.dtype is torch.float32
+        and cos_cache.dim() == 2
+        and cos_cache.shape == sin_cache.shape
+        and cos_cache.is_contiguous()
+        and sin_cache.is_contiguous()
+    )
+    return (
+        tables
+        and positions.dtype is torch.int64
+        and positions.dim() == 1
+        and positions.is_contiguous()
+        and query.shape[0] == key.shape[0] == positions.shape[0]
+        and query.shape[2] == key.shape[2] == 2 * cos_cache.shape[1]
+    )

@@ -8,6 +8,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "core::rms_norm on contiguous-row CPU tensors");
   m.def("fused_add_rms_norm", &fused_add_rms_norm,
         "core::fused_add_rms_norm on contiguous-row CPU tensors");
+  m.def("silu_and_mul", &silu_and_mul, "core::silu_and_mul on [T, 2I] CPU tensors");
+  m.def("rotary_embedding", &rotary_embedding,
+        "core::rotary_embedding in place on [T, heads, D] CPU tensors");
   m.def("quant_linear", &quant_linear,
         "core::quant_linear with the kernels of one vector ISA (\"\": the widest available)",
         py::arg("x"), py::arg("qweight"), py::arg("scales"), py::arg("mins"), py::arg("bits"),

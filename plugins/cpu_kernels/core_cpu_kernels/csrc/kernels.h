@@ -19,6 +19,14 @@ std::tuple<torch::Tensor, torch::Tensor> fused_add_rms_norm(const torch::Tensor&
                                                             const torch::Tensor& weight,
                                                             double eps);
 
+// core::silu_and_mul: x [T, 2I] (contiguous last dimension) -> silu(gate) * up [T, I].
+torch::Tensor silu_and_mul(const torch::Tensor& x);
+
+// core::rotary_embedding in place on query [T, Hq, D] and key [T, Hkv, D] (strided views
+// allowed, contiguous last dimension) from float32 [positions, D / 2] cos / sin tables.
+void rotary_embedding(const torch::Tensor& positions, torch::Tensor query, torch::Tensor key,
+                      const torch::Tensor& cos_cache, const torch::Tensor& sin_cache);
+
 // core::quant_linear (layout: core/ops/quant_linear.py) with the kernels of vector ISA `isa`
 // ("" for the widest this CPU runs); x is a contiguous [T, K] float32, bfloat16 or float16.
 torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,

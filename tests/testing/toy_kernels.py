@@ -1,0 +1,39 @@
+"""Registration callables for the kernel-op conformance kind (`kernels:toy_kernels:...`).
+
+`register_silu` serves core::silu_and_mul on the CPU with a kernel written apart from
+core's reference (float32 sigmoid, one rounding): it conforms. `register_copying_rotary`
+serves core::rotary_embedding with a classic bug: it rotates `.contiguous()` copies, which
+are the tensors themselves when contiguous but copies of strided views, so a fused QKV's
+query and key are never written. `register_nothing` registers no kernel at all.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from core.ops import register_impl, rotary_embedding_reference
+
+PROVIDER = "toy-kernels"
+
+
+def _silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    gate, up = x.float().chunk(2, dim=-1)
+    return (gate * torch.sigmoid(gate) * up).to(x.dtype)
+
+
+def _rotary_into_copies(positions, query, key, cos_cache, sin_cache) -> None:
+    rotary_embedding_reference(
+        positions, query.contiguous(), key.contiguous(), cos_cache, sin_cache
+    )
+
+
+def register_silu() -> None:
+    register_impl("silu_and_mul", "cpu", _silu_and_mul, PROVIDER)
+
+
+def register_copying_rotary() -> None:
+    register_impl("rotary_embedding", "cpu", _rotary_into_copies, PROVIDER)
+
+
+def register_nothing() -> None:
+    """A plugin whose registration forgot its kernels."""
