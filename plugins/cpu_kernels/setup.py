@@ -14,6 +14,7 @@ setup(
             [
                 "core_cpu_kernels/csrc/bindings.cpp",
                 "core_cpu_kernels/csrc/paged_attention.cpp",
+                "core_cpu_kernels/csrc/paged_prefill.cpp",
                 "core_cpu_kernels/csrc/quant_linear.cpp",
                 "core_cpu_kernels/csrc/quant_linear_avx2.cpp",
                 "core_cpu_kernels/csrc/quant_linear_avx512.cpp",
