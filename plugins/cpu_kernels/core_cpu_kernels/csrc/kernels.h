@@ -12,6 +12,13 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor query, torch::Tenso
                             torch::Tensor block_table, torch::Tensor seq_lens, double scale,
                             int64_t sliding_window);
 
+// Causal prefill attention of one or more chunks straight from the paged KV cache (contract
+// in paged_prefill.cpp); writes into out.
+void paged_prefill_attention(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache,
+                             torch::Tensor block_table, std::vector<int64_t> query_start_loc,
+                             std::vector<int64_t> seq_lens, double scale,
+                             int64_t sliding_window);
+
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 
 std::tuple<torch::Tensor, torch::Tensor> fused_add_rms_norm(const torch::Tensor& x,

@@ -9,6 +9,7 @@
 #include <ATen/Parallel.h>
 
 #include "cpu_utils.h"
+#include "fast_exp.h"
 #include "kernels.h"
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 
 namespace {
 
+using core_cpu::exp_nonpositive;
 using core_cpu::to_float;
 
 struct CacheStrides {
@@ -36,25 +38,6 @@ struct Task {
 struct Heads {
   int64_t num_kv_heads, group;
 };
-
-// exp(x) for x <= 0 as 2^n * 2^f with a degree-6 fit of 2^f on [0, 1) (relative error
-// ~1e-7, float32 rounding level). Unlike std::exp it vectorizes, and the softmax's
-// exponentials were the kernel's largest compute cost.
-CORE_INLINE float exp_nonpositive(float x) {
-  const float t = (x > -87.f ? x : -87.f) * 1.44269504088896341f;  // no denormals
-  const float n = std::floor(t), f = t - n;
-  float p = 2.1877505e-4f;
-  p = p * f + 1.2387822e-3f;
-  p = p * f + 9.6845804e-3f;
-  p = p * f + 5.5480428e-2f;
-  p = p * f + 2.4023050e-1f;
-  p = p * f + 6.9314694e-1f;
-  p = p * f + 1.f;
-  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
-}
 
 // Calls fn(i, row) for the visible tokens i = 0..n-1 (position start + i), with `row`
 // pointing at that token's K (kv = 0) or V (kv = 1) of KV head 0. Walking block by block
