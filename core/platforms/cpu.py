@@ -11,7 +11,7 @@ from core.config import UsageContext
 from core.platforms.cpu_dtype import DtypeChoice, choose_cpu_dtype
 from core.platforms.interface import MemoryInfo, Platform
 
-SERVING_TOKEN_BUDGET = 64
+SERVING_TOKEN_BUDGET = 96
 
 
 class CpuPlatform(Platform):
@@ -55,9 +55,11 @@ class CpuPlatform(Platform):
 
     def default_max_num_batched_tokens(self, usage: UsageContext) -> int:
         # A CPU step costs about as much per prefill token as per decode row, so a big
-        # prefill chunk stalls every stream beside it. W3 (32 streams, SmolLM2, 2 cores,
-        # bf16 on AMX): budget 128 -> ITL p99/median 2.06, 96 -> 2.01, 64 -> 1.87 (output
-        # 200, 211, 193 tok/s; median TTFT 2.0, 2.3, 4.4 s). Offline keeps big prefill steps.
+        # prefill chunk stalls every stream beside it. W3 (32 streams, SmolLM2, 2 cores):
+        # bf16 on AMX, budget 128 -> ITL p99/median 2.06, 96 -> 2.01, 64 -> 1.87 (output
+        # 200, 211, 193 tok/s; median TTFT 2.0, 2.3, 4.4 s); fp32 on an AVX2 EPYC with
+        # core-cpu-kernels, 128 -> 2.16, 96 -> 1.79, 64 -> 1.18 (174, 175, 162 tok/s;
+        # median TTFT 2.7, 3.2, 5.2 s). Offline keeps big prefill steps.
         if usage is UsageContext.SERVING:
             return SERVING_TOKEN_BUDGET
         return super().default_max_num_batched_tokens(usage)

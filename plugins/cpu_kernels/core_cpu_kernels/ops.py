@@ -28,7 +28,10 @@ from core.ops import (
     silu_and_mul_reference,
 )
 from core.platforms.cpu import cpu_flags
-from core_cpu_kernels import _C  # import after torch: the module links against libtorch
+from core_cpu_kernels import (
+    _C,  # import after torch: the module links against libtorch
+    packed_linear,
+)
 
 PROVIDER = "core-cpu-kernels"
 
@@ -79,7 +82,8 @@ def linear(
     bias: torch.Tensor | None = None,  # [N]
 ) -> torch.Tensor:  # [..., N]
     """core::linear: the GEMV (`_C.dense_linear`, widest ISA) for few rows of x in the
-    weight's dtype and a contiguous weight; torch (the reference) for everything else."""
+    weight's dtype and a contiguous weight; oneDNN on a packed copy of the weight for a
+    float32 decode batch (packed_linear.py); torch (the reference) for everything else."""
     rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
     max_rows = dense_linear_max_rows(x.dtype)
     takes = (
@@ -92,10 +96,28 @@ def linear(
         and (max_rows is None or rows <= max_rows)
         and (bias is None or (bias.dtype is x.dtype and bias.dim() == 1))
     )
-    if not takes:
-        return linear_reference(x, weight, bias)
-    out = _C.dense_linear(x.reshape(rows, x.shape[-1]).contiguous(), weight, bias)
-    return out.view(*x.shape[:-1], weight.shape[0])
+    if takes:
+        out = _C.dense_linear(x.reshape(rows, x.shape[-1]).contiguous(), weight, bias)
+        return out.view(*x.shape[:-1], weight.shape[0])
+    if _takes_packed(x, weight, bias, rows):
+        packed = packed_linear.packed_weight(weight)
+        if packed is not None:
+            return packed_linear.linear(x, packed, bias)
+    return linear_reference(x, weight, bias)
+
+
+def _takes_packed(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: int
+) -> bool:
+    """A decode batch of float32 rows for oneDNN's packed matmul (packed_linear.py)."""
+    return (
+        x.dtype is torch.float32
+        and weight.dtype is torch.float32
+        and weight.dim() == 2
+        and FLOAT32_MAX_ROWS < rows <= packed_linear.MAX_ROWS
+        and (bias is None or (bias.dtype is torch.float32 and bias.dim() == 1))
+        and packed_linear.available()
+    )
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:  # [T, 2I] -> [T, I]

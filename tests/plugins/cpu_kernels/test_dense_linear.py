@@ -12,7 +12,7 @@ from core.ops import linear_reference
 ops = pytest.importorskip(
     "core_cpu_kernels.ops", reason="core-cpu-kernels is not installed (optional plugin)"
 )
-from core_cpu_kernels import _C  # noqa: E402
+from core_cpu_kernels import _C, packed_linear  # noqa: E402
 
 ISAS = _C.dense_linear_isas()
 # (N, K): a row past the 4-row blocks and K past a vector (tails of both); K smaller than
@@ -107,7 +107,7 @@ def test_few_float32_rows_take_the_gemv_and_match_torch(monkeypatch):
 
 def test_many_float32_rows_go_to_the_reference_unchanged(monkeypatch):
     calls = _gemv_calls(monkeypatch)
-    rows = ops.FLOAT32_MAX_ROWS + 1
+    rows = packed_linear.MAX_ROWS + 1  # past the GEMV's rows and the packed path's
     x, weight = _tensor((rows, 40), torch.float32, 0), _tensor((9, 40), torch.float32, 1)
     assert torch.equal(ops.linear(x, weight, None), linear_reference(x, weight, None))
     assert calls == []

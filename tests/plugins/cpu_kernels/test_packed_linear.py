@@ -1,0 +1,76 @@
+"""core::linear's oneDNN path: float32 decode batches multiply a packed copy of the weight,
+made once per weight and remade when the weight is written."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+ops = pytest.importorskip(
+    "core_cpu_kernels.ops", reason="core-cpu-kernels is not installed (optional plugin)"
+)
+from core_cpu_kernels import packed_linear  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not packed_linear.available(), reason="torch without oneDNN")
+
+
+def _tensor(shape, seed):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _packed_calls(monkeypatch):
+    calls = []
+    real = packed_linear.linear
+
+    def spy(x, packed, bias):
+        calls.append(x.shape[0])
+        return real(x, packed, bias)
+
+    monkeypatch.setattr(packed_linear, "linear", spy)
+    return calls
+
+
+@pytest.mark.parametrize("rows", [ops.FLOAT32_MAX_ROWS + 1, 64, packed_linear.MAX_ROWS])
+def test_a_decode_batch_multiplies_the_packed_weight_and_matches_torch(rows, monkeypatch):
+    calls = _packed_calls(monkeypatch)
+    x, weight, bias = _tensor((rows, 72), 0), _tensor((100, 72), 1), _tensor(100, 2)
+    got = ops.linear(x, weight, bias)
+    assert calls == [rows]
+    torch.testing.assert_close(got, F.linear(x, weight, bias), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("rows", [1, ops.FLOAT32_MAX_ROWS, packed_linear.MAX_ROWS + 1])
+def test_other_row_counts_never_take_the_packed_path(rows, monkeypatch):
+    calls = _packed_calls(monkeypatch)
+    ops.linear(_tensor((rows, 8), 0), _tensor((4, 8), 1))
+    assert calls == []
+
+
+def test_a_weight_written_in_place_is_packed_again():
+    x, weight = _tensor((32, 24), 0), _tensor((40, 24), 1)
+    ops.linear(x, weight)
+    with torch.no_grad():
+        weight.mul_(-2)
+    torch.testing.assert_close(ops.linear(x, weight), F.linear(x, weight), rtol=1e-5, atol=1e-4)
+
+
+def test_a_freed_weight_gives_its_budget_back():
+    gc.collect()  # earlier tests' weights: their packs go now, not mid-test
+    before = packed_linear._packed_bytes
+    weight = _tensor((64, 32), 1)
+    ops.linear(_tensor((32, 32), 0), weight)
+    assert packed_linear._packed_bytes == before + weight.numel() * 4
+    del weight
+    gc.collect()
+    assert packed_linear._packed_bytes == before
+
+
+def test_past_the_memory_budget_weights_stay_on_torch(monkeypatch):
+    calls = _packed_calls(monkeypatch)
+    monkeypatch.setattr(packed_linear, "max_packed_bytes", lambda: packed_linear._packed_bytes)
+    x, weight = _tensor((32, 16), 0), _tensor((8, 16), 1)
+    torch.testing.assert_close(ops.linear(x, weight), F.linear(x, weight))
+    assert calls == []
