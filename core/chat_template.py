@@ -5,6 +5,12 @@ immutable sandbox, with the few helpers Hugging Face templates call (raise_excep
 strftime_now, a json.dumps-style tojson, `{% generation %}` blocks), over inputs copied to
 plain JSON data.
 
+A render is bounded: its output size, every `*` or `+` whose result would pass that size
+(checked before the result is built), and its time, checked at every line of the compiled
+template by a trace function on the rendering thread. A template that
+loops without output or multiplies a string would otherwise hold a thread (and, in the
+server, a request) for as long as it likes.
+
 Tool calls in assistant messages reach templates with their arguments as a JSON object, as
 Hugging Face templates expect (`tool_call.arguments | tojson`, `.items()`), though OpenAI
 clients send them as JSON text. Arguments that are not a JSON object become {} with a
@@ -17,9 +23,12 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Mapping, Sequence
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import jinja2
@@ -27,9 +36,15 @@ import jinja2.ext
 import jinja2.nodes
 import jinja2.sandbox
 
-__all__ = ["load_chat_template", "render_chat_template"]
+__all__ = ["MAX_RENDER_CHARS", "MAX_RENDER_SECONDS", "load_chat_template", "render_chat_template"]
 
 logger = logging.getLogger(__name__)
+
+# The rendered prompt's length, and of any string or list a `*` or `+` builds on the way:
+# twice the text of a million-token context.
+MAX_RENDER_CHARS = 8 * 1024 * 1024
+# Wall time of one render: a real template renders a conversation in milliseconds.
+MAX_RENDER_SECONDS = 2.0
 
 
 def render_chat_template(
@@ -40,6 +55,7 @@ def render_chat_template(
     tools: Sequence[Mapping[str, Any]] | None,
     special_tokens: Mapping[str, str],
     template_kwargs: Mapping[str, Any],
+    max_seconds: float = MAX_RENDER_SECONDS,
 ) -> str:
     """Render the template `source` over `messages` and OpenAI-style `tools`.
 
@@ -47,7 +63,8 @@ def render_chat_template(
     are template variables too; a kwarg overrides a special token, never messages, tools or
     add_generation_prompt. Every input must be JSON data (dicts, lists, str, numbers, bool,
     None); message keys set to None are dropped. Raises ValueError for a syntax error,
-    non-JSON input, or a failed render (raise_exception, a sandbox SecurityError).
+    non-JSON input, a failed render (raise_exception, a sandbox SecurityError), or a render
+    past MAX_RENDER_CHARS characters or `max_seconds` seconds.
     """
     template = _compile_chat_template(source)
     context = {
@@ -59,9 +76,54 @@ def render_chat_template(
         "add_generation_prompt": add_generation_prompt,
     }
     try:
-        return template.render(context)
+        with _Deadline(max_seconds):
+            return _bounded_join(template.generate(context))
     except (jinja2.TemplateError, TypeError) as e:
         raise ValueError(f"chat template failed to render: {type(e).__name__}: {e}") from e
+
+
+class RenderLimitError(jinja2.TemplateError):
+    """A render went past MAX_RENDER_CHARS or its time."""
+
+
+def _bounded_join(chunks: Iterator[str]) -> str:
+    parts, size = [], 0
+    for chunk in chunks:
+        size += len(chunk)
+        if size > MAX_RENDER_CHARS:
+            raise RenderLimitError(f"the rendered prompt passes {MAX_RENDER_CHARS} characters")
+        parts.append(chunk)
+    return "".join(parts)
+
+
+class _Deadline:
+    """Raises RenderLimitError in the rendering thread's Python frames once `seconds` have
+    passed. Template code is compiled Python, so a line event comes with every loop
+    iteration; a trace function is the one way to stop a loop that calls nothing. The
+    thread's previous trace function (a debugger, coverage) is put back afterwards."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __enter__(self) -> None:
+        self.deadline = time.monotonic() + self.seconds
+        self.expired = False
+        self.previous = sys.gettrace()
+        sys.settrace(self._on_call)
+
+    def __exit__(self, *exc: object) -> None:
+        sys.settrace(self.previous)
+
+    def _on_call(self, frame: FrameType, event: str, arg: object):
+        return self._on_line
+
+    def _on_line(self, frame: FrameType, event: str, arg: object):
+        if self.expired:  # raised once; jinja's own error handling must run untraced
+            return None
+        if time.monotonic() > self.deadline:
+            self.expired = True
+            raise RenderLimitError(f"the chat template did not render within {self.seconds} s")
+        return self._on_line
 
 
 class _GenerationBlock(jinja2.ext.Extension):
@@ -97,9 +159,34 @@ def _strftime_now(date_format: str) -> str:
     return datetime.now().strftime(date_format)
 
 
+class _BoundedSandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
+    """The immutable sandbox, with `*` and `+` checked before they build a sequence longer
+    than MAX_RENDER_CHARS (one `{{ 'x' * 10**9 }}` would otherwise allocate it)."""
+
+    intercepted_binops = frozenset({"*", "+"})
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        size = _result_size(operator, left, right)
+        if size > MAX_RENDER_CHARS:
+            raise RenderLimitError(f"an expression would build {size} items")
+        return super().call_binop(context, operator, left, right)
+
+
+def _result_size(operator: str, left: Any, right: Any) -> int:
+    """The length of `left <operator> right` when it is a sequence, else 0."""
+    if operator == "*":
+        for seq, times in ((left, right), (right, left)):
+            if isinstance(seq, (str, list, tuple)) and isinstance(times, int):
+                return len(seq) * max(times, 0)
+        return 0
+    if isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
+        return len(left) + len(right)
+    return 0
+
+
 @functools.lru_cache(maxsize=1)
 def _template_environment() -> jinja2.sandbox.ImmutableSandboxedEnvironment:
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+    env = _BoundedSandbox(
         trim_blocks=True,
         lstrip_blocks=True,
         extensions=[_GenerationBlock, jinja2.ext.loopcontrols],

@@ -4,10 +4,13 @@ Rendering against transformers is pinned through Tokenizer in test_tokenizer.py.
 
 from __future__ import annotations
 
+import sys
+import time
+
 import pytest
 from gguf_vocab_fixtures import CHAT_TEMPLATE
 
-from core.chat_template import load_chat_template, render_chat_template
+from core.chat_template import MAX_RENDER_CHARS, load_chat_template, render_chat_template
 
 
 def test_load_chat_template_reads_files_and_takes_literal_templates(tmp_path):
@@ -79,3 +82,55 @@ def test_tool_call_arguments_reach_templates_as_json_objects(caplog):
         "messages[0].tool_calls[2].function.arguments is not a JSON object; rendered as {}",
     ]
     assert messages[0]["tool_calls"][0]["function"]["arguments"] == '{"a": 1}'  # not mutated
+
+
+def render(template: str, **kwargs) -> str:
+    return render_chat_template(
+        template,
+        [{"role": "user", "content": "hi"}],
+        add_generation_prompt=True,
+        tools=None,
+        special_tokens={},
+        template_kwargs={},
+        **kwargs,
+    )
+
+
+def test_a_template_that_loops_without_output_stops_at_its_deadline():
+    loops = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="did not render within 0.2 s"):
+        render(loops, max_seconds=0.2)
+    # 10^10 iterations would take hours; the deadline stops it (generous margin for CI).
+    assert time.monotonic() - started < 5
+
+
+def test_a_multiplied_string_is_refused_before_it_is_built():
+    with pytest.raises(ValueError, match="would build"):
+        render("{{ 'hello world ' * 10**9 }}")  # 12 GB if it were built
+    with pytest.raises(ValueError, match="would build"):
+        render("{{ [1] * 10**9 }}")
+    assert render("{{ 'ab' * 3 }}{{ [1, 2] + [3] }}") == "ababab[1, 2, 3]"
+
+
+def test_the_rendered_prompt_is_bounded():
+    per_iteration = MAX_RENDER_CHARS // 50_000 + 1  # 50k iterations pass the bound
+    template = f"{{% for i in range(50000) %}}{{{{ 'x' * {per_iteration} }}}}{{% endfor %}}"
+    with pytest.raises(ValueError, match="rendered prompt passes"):
+        render(template)
+
+
+def test_the_previous_trace_function_is_restored():
+    def tracer(frame, event, arg):
+        return None
+
+    sys.settrace(tracer)
+    try:
+        render("{{ messages[0].content }}")
+        assert sys.gettrace() is tracer
+        with pytest.raises(ValueError):
+            render("{% for i in range(100000) %}{% for j in range(100) %}{% endfor %}{% endfor %}",
+                   max_seconds=0.05)  # fmt: skip
+        assert sys.gettrace() is tracer
+    finally:
+        sys.settrace(None)

@@ -149,6 +149,12 @@ CASES = {
         ("--enable-log-requests", "--max-log-len", "40"), sets="frontend.max_log_len"
     ),
     "disable_log_stats": Case(("--disable-log-stats",), sets="frontend.disable_log_stats"),
+    "trust_request_chat_template": Case(
+        ("--trust-request-chat-template",), sets="frontend.trust_request_chat_template"
+    ),
+    "max_request_body_bytes": Case(
+        ("--max-request-body-bytes", "1000"), sets="frontend.max_request_body_bytes"
+    ),
     # Alone it is refused (no parser to read calls with): see test_tool_calling.py.
     "enable_auto_tool_choice": Case(
         ("--enable-auto-tool-choice", "--tool-call-parser", "hermes"),

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from http import HTTPStatus
 
 import uvicorn
@@ -22,6 +23,7 @@ from core.entrypoints.openai import protocol as p
 from core.entrypoints.openai.errors import OpenAIError, error_response, install_error_handlers
 from core.entrypoints.openai.frontend_args import FrontendArgs
 from core.entrypoints.openai.middleware import install_middleware
+from core.entrypoints.openai.offload import OffLoop
 from core.entrypoints.openai.protocol_embeddings import EmbeddingRequest
 from core.entrypoints.openai.request_logger import RequestLogger
 from core.entrypoints.openai.serving import Serving
@@ -55,9 +57,23 @@ def build_app(
     if not frontend.disable_log_stats:
         engine.stats_listeners.append(StatsLogger().record)
     request_logger = RequestLogger(frontend.max_log_len) if frontend.enable_log_requests else None
-    serving = Serving(engine, models, request_logger, tool_calling)
-    embeddings = ServingEmbeddings(engine, models)
-    app = FastAPI(title="core", version=core.__version__)
+    offload = OffLoop()
+    serving = Serving(
+        engine,
+        models,
+        offload,
+        request_logger,
+        tool_calling,
+        trust_request_chat_template=frontend.trust_request_chat_template,
+    )
+    embeddings = ServingEmbeddings(engine, models, offload)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        offload.shutdown()
+
+    app = FastAPI(title="core", version=core.__version__, lifespan=lifespan)
     install_error_handlers(app)
     app.add_exception_handler(EngineDeadError, _on_engine_dead)
     if api_key:
@@ -95,9 +111,7 @@ def build_app(
     async def create_embeddings(req: EmbeddingRequest) -> JSONResponse:
         return await embeddings.create(req)
 
-    @app.post("/tokenize")
-    async def tokenize(req: p.TokenizeRequest) -> JSONResponse:
-        serving.check_model(req.model)
+    def tokenized(req: p.TokenizeRequest) -> JSONResponse:
         if req.messages is not None:
             tokens = serving.render_chat(req)
         else:
@@ -106,6 +120,12 @@ def build_app(
             tokens=tokens, count=len(tokens), max_model_len=engine.processor.max_model_len
         )
         return JSONResponse(response.model_dump())
+
+    @app.post("/tokenize")
+    async def tokenize(req: p.TokenizeRequest) -> JSONResponse:
+        serving.check_model(req.model)
+        # Rendering a million token ids as JSON takes tens of ms: off the loop too.
+        return await offload.run(tokenized, req)
 
     @app.post("/detokenize")
     async def detokenize(req: p.DetokenizeRequest) -> JSONResponse:
@@ -117,9 +137,8 @@ def build_app(
                 f"token id {bad[0]} is outside the vocabulary",
                 param="tokens",
             )
-        return JSONResponse(
-            p.DetokenizeResponse(prompt=engine.tokenizer.decode(req.tokens)).model_dump()
-        )
+        text = await offload.run(engine.tokenizer.decode, req.tokens)
+        return JSONResponse(p.DetokenizeResponse(prompt=text).model_dump())
 
     if models.lora_enabled and envs.allow_runtime_lora_updating():
         app.include_router(_lora_adapter_router(models))

@@ -40,6 +40,10 @@ class FrontendArgs:
     enable_log_requests: bool = False
     max_log_len: int | None = None  # prompt characters and token ids per logged request
     disable_log_stats: bool = False  # no periodic engine-load lines (stats_logger)
+    trust_request_chat_template: bool = False  # render a request's own chat_template
+    # Parsing a body holds the event loop (about 30 ms per MiB of token ids), so bodies
+    # are bounded: 2 MiB holds OpenAI's largest embedding batch or a 128k-token prompt.
+    max_request_body_bytes: int = 2 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if (self.ssl_keyfile is None) != (self.ssl_certfile is None):
@@ -62,6 +66,8 @@ class FrontendArgs:
                 raise ValueError(
                     "--max-log-len: requests are only logged with --enable-log-requests"
                 )
+        if self.max_request_body_bytes <= 0:
+            raise ValueError(f"--max-request-body-bytes {self.max_request_body_bytes}: must be > 0")
         if self.root_path and not self.root_path.startswith("/"):
             raise ValueError(f"--root-path {self.root_path!r}: must start with '/'")
 
@@ -135,6 +141,14 @@ def frontend_options(command: Callable) -> Callable:
         click.option(
             "--disable-log-stats", is_flag=True, default=None,
             help="no periodic log line of the engine's load",
+        ),
+        click.option(
+            "--trust-request-chat-template", is_flag=True, default=None,
+            help="render a chat_template sent with a request (default: refused with a 400)",
+        ),
+        click.option(
+            "--max-request-body-bytes", type=int, default=None,
+            help="largest request body accepted; a larger one is a 413 (default: 2 MiB)",
         ),
     ]  # fmt: skip
     for option in reversed(options):

@@ -1,19 +1,24 @@
-"""The server's HTTP middleware: CORS (--allowed-origins...) and the X-Request-Id echo.
+"""The server's HTTP middleware: CORS (--allowed-origins...), the X-Request-Id echo and the
+request body limit (--max-request-body-bytes).
 
-Both are pure ASGI middleware: they wrap `send` and never buffer or re-read a body, so
-streamed responses and client-disconnect detection work as without them.
+All are pure ASGI middleware: they wrap `send` or `receive` and never buffer or re-read a
+body, so streamed responses and client-disconnect detection work as without them.
 """
 
 from __future__ import annotations
 
+from http import HTTPStatus
+
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from starlette.datastructures import Headers, MutableHeaders
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from core.entrypoints.openai.errors import OpenAIError, error_response
 from core.entrypoints.openai.frontend_args import FrontendArgs
 
-__all__ = ["REQUEST_ID_HEADER", "RequestIdEcho", "install_middleware"]
+__all__ = ["REQUEST_ID_HEADER", "BodySizeLimit", "RequestIdEcho", "install_middleware"]
 
 REQUEST_ID_HEADER = "X-Request-Id"
 
@@ -40,8 +45,48 @@ class RequestIdEcho:
         await self.app(scope, receive, send_with_id)
 
 
+class BodySizeLimit:
+    """A 413 (OpenAI error body) for a request body over `max_bytes`, before the server
+    parses it: at once when Content-Length declares more, else as soon as the received
+    chunks pass the limit (a chunked upload), raised from `receive` to the route reading it.
+    Parsing and validating a body holds the event loop, so the limit bounds that stall."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = Headers(scope=scope).get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            await error_response(self._error())(scope, receive, send)
+            return
+        received = 0
+
+        async def receive_limited() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise HTTPException(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, self._error().message)
+            return message
+
+        await self.app(scope, receive_limited, send)
+
+    def _error(self) -> OpenAIError:
+        return OpenAIError(
+            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+            f"the request body is over {self.max_bytes} bytes (the server's "
+            "--max-request-body-bytes)",
+        )
+
+
 def install_middleware(app: FastAPI, frontend: FrontendArgs) -> None:
-    """CORS as the frontend options say, and the X-Request-Id echo."""
+    """The body limit, CORS as the frontend options say, and the X-Request-Id echo."""
+    app.add_middleware(BodySizeLimit, max_bytes=frontend.max_request_body_bytes)
     app.add_middleware(RequestIdEcho)
     app.add_middleware(
         CORSMiddleware,

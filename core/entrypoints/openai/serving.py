@@ -6,6 +6,10 @@ each of its engine requests runs with that adapter, and its responses carry that
 Each prompt of a request becomes one engine request (n samples each); outputs are
 consumed as deltas, so a client disconnect is noticed between tokens and aborts the
 work. Metrics are recorded by the engine frontend (AsyncLLM.stats_listeners), not here.
+
+Turning a request into engine requests (tokenizing, rendering the chat template) runs
+off the event loop (OffLoop). A request's own `chat_template` is code the client sends:
+it is refused unless the server was started with --trust-request-chat-template, as vLLM.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from core.engine.processor import PreparedRequest
 from core.entrypoints.openai import protocol as p
 from core.entrypoints.openai import responses as r
 from core.entrypoints.openai.errors import OpenAIError
+from core.entrypoints.openai.offload import OffLoop
 from core.entrypoints.openai.params import (
     chat_sampling_params,
     completion_sampling_params,
@@ -65,15 +70,21 @@ class Serving:
         self,
         engine: AsyncLLM,
         models: ServedModels,
+        offload: OffLoop,
         request_logger: RequestLogger | None = None,
         tool_calling: ToolCalling = ToolCalling(),
+        trust_request_chat_template: bool = False,
     ):
-        """`request_logger`: logs each engine request's inputs (--enable-log-requests);
-        `tool_calling`: the --enable-auto-tool-choice / --tool-call-parser settings."""
+        """`offload`: where requests are tokenized and rendered; `request_logger`: logs
+        each engine request's inputs (--enable-log-requests); `tool_calling`: the
+        --enable-auto-tool-choice / --tool-call-parser settings;
+        `trust_request_chat_template`: accept a request's own chat_template."""
         self.engine = engine
         self.models = models
+        self.offload = offload
         self.request_logger = request_logger
         self.tool_calling = tool_calling
+        self.trust_request_chat_template = trust_request_chat_template
 
     # -- shared ---------------------------------------------------------------------------
 
@@ -190,19 +201,7 @@ class Serving:
         lora = self.check_model(req.model)
         self.engine.processor.require_runner("generate")  # a 400 on an embedding model
         options = self._options(req, raw)
-        requests = []
-        for i, prompt in enumerate(req.prompts()):
-            prompt_len = (
-                len(prompt)
-                if isinstance(prompt, list)
-                else len(self.engine.tokenizer.encode(prompt))
-            )
-            params = completion_sampling_params(
-                req, self.engine.processor.max_model_len, prompt_len,
-                self.engine.processor.generation_defaults,
-            )  # fmt: skip
-            prepared = self._prepare(prompt, params, "prompt")
-            requests.append(_Tracked(i, prepared, lora, options))
+        requests = await self.offload.run(self._completion_requests, req, lora, options)
         n = requests[0].prepared.params.n
         if req.stream:
             choices = self._completion_choices(req, n)
@@ -225,6 +224,25 @@ class Serving:
             model=self.models.model_name(lora), choices=choices, usage=self._usage(requests)
         )
         return JSONResponse(response.model_dump(exclude_none=True))
+
+    def _completion_requests(
+        self, req: p.CompletionRequest, lora: LoRARequest | None, options: EngineRequestOptions
+    ) -> list[_Tracked]:
+        """One engine request per prompt, tokenized and validated (on the OffLoop)."""
+        requests = []
+        for i, prompt in enumerate(req.prompts()):
+            prompt_len = (
+                len(prompt)
+                if isinstance(prompt, list)
+                else len(self.engine.tokenizer.encode(prompt))
+            )
+            params = completion_sampling_params(
+                req, self.engine.processor.max_model_len, prompt_len,
+                self.engine.processor.generation_defaults,
+            )  # fmt: skip
+            prepared = self._prepare(prompt, params, "prompt")
+            requests.append(_Tracked(i, prepared, lora, options))
+        return requests
 
     def _echo_text(self, tracked: _Tracked) -> str:
         prepared = tracked.prepared
@@ -289,7 +307,16 @@ class Serving:
     ) -> list[int]:
         """The request's conversation, with `tools` (OpenAI's dicts) shown to the template,
         as prompt token ids; a 400 naming messages if the chat template cannot render it,
-        naming tools if it renders the same prompt without them (it ignores them)."""
+        naming tools if it renders the same prompt without them (it ignores them), naming
+        chat_template if the request brings one the server does not trust. Blocking: call
+        it on the OffLoop."""
+        if req.chat_template is not None and not self.trust_request_chat_template:
+            raise OpenAIError(
+                HTTPStatus.BAD_REQUEST,
+                "chat_template: this server does not render templates sent with requests; "
+                "start it with --trust-request-chat-template to allow them",
+                param="chat_template",
+            )
 
         def render(tools: list[dict[str, Any]] | None) -> list[int]:
             return self.engine.processor.render_chat(
@@ -319,14 +346,8 @@ class Serving:
         lora = self.check_model(req.model)
         self.engine.processor.require_runner("generate")  # a 400 on an embedding model
         options = self._options(req, raw)
-        tools = self.tool_calling.plan(req, self.engine.tokenizer)
-        prompt_ids = self.render_chat(req, tools.tools)
-        params = chat_sampling_params(
-            req, self.engine.processor.max_model_len, len(prompt_ids),
-            self.engine.processor.generation_defaults,
-        )  # fmt: skip
-        params = tools.sampling_params(params)
-        requests = [_Tracked(0, self._prepare(prompt_ids, params, "messages"), lora, options)]
+        tracked, tools = await self.offload.run(self._chat_request, req, lora, options)
+        requests = [tracked]
         num_top = req.top_logprobs or 0
         if req.stream:
             choices = self._chat_choices(num_top, tools)
@@ -340,6 +361,20 @@ class Serving:
             model=self.models.model_name(lora), choices=choices, usage=self._usage(requests)
         )
         return JSONResponse(response.model_dump(exclude_none=True))
+
+    def _chat_request(
+        self, req: p.ChatCompletionRequest, lora: LoRARequest | None, options: EngineRequestOptions
+    ) -> tuple[_Tracked, ToolPlan]:
+        """The conversation rendered, tokenized and validated (on the OffLoop), and how its
+        output is read for tool calls."""
+        tools = self.tool_calling.plan(req, self.engine.tokenizer)
+        prompt_ids = self.render_chat(req, tools.tools)
+        params = chat_sampling_params(
+            req, self.engine.processor.max_model_len, len(prompt_ids),
+            self.engine.processor.generation_defaults,
+        )  # fmt: skip
+        params = tools.sampling_params(params)
+        return _Tracked(0, self._prepare(prompt_ids, params, "messages"), lora, options), tools
 
     def _chat_choices(
         self, num_top: int, tools: ToolPlan

@@ -19,6 +19,7 @@ from core.engine.async_llm import AsyncLLM
 from core.engine.output_processor import RequestOutputKind
 from core.engine.processor import PreparedRequest
 from core.entrypoints.openai.errors import OpenAIError
+from core.entrypoints.openai.offload import OffLoop
 from core.entrypoints.openai.params import field_error
 from core.entrypoints.openai.protocol_embeddings import (
     Embedding,
@@ -36,9 +37,11 @@ _RENAMES = {"prompt": "input", "dimensions": "dimensions"}
 
 
 class ServingEmbeddings:
-    def __init__(self, engine: AsyncLLM, models: ServedModels) -> None:
+    def __init__(self, engine: AsyncLLM, models: ServedModels, offload: OffLoop) -> None:
+        """`offload`: where inputs are tokenized (see OffLoop)."""
         self.engine = engine
         self.models = models
+        self.offload = offload
 
     async def create(self, req: EmbeddingRequest) -> JSONResponse:
         lora = self.models.lora_request(req.model)  # a 404 for a model not served here
@@ -46,7 +49,7 @@ class ServingEmbeddings:
             self.engine.processor.require_runner("pooling")
         except ValueError as exc:
             raise OpenAIError(HTTPStatus.BAD_REQUEST, str(exc), param="model") from exc
-        prepared = self._prepare(req)
+        prepared = await self.offload.run(self._prepare, req)
         vectors = await self._embed_all(prepared)
         data = [
             Embedding(embedding=_encode(vector, req.encoding_format), index=i)

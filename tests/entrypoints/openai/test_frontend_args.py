@@ -25,6 +25,12 @@ def test_root_path_must_be_absolute_and_log_len_non_negative():
         FrontendArgs(enable_log_requests=True, max_log_len=-1)
 
 
+@pytest.mark.parametrize("size", [0, -5])
+def test_the_body_limit_must_be_positive(size):
+    with pytest.raises(ValueError, match=f"--max-request-body-bytes {size}: must be > 0"):
+        FrontendArgs(max_request_body_bytes=size)
+
+
 def test_cli_lists_flatten_json_lists_and_plain_values_in_order():
     args = FrontendArgs.from_cli(
         {"allowed_origins": ('["https://a", "https://b"]', "https://c"), "allowed_headers": ()}

@@ -27,6 +27,7 @@ from core.engine.processor import EngineSetup, InputProcessor
 from core.engine_args import EngineArgs
 from core.entrypoints.cli import cli
 from core.entrypoints.openai.api_server import build_app
+from core.entrypoints.openai.frontend_args import FrontendArgs
 from core.entrypoints.openai.tool_calls import ToolCalling
 from core.outputs import CompletionOutput, RequestOutput
 from core.tool_parsers import tool_parser_class
@@ -106,8 +107,13 @@ def engine() -> ScriptedEngine:
     return ScriptedEngine(InputProcessor(EngineSetup.from_engine_args(args, UsageContext.SERVING)))
 
 
-def api_for(engine: ScriptedEngine, tool_calling: ToolCalling = ToolCalling()) -> openai.OpenAI:
-    http = TestClient(build_app(engine, tool_calling=tool_calling), raise_server_exceptions=False)
+def api_for(
+    engine: ScriptedEngine,
+    tool_calling: ToolCalling = ToolCalling(),
+    frontend: FrontendArgs = FrontendArgs(),
+) -> openai.OpenAI:
+    app = build_app(engine, frontend=frontend, tool_calling=tool_calling)
+    http = TestClient(app, raise_server_exceptions=False)
     return openai.OpenAI(
         base_url="http://testserver/v1", api_key="unused", http_client=http, max_retries=0
     )
@@ -260,7 +266,8 @@ def test_auto_choice_needs_the_server_flags(engine):
 
 def test_tools_with_a_template_that_ignores_them_are_refused(engine):
     template = "{% for m in messages %}{{ m.content }}{% endfor %}"
-    api, body = api_for(engine), {"chat_template": template}
+    api = api_for(engine, frontend=FrontendArgs(trust_request_chat_template=True))
+    body = {"chat_template": template}
     error = bad_request(api, tools=[WEATHER], tool_choice="required", extra_body=body)
     assert error.body["param"] == "tools"
 
