@@ -306,10 +306,10 @@ class Serving:
         self, req: p._ChatTemplateRequest, tools: list[dict[str, Any]] | None = None
     ) -> list[int]:
         """The request's conversation, with `tools` (OpenAI's dicts) shown to the template,
-        as prompt token ids; a 400 naming messages if the chat template cannot render it,
-        naming tools if it renders the same prompt without them (it ignores them), naming
-        chat_template if the request brings one the server does not trust. Blocking: call
-        it on the OffLoop."""
+        as prompt token ids. A 400 naming messages (or the request's own chat_template) if
+        the chat template cannot render it, naming tools if it renders the same prompt
+        without them (it ignores them), naming chat_template if the request brings one the
+        server does not trust. Blocking: call it on the OffLoop."""
         if req.chat_template is not None and not self.trust_request_chat_template:
             raise OpenAIError(
                 HTTPStatus.BAD_REQUEST,
@@ -332,7 +332,9 @@ class Serving:
             prompt_ids = render(tools)
             ignored = bool(tools) and prompt_ids == render(None)
         except ValueError as exc:
-            raise OpenAIError(HTTPStatus.BAD_REQUEST, str(exc), param="messages") from exc
+            # A template the request brought is the likelier culprit than its messages.
+            param = "messages" if req.chat_template is None else "chat_template"
+            raise OpenAIError(HTTPStatus.BAD_REQUEST, str(exc), param=param) from exc
         if ignored:
             raise OpenAIError(
                 HTTPStatus.BAD_REQUEST,

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import uvicorn
-from server_process import free_port
+from server_process import ServerProcess, free_port
 from stand_in_engine import StandInEngine
 from tiny_engine_checkpoint import MAX_MODEL_LEN, engine_args, write_tiny_checkpoint
 
@@ -115,7 +115,7 @@ def test_health_answers_while_a_slow_template_renders(trusting):
             timeout=30,
         )
         took = time.monotonic() - started
-    assert response.status_code == 400
+    assert response.status_code == 400 and response.json()["error"]["param"] == "chat_template"
     assert "did not render within" in response.json()["error"]["message"]
     assert took < 10  # the render deadline (2 s), not the 10^10 iterations
     assert prober.answers > 10 and prober.slowest < 0.1, prober.slowest
@@ -176,3 +176,24 @@ def test_the_default_body_limit_is_two_mebibytes(default):
         f"{default}/v1/completions", content=just_over, headers={"Content-Type": "application/json"}
     )
     assert response.status_code == 413
+
+
+@pytest.mark.slow
+def test_core_serve_answers_health_while_it_renders_and_tokenizes():
+    """The same on a real `core serve` (SmolLM2's tokenizer, the engine core process)."""
+    server = ServerProcess("--trust-request-chat-template").wait_ready()
+    try:
+        prompt = "hello world, how are you " * (1_900_000 // 25)  # 456k tokens, under 2 MiB
+        slow_chat = {**CHAT, "chat_template": SLOW_TEMPLATE}
+        with HealthProber(server.url) as prober:
+            rendered = httpx.post(f"{server.url}/v1/chat/completions", json=slow_chat, timeout=30)
+            tokenized = httpx.post(f"{server.url}/tokenize", json={"prompt": prompt}, timeout=60)
+            too_long = httpx.post(
+                f"{server.url}/v1/completions", json={"prompt": prompt}, timeout=60
+            )
+        assert rendered.status_code == 400 and rendered.json()["error"]["param"] == "chat_template"
+        assert tokenized.status_code == 200 and tokenized.json()["count"] > 400_000
+        assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "prompt"
+        assert prober.slowest < 0.1, prober.slowest
+    finally:
+        server.stop()
