@@ -40,6 +40,8 @@ class FrontendArgs:
     enable_log_requests: bool = False
     max_log_len: int | None = None  # prompt characters and token ids per logged request
     disable_log_stats: bool = False  # no periodic engine-load lines (stats_logger)
+    # Seconds open requests may drain on SIGTERM / SIGINT (vLLM's default, 0, aborts them).
+    shutdown_timeout: float = 10.0
 
     def __post_init__(self) -> None:
         if (self.ssl_keyfile is None) != (self.ssl_certfile is None):
@@ -64,6 +66,8 @@ class FrontendArgs:
                 )
         if self.root_path and not self.root_path.startswith("/"):
             raise ValueError(f"--root-path {self.root_path!r}: must start with '/'")
+        if not self.shutdown_timeout >= 0:  # NaN too
+            raise ValueError(f"--shutdown-timeout {self.shutdown_timeout}: must be >= 0")
 
     @property
     def scheme(self) -> str:
@@ -135,6 +139,11 @@ def frontend_options(command: Callable) -> Callable:
         click.option(
             "--disable-log-stats", is_flag=True, default=None,
             help="no periodic log line of the engine's load",
+        ),
+        click.option(
+            "--shutdown-timeout", type=float, default=None, metavar="SECONDS",
+            help="on SIGTERM / SIGINT, how long open requests may finish before the rest "
+            "are aborted (default: 10; 0 aborts them at once)",
         ),
     ]  # fmt: skip
     for option in reversed(options):
