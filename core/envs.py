@@ -49,3 +49,12 @@ def allow_runtime_lora_updating() -> bool:
     read an adapter from any path it can see: a development setting."""
     raw = os.environ.get("CORE_ALLOW_RUNTIME_LORA_UPDATING", "")
     return raw.strip().lower() in ("1", "true")
+
+
+def keep_alive_on_engine_death() -> bool:
+    """CORE_KEEP_ALIVE_ON_ENGINE_DEATH=1 (or true): when its engine core dies, `core serve`
+    stays up, answering 503 (code "engine_dead") and /health 503, until it is stopped
+    (vLLM's VLLM_KEEP_ALIVE_ON_ENGINE_DEATH). Unset, it fails its in-flight requests, then
+    exits with code 1 so that a supervisor restarts it."""
+    raw = os.environ.get("CORE_KEEP_ALIVE_ON_ENGINE_DEATH", "")
+    return raw.strip().lower() in ("1", "true")

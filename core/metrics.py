@@ -235,6 +235,20 @@ class EngineMetrics:
             self._lora.record(engine_index, stats)
         self._last_stats[engine_index] = stats
 
+    def record_engine_death(self) -> None:
+        """The engines are gone: every engine's gauges of the scheduler's state (requests
+        running and waiting, KV-cache usage, LoRA adapters in use) fall to 0, since a dead
+        engine runs nothing and its requests have been failed. Kept at their last values,
+        they would tell an autoscaler or an alert on queue length that work is still in
+        progress; dropped, the series would leave holes. Counters and histograms keep
+        what they counted."""
+        for engine in self._engines:
+            labels = (self._model_name, engine)
+            for gauge in (self._running, self._waiting, self._kv_usage):
+                gauge.labels(*labels).set(0)
+        if self._lora is not None:
+            self._lora.clear()
+
     def render(self) -> tuple[bytes, str]:
         """The text exposition of every family and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
@@ -296,6 +310,11 @@ class _LoRAMetrics:
     def record(self, engine_index: int, stats: SchedulerStats) -> None:
         running, waiting = set(stats.running_lora_adapters), set(stats.waiting_lora_adapters)
         self._adapters[engine_index] = (running, waiting)
+        self._show()
+
+    def clear(self) -> None:
+        """No adapter is in use any more (the engines died)."""
+        self._adapters.clear()
         self._show()
 
     def _show(self) -> None:

@@ -155,6 +155,7 @@ CASES = {
     "max_request_body_bytes": Case(
         ("--max-request-body-bytes", "1000"), sets="frontend.max_request_body_bytes"
     ),
+    "shutdown_timeout": Case(("--shutdown-timeout", "2.5"), sets="frontend.shutdown_timeout"),
     # Alone it is refused (no parser to read calls with): see test_tool_calling.py.
     "enable_auto_tool_choice": Case(
         ("--enable-auto-tool-choice", "--tool-call-parser", "hermes"),

@@ -159,6 +159,21 @@ def test_cumulative_count_that_restarts_adds_its_new_value():
     assert value(metrics, "prefix_cache_hits_total") == 44
 
 
+def test_engine_death_drops_every_engines_scheduler_gauges_to_0_and_keeps_the_counts():
+    metrics = lora_metrics(2, engines=2)
+    metrics.record(step(0, scheduler_stats(running=3, waiting=2, usage=0.5, queries=100)))
+    busy = lora_step(1, {"sql": 1}, {"chat": 2})
+    busy.scheduler_stats.num_running, busy.scheduler_stats.num_waiting = 1, 2
+    metrics.record(busy)
+    metrics.record_engine_death()
+    for engine in ("0", "1"):
+        for gauge in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
+            assert value(metrics, gauge, engine) == 0, (gauge, engine)
+    assert value(metrics, "prefix_cache_queries_total", "0") == 100
+    ((labels, _),) = lora_series(metrics)
+    assert labels == lora_labels("2", "", "")
+
+
 def test_step_tokens_and_latencies_fill_counters_and_histograms():
     metrics = EngineMetrics(MODEL, config())
     metrics.record(

@@ -4,8 +4,9 @@ Tokenizing, validating and detokenizing stay here; the engine core steps in its 
 process, reached through an MPClient. Each request streams through its own asyncio queue;
 a consumer that stops listening (a client disconnect cancels its task) aborts its request.
 When the engine-core process dies, every waiting request fails at once with
-EngineDeadError and `is_healthy` turns False. Every engine step's IterationStats (and every
-request aborted here) reaches each of `stats_listeners`, e.g. the server's metrics.
+EngineDeadError, `is_healthy` turns False and `wait_until_dead` returns. Every engine step's
+IterationStats (and every request aborted here) reaches each of `stats_listeners`, e.g. the
+server's metrics.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ class AsyncLLM(EngineFrontend):
         self.num_gpu_blocks: int | None = None  # KV blocks per engine core, once started
         self._queues: dict[str, asyncio.Queue] = {}
         self._output_task: asyncio.Task | None = None
+        self._dead = asyncio.Event()
+        self._aborting_all = False  # set by abort_all: every request is aborted once added
 
     @classmethod
     async def start(cls, engine_args: EngineArgs) -> AsyncLLM:
@@ -56,6 +59,16 @@ class AsyncLLM(EngineFrontend):
     def is_healthy(self) -> bool:
         return self.client.is_alive
 
+    def check_healthy(self) -> None:
+        """EngineDeadError (with the reason) when the engine core cannot serve."""
+        if not self.is_healthy:
+            raise EngineDeadError(self.client.dead_reason)
+
+    async def wait_until_dead(self) -> None:
+        """Return once the engine core has died (every waiting request has been handed its
+        EngineDeadError); never while it serves, nor after `shutdown`, which is no death."""
+        await self._dead.wait()
+
     async def generate(
         self,
         request_id: str,
@@ -71,8 +84,7 @@ class AsyncLLM(EngineFrontend):
         cannot be served (see InputProcessor.check_lora). `cache_salt`: requests with
         different salts never share prefix-cache blocks.
         """
-        if not self.is_healthy:
-            raise EngineDeadError(self.client.dead_reason)
+        self.check_healthy()
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = queue
         finished = False
@@ -80,6 +92,8 @@ class AsyncLLM(EngineFrontend):
             await self._add_request(
                 request_id, prepared, output_kind, queue, priority, lora_request, cache_salt
             )
+            if self._aborting_all:  # it arrived after the deadline: its final output is "abort"
+                await self.abort(request_id)
             while not finished:
                 item = await queue.get()
                 if isinstance(item, BaseException):
@@ -93,6 +107,13 @@ class AsyncLLM(EngineFrontend):
 
     async def abort(self, request_id: str) -> None:
         await self._abort([request_id])
+
+    async def abort_all(self) -> None:
+        """Abort every request in flight, and from now on every request as soon as it is
+        added (a stopping server's deadline): each one's final output has finish_reason
+        "abort", so whoever consumes it ends cleanly."""
+        self._aborting_all = True
+        await self._abort(list(self._queues))
 
     async def reset_prefix_cache(self) -> None:
         await self.client.utility("reset_prefix_cache")
@@ -115,6 +136,7 @@ class AsyncLLM(EngineFrontend):
         logger.error("%s; failing %d waiting requests", reason, len(self._queues))
         for queue in self._queues.values():
             queue.put_nowait(EngineDeadError(reason))
+        self._dead.set()
 
     def shutdown(self) -> None:
         if self._output_task is not None:

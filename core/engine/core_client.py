@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -195,9 +196,11 @@ class MPClient(_SocketClient):
     """
 
     def __init__(self, setup: EngineSetup, data_parallel_rank: int = 0) -> None:
-        self._ipc_dir = tempfile.mkdtemp(prefix="core-ipc-")
-        input_addr = f"ipc://{self._ipc_dir}/input"
-        output_addr = f"ipc://{self._ipc_dir}/output"
+        ipc_dir = tempfile.mkdtemp(prefix="core-ipc-")
+        # Removed by shutdown, else when this client is collected or the interpreter exits.
+        self._remove_ipc_dir = weakref.finalize(self, shutil.rmtree, ipc_dir, True)
+        input_addr = f"ipc://{ipc_dir}/input"
+        output_addr = f"ipc://{ipc_dir}/output"
         super().__init__(input_addr, output_addr)
         model = str(setup.checkpoint.path)
         self._command = [sys.executable, "-m", core_proc.__name__, model, input_addr, output_addr]
@@ -258,7 +261,7 @@ class MPClient(_SocketClient):
             os.close(self._pidfd)
             self._pidfd = None
         self.ctx.destroy(linger=0)
-        shutil.rmtree(self._ipc_dir, ignore_errors=True)
+        self._remove_ipc_dir()
 
 
 class RemoteClient(_SocketClient):

@@ -26,7 +26,7 @@ from core.engine.protocol import (
     FinishReason,
     SchedulerStats,
 )
-from core.process_lifetime import die_with_parent
+from core.process_lifetime import die_with_parent, skip_exit_collection
 
 logger = logging.getLogger(__name__)
 
@@ -171,3 +171,4 @@ def _raise_exit(signum: int, frame: Any) -> None:
 if __name__ == "__main__":
     # python -m core.engine.core_proc MODEL INPUT_ADDR OUTPUT_ADDR < config.json
     run_engine_core(sys.stdin.read(), *sys.argv[1:4])
+    skip_exit_collection()

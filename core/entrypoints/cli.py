@@ -141,11 +141,16 @@ def serve(
     tool_call_parser: str | None,
     **options,
 ):
-    """Serve MODEL (default: SmolLM2-135M-Instruct) over an OpenAI-compatible API."""
+    """Serve MODEL (default: SmolLM2-135M-Instruct) over an OpenAI-compatible API.
+
+    SIGTERM or SIGINT drains open requests for --shutdown-timeout seconds, aborts the rest
+    and exits 0. If the engine core dies, in-flight requests fail and the server exits 1
+    (CORE_KEEP_ALIVE_ON_ENGINE_DEATH=1: it stays up answering 503)."""
     import asyncio
 
     from core.entrypoints.openai.api_server import serve as run_server
     from core.entrypoints.openai.tool_calls import ToolCalling
+    from core.process_lifetime import skip_exit_collection
 
     logging.getLogger("core").setLevel(logging.INFO)
     if model_tag:
@@ -158,9 +163,11 @@ def serve(
             from core.entrypoints.headless import run_headless
 
             sys.exit(run_headless(engine_args))
-        asyncio.run(
+        exit_code = asyncio.run(
             run_server(engine_args, host, port, api_key, lora_modules, frontend, tool_calling)
         )
+        skip_exit_collection()  # the engine core is stopped: nothing is left to clean
+        sys.exit(exit_code)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
     except KeyboardInterrupt:

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -57,10 +58,13 @@ class MultiprocExecutor(Executor):
         local_index = parallel.data_parallel_rank - parallel.data_parallel_start_rank
         first_device = local_index * self.world_size
         checkpoint = checkpoint or resolve_model(config.model.model)
-        self._ipc_dir = tempfile.mkdtemp(prefix="core-workers-")
+        ipc_dir = tempfile.mkdtemp(prefix="core-workers-")
+        # Removed by shutdown, else when this executor is collected or the interpreter
+        # exits (an offline LLM is seldom shut down; its workers die with this process).
+        self._remove_ipc_dir = weakref.finalize(self, shutil.rmtree, ipc_dir, True)
         self._ctx = zmq.Context()
         self._replies = self._ctx.socket(zmq.PULL)
-        reply_address = f"ipc://{self._ipc_dir}/replies"
+        reply_address = f"ipc://{ipc_dir}/replies"
         self._replies.bind(reply_address)
         self._calls = MessageQueue(self.world_size)
         self._dead: str | None = None
@@ -196,7 +200,7 @@ class MultiprocExecutor(Executor):
         self._terminate(grace_s=5.0)
         self._calls.close()
         self._ctx.destroy(linger=0)
-        shutil.rmtree(self._ipc_dir, ignore_errors=True)
+        self._remove_ipc_dir()
 
     def _terminate(self, grace_s: float = 0.0) -> None:
         deadline = time.monotonic() + grace_s

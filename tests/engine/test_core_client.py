@@ -9,8 +9,10 @@ Greedy tokens are checked against transformers under the determinism policy.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
+import tempfile
 from collections import defaultdict
 
 import pytest
@@ -129,3 +131,19 @@ def test_run_inline_refuses_a_coroutine_that_waits():
 
     with pytest.raises(RuntimeError, match="never waits"):
         run_inline(waits())
+
+
+def test_the_process_clients_ipc_directory_goes_with_shutdown_or_with_the_client(
+    setup, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    shut = MPClient(setup)
+    assert len(list(tmp_path.glob("core-ipc-*"))) == 1
+    shut.shutdown()
+    assert not list(tmp_path.glob("core-ipc-*"))
+    forgotten = MPClient(setup)  # never shut down, e.g. by an embedding application
+    assert len(list(tmp_path.glob("core-ipc-*"))) == 1
+    forgotten.ctx.destroy(linger=0)  # its sockets go, as at exit (else pyzmq warns)
+    del forgotten
+    gc.collect()
+    assert not list(tmp_path.glob("core-ipc-*"))

@@ -17,11 +17,16 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 import core
 from core import envs
 from core.engine.async_llm import AsyncLLM
-from core.engine.core_client import EngineDeadError
 from core.engine_args import EngineArgs
 from core.entrypoints.openai import protocol as p
 from core.entrypoints.openai.errors import OpenAIError, error_response, install_error_handlers
 from core.entrypoints.openai.frontend_args import FrontendArgs
+from core.entrypoints.openai.lifecycle import (
+    ABORT_GRACE_S,
+    ServerLifecycle,
+    StopSignals,
+    UvicornServer,
+)
 from core.entrypoints.openai.middleware import install_middleware
 from core.entrypoints.openai.offload import OffLoop
 from core.entrypoints.openai.protocol_embeddings import EmbeddingRequest
@@ -75,15 +80,13 @@ def build_app(
 
     app = FastAPI(title="core", version=core.__version__, lifespan=lifespan)
     install_error_handlers(app)
-    app.add_exception_handler(EngineDeadError, _on_engine_dead)
     if api_key:
         _require_api_key(app, api_key)
     install_middleware(app, frontend)  # outermost: CORS answers preflights without a key
 
     @app.get("/health")
     async def health() -> Response:
-        if not engine.is_healthy:
-            raise EngineDeadError(engine.client.dead_reason)
+        engine.check_healthy()
         return Response(status_code=HTTPStatus.OK)
 
     @app.get("/version")
@@ -96,6 +99,8 @@ def build_app(
 
     @app.get("/metrics")
     async def prometheus() -> Response:
+        if not engine.is_healthy:  # checked at each scrape: the gauges show the engine now
+            metrics.record_engine_death()
         body, content_type = metrics.render()
         return Response(body, media_type=content_type)
 
@@ -209,14 +214,6 @@ def _mount_endpoint_plugins(app: FastAPI) -> None:
     get_registry().use_each(ENDPOINTS, mount, "router factory")
 
 
-async def _on_engine_dead(_: Request, exc: EngineDeadError) -> JSONResponse:
-    return error_response(
-        OpenAIError(
-            HTTPStatus.SERVICE_UNAVAILABLE, f"engine unavailable: {exc}", code="engine_dead"
-        )
-    )
-
-
 async def serve(
     engine_args: EngineArgs,
     host: str | None,
@@ -225,26 +222,34 @@ async def serve(
     lora_modules: Sequence[LoRAModulePath] = (),
     frontend: FrontendArgs = FrontendArgs(),
     tool_calling: ToolCalling = ToolCalling(),
-) -> None:
-    """Start the engine, then serve HTTP until SIGINT/SIGTERM; always stop the engine."""
+) -> int:
+    """Start the engine, then serve HTTP until SIGINT/SIGTERM or the engine core's death
+    (core.entrypoints.openai.lifecycle); always stop the engine. The process's exit code:
+    0 when stopped by a signal, lifecycle.EXIT_ENGINE_DEAD after the engine core died."""
     if lora_modules and not engine_args.enable_lora:
         # Refused before the engine starts, which may take minutes.
         raise ValueError("--lora-modules: serving LoRA adapters needs --enable-lora")
-    engine = await AsyncLLM.start(engine_args)
-    try:
-        app = build_app(engine, api_key, lora_modules, frontend, tool_calling)
-        server = uvicorn.Server(uvicorn_config(app, host, port, frontend))
-        ready = asyncio.create_task(_announce(server, host or "0.0.0.0", port, frontend))
-        await server.serve()
-        ready.cancel()
-    finally:
-        engine.shutdown()
+    with StopSignals() as signals:
+        engine = await signals.unless_requested(AsyncLLM.start(engine_args))
+        if engine is None:
+            return 0
+        try:
+            app = build_app(engine, api_key, lora_modules, frontend, tool_calling)
+            server = UvicornServer(uvicorn_config(app, host, port, frontend))
+            ready = asyncio.create_task(_announce(server, host or "0.0.0.0", port, frontend))
+            lifecycle = ServerLifecycle(server, engine, signals, frontend.shutdown_timeout)
+            exit_code = await lifecycle.run()
+            ready.cancel()
+        finally:
+            engine.shutdown()
+    return exit_code
 
 
 def uvicorn_config(
     app: FastAPI, host: str | None, port: int, frontend: FrontendArgs
 ) -> uvicorn.Config:
-    """uvicorn's settings: the address, TLS, the root path behind a proxy, the log level."""
+    """uvicorn's settings: the address, TLS, the root path behind a proxy, the log level,
+    and how long its shutdown waits for open connections (the drain, then the abort grace)."""
     return uvicorn.Config(
         app,
         host=host or "0.0.0.0",
@@ -253,6 +258,7 @@ def uvicorn_config(
         root_path=frontend.root_path,
         ssl_keyfile=frontend.ssl_keyfile,
         ssl_certfile=frontend.ssl_certfile,
+        timeout_graceful_shutdown=frontend.shutdown_timeout + ABORT_GRACE_S,
     )
 
 

@@ -4,8 +4,10 @@ The body has OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``
 ``openai`` client raises its usual ``BadRequestError`` / ``NotFoundError``. Bad input is
 always a 4xx: OpenAI answers invalid parameters with 400 (not FastAPI's 422), malformed
 JSON is a 400 too, and a ValueError raised while serving (the engine's validation) is
-the client's fault. Only unexpected exceptions are 500, with a generic message (the
-details go to the log, not to the client).
+the client's fault. A dead engine core is a 503 with code "engine_dead". A stream that
+fails after its 200 went out carries the same body as its last SSE event (`as_openai_error`
+is the one mapping for both). Only unexpected exceptions are 500, with a generic message
+(the details go to the log, not to the client).
 """
 
 from __future__ import annotations
@@ -20,8 +22,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from core.engine.core_client import EngineDeadError
+
 __all__ = [
     "OpenAIError",
+    "as_openai_error",
     "error_body",
     "error_response",
     "install_error_handlers",
@@ -65,6 +70,19 @@ def error_body(
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
+def as_openai_error(exc: OpenAIError | EngineDeadError | ValueError) -> OpenAIError:
+    """What a failure while serving is answered with, as a response or as a stream's error
+    event alike: an OpenAIError as it is; a dead engine core a 503 with code "engine_dead";
+    a ValueError (the engine refused the input) a 400."""
+    if isinstance(exc, OpenAIError):
+        return exc
+    if isinstance(exc, EngineDeadError):
+        return OpenAIError(
+            HTTPStatus.SERVICE_UNAVAILABLE, f"engine unavailable: {exc}", code="engine_dead"
+        )
+    return OpenAIError(HTTPStatus.BAD_REQUEST, str(exc))
+
+
 def error_response(error: OpenAIError, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(
         error_body(error.message, error.type, error.param, error.code),
@@ -75,15 +93,16 @@ def error_response(error: OpenAIError, headers: dict[str, str] | None = None) ->
 
 def install_error_handlers(app: FastAPI) -> None:
     """Make every error of ``app`` an OpenAI error body (see the module docstring)."""
-    app.add_exception_handler(OpenAIError, _on_openai_error)
+    app.add_exception_handler(OpenAIError, _on_serving_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(HTTPException, _on_http_exception)
-    app.add_exception_handler(ValueError, _on_value_error)
+    app.add_exception_handler(EngineDeadError, _on_serving_error)
+    app.add_exception_handler(ValueError, _on_serving_error)
     app.add_exception_handler(Exception, _on_unexpected)
 
 
-async def _on_openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
-    return error_response(exc)
+async def _on_serving_error(_: Request, exc: OpenAIError | EngineDeadError | ValueError):
+    return error_response(as_openai_error(exc))
 
 
 async def _on_validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -97,10 +116,6 @@ async def _on_http_exception(request: Request, exc: HTTPException) -> JSONRespon
     else:
         message = str(exc.detail)
     return error_response(OpenAIError(exc.status_code, message), headers=exc.headers)
-
-
-async def _on_value_error(_: Request, exc: ValueError) -> JSONResponse:
-    return error_response(OpenAIError(HTTPStatus.BAD_REQUEST, str(exc)))
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -44,6 +44,8 @@ class FrontendArgs:
     # Parsing a body holds the event loop (about 30 ms per MiB of token ids), so bodies
     # are bounded: 2 MiB holds OpenAI's largest embedding batch or a 128k-token prompt.
     max_request_body_bytes: int = 2 * 1024 * 1024
+    # Seconds open requests may drain on SIGTERM / SIGINT (vLLM's default, 0, aborts them).
+    shutdown_timeout: float = 10.0
 
     def __post_init__(self) -> None:
         if (self.ssl_keyfile is None) != (self.ssl_certfile is None):
@@ -70,6 +72,8 @@ class FrontendArgs:
             raise ValueError(f"--max-request-body-bytes {self.max_request_body_bytes}: must be > 0")
         if self.root_path and not self.root_path.startswith("/"):
             raise ValueError(f"--root-path {self.root_path!r}: must start with '/'")
+        if not self.shutdown_timeout >= 0:  # NaN too
+            raise ValueError(f"--shutdown-timeout {self.shutdown_timeout}: must be >= 0")
 
     @property
     def scheme(self) -> str:
@@ -149,6 +153,11 @@ def frontend_options(command: Callable) -> Callable:
         click.option(
             "--max-request-body-bytes", type=int, default=None,
             help="largest request body accepted; a larger one is a 413 (default: 2 MiB)",
+        ),
+        click.option(
+            "--shutdown-timeout", type=float, default=None, metavar="SECONDS",
+            help="on SIGTERM / SIGINT, how long open requests may finish before the rest "
+            "are aborted (default: 10; 0 aborts them at once)",
         ),
     ]  # fmt: skip
     for option in reversed(options):

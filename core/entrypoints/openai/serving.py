@@ -10,6 +10,13 @@ work. Metrics are recorded by the engine frontend (AsyncLLM.stats_listeners), no
 Turning a request into engine requests (tokenizing, rendering the chat template) runs
 off the event loop (OffLoop). A request's own `chat_template` is code the client sends:
 it is refused unless the server was started with --trust-request-chat-template, as vLLM.
+
+A request refused before its stream starts (a dead engine core included: 503) is an HTTP
+error like a non-streaming one; once a stream has started, a failure is its last SSE event,
+with the body the error response would have had (errors.as_openai_error). An engine request
+aborted by the server (its shutdown deadline) ends a stream with finish_reason "abort";
+a non-streaming request gets a 503 instead, so a partial completion never passes for a
+finished one and the client may retry elsewhere.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from core.engine.core_client import EngineDeadError
 from core.engine.processor import PreparedRequest
 from core.entrypoints.openai import protocol as p
 from core.entrypoints.openai import responses as r
-from core.entrypoints.openai.errors import OpenAIError
+from core.entrypoints.openai.errors import OpenAIError, as_openai_error, error_body
 from core.entrypoints.openai.offload import OffLoop
 from core.entrypoints.openai.params import (
     chat_sampling_params,
@@ -47,6 +54,7 @@ from core.entrypoints.openai.serving_models import ServedModels
 from core.entrypoints.openai.tool_calls import ToolCalling, ToolPlan, ToolStream
 from core.lora.request import LoRARequest
 from core.outputs import CompletionOutput, RequestOutput
+from core.request import FinishReason
 from core.sampling_params import SamplingParams
 
 
@@ -161,6 +169,19 @@ class Serving:
             for task in tasks:  # cancelling a pump aborts its engine request
                 task.cancel()
 
+    async def _run_to_end(self, requests: list[_Tracked], raw: Request) -> None:
+        """Run a non-streaming request's engine requests to their end; a 503 when the
+        server aborted one (its shutdown deadline)."""
+        async for _ in self._deltas(requests, raw):
+            pass
+        finish_reasons = {s.finish_reason for t in requests for s in t.samples.values()}
+        if str(FinishReason.ABORT) in finish_reasons:
+            raise OpenAIError(
+                HTTPStatus.SERVICE_UNAVAILABLE,
+                "the server aborted the request before it finished (it is shutting down)",
+                code="aborted",
+            )
+
     def _record(self, tracked: _Tracked, output: RequestOutput) -> None:
         tracked.num_tokens += sum(len(o.token_ids) for o in output.outputs)
         for delta in output.outputs:
@@ -198,6 +219,7 @@ class Serving:
     # -- /v1/completions ------------------------------------------------------------------
 
     async def completions(self, req: p.CompletionRequest, raw: Request) -> Any:
+        self.engine.check_healthy()  # a 503 before a stream's 200, as without streaming
         lora = self.check_model(req.model)
         self.engine.processor.require_runner("generate")  # a 400 on an embedding model
         options = self._options(req, raw)
@@ -207,8 +229,7 @@ class Serving:
             choices = self._completion_choices(req, n)
             stream = self._event_stream(req, requests, raw, p.CompletionStreamResponse, choices)
             return self._stream(stream)
-        async for _ in self._deltas(requests, raw):
-            pass
+        await self._run_to_end(requests, raw)
         choices = [
             r.completion_choice(
                 self._final_output(t),
@@ -297,7 +318,8 @@ class Serving:
             if req.stream_options is not None and req.stream_options.include_usage:
                 yield self._sse(response_cls(**header, choices=[], usage=self._usage(requests)))
         except (OpenAIError, EngineDeadError, ValueError) as exc:
-            yield self._sse(_stream_error(exc))
+            error = as_openai_error(exc)
+            yield self._sse(error_body(error.message, error.type, error.param, error.code))
         yield "data: [DONE]\n\n"
 
     # -- /v1/chat/completions -------------------------------------------------------------
@@ -345,6 +367,7 @@ class Serving:
         return prompt_ids
 
     async def chat(self, req: p.ChatCompletionRequest, raw: Request) -> Any:
+        self.engine.check_healthy()  # a 503 before a stream's 200, as without streaming
         lora = self.check_model(req.model)
         self.engine.processor.require_runner("generate")  # a 400 on an embedding model
         options = self._options(req, raw)
@@ -355,8 +378,7 @@ class Serving:
             choices = self._chat_choices(num_top, tools)
             stream = self._event_stream(req, requests, raw, p.ChatCompletionStreamResponse, choices)
             return self._stream(stream)
-        async for _ in self._deltas(requests, raw):
-            pass
+        await self._run_to_end(requests, raw)
         final = self._final_output(requests[0])
         choices = [r.chat_choice(o, self.decode_token, num_top, tools) for o in final.outputs]
         response = p.ChatCompletionResponse(
@@ -422,13 +444,3 @@ def _accumulate(samples: dict[int, CompletionOutput], delta: CompletionOutput) -
         sample.logprobs.extend(delta.logprobs)
     sample.cumulative_logprob = delta.cumulative_logprob
     sample.finish_reason, sample.stop_reason = delta.finish_reason, delta.stop_reason
-
-
-def _stream_error(exc: Exception) -> dict[str, Any]:
-    if isinstance(exc, OpenAIError):
-        status, message = exc.status, str(exc)
-    elif isinstance(exc, ValueError):  # the engine refused the request (e.g. its adapter)
-        status, message = HTTPStatus.BAD_REQUEST, str(exc)
-    else:
-        status, message = HTTPStatus.SERVICE_UNAVAILABLE, f"engine unavailable: {exc}"
-    return {"error": {"message": message, "type": "server_error", "param": None, "code": status}}

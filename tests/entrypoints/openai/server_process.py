@@ -52,6 +52,16 @@ class ServerProcess:
         (pid,) = [int(p) for p in children.split()]
         return pid
 
+    def wait_exit(self, timeout_s: float) -> int:
+        """The exit code of a server that ends by itself; TimeoutError (once it is killed)
+        when it is still running after `timeout_s`."""
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise TimeoutError(f"core serve still running after {timeout_s} s") from None
+
     def stop(self) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

@@ -4,6 +4,7 @@ subclasses it with the `generate` it needs."""
 
 from __future__ import annotations
 
+from core.engine.core_client import EngineDeadError
 from core.engine.processor import InputProcessor
 
 
@@ -15,6 +16,10 @@ class StandInEngine:
         self.num_gpu_blocks = None
         self.is_healthy = True
         self.num_requests = 0
+
+    def check_healthy(self) -> None:
+        if not self.is_healthy:
+            raise EngineDeadError("the stand-in engine core died")
 
     def new_request_id(self) -> str:
         self.num_requests += 1

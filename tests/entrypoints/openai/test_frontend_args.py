@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from click.testing import CliRunner
 from fastapi import FastAPI
 
+from core.entrypoints.cli import cli
 from core.entrypoints.openai.api_server import uvicorn_config
 from core.entrypoints.openai.frontend_args import FrontendArgs
 
@@ -56,3 +58,15 @@ def test_uvicorn_gets_tls_root_path_and_log_level(tmp_path):
     assert (config.ssl_keyfile, config.ssl_certfile) == (str(key), str(cert))
     assert config.log_level == "warning"
     assert frontend.scheme == "https" and FrontendArgs().scheme == "http"
+
+
+def test_shutdown_timeout_is_non_negative_and_bounds_uvicorns_wait_with_the_abort_grace():
+    refused = CliRunner().invoke(cli, ["serve", "--shutdown-timeout", "-1"])
+    assert refused.exit_code == 1
+    assert "--shutdown-timeout -1.0: must be >= 0" in refused.output
+    assert FrontendArgs().shutdown_timeout == 10
+    assert FrontendArgs.from_cli({"shutdown_timeout": 0.0}).shutdown_timeout == 0
+    config = uvicorn_config(FastAPI(), None, 8000, FrontendArgs(shutdown_timeout=2.5))
+    # uvicorn cuts what is still open after the abort at 2.5 s (never before: the aborted
+    # streams get their last chunk), within the bound a stop promises: 2.5 + 2 s.
+    assert 2.5 < config.timeout_graceful_shutdown < 2.5 + 2
