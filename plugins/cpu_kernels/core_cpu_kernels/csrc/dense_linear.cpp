@@ -16,6 +16,7 @@
 
 #include "dense_linear.h"
 #include "float_rows.h"
+#include "isa_registry.h"
 #include "kernels.h"
 
 namespace {
@@ -27,34 +28,11 @@ namespace dl = core_cpu::dense_linear;
 constexpr int64_t kMacsPerTask = 1 << 15;
 constexpr int64_t kRowsPerBlock = 4;  // tasks split W at the GEMV's 4-row blocks
 
-std::vector<const dl::IsaKernels*> probe_isas() {
-  std::vector<const dl::IsaKernels*> isas;
-#ifdef CORE_DENSE_LINEAR_X86
-  __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                    __builtin_cpu_supports("f16c");
-  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512vl");
-  if (avx2 && avx512) isas.push_back(&dl::kAvx512Kernels);
-  if (avx2) isas.push_back(&dl::kAvx2Kernels);
-#endif
-  isas.push_back(&dl::kScalarKernels);
-  return isas;
-}
-
-const std::vector<const dl::IsaKernels*>& available_isas() {
-  static const std::vector<const dl::IsaKernels*> isas = probe_isas();
-  return isas;
-}
-
-const dl::IsaKernels& choose_isa(const std::string& isa) {
-  const auto& isas = available_isas();
-  if (isa.empty()) return *isas.front();
-  for (const dl::IsaKernels* kernels : isas) {
-    if (isa == kernels->name) return *kernels;
-  }
-  TORCH_CHECK(false, "dense_linear: isa '", isa, "' is not available on this CPU (see ",
-              "dense_linear_isas())");
+// The kernels this CPU runs; the AVX2 and AVX-512 GEMVs widen float16 weights with F16C.
+const core_cpu::IsaRegistry<dl::IsaKernels>& isas() {
+  static const core_cpu::IsaRegistry<dl::IsaKernels> registry(
+      "dense_linear", CORE_ISA_TABLES(dl), /*avx2_needs_f16c=*/true);
+  return registry;
 }
 
 dl::WeightType weight_type(const torch::Tensor& weight) {
@@ -98,7 +76,7 @@ void run(const dl::IsaKernels& isa, const torch::Tensor& x, const torch::Tensor&
 
 torch::Tensor dense_linear(const torch::Tensor& x, const torch::Tensor& weight,
                            const c10::optional<torch::Tensor>& bias, const std::string& isa) {
-  const dl::IsaKernels& kernels = choose_isa(isa);
+  const dl::IsaKernels& kernels = isas().choose(isa);
   TORCH_CHECK(weight.device().is_cpu() && weight.dim() == 2 && weight.is_contiguous(),
               "dense_linear: weight must be a contiguous 2-D CPU tensor");
   const int64_t n = weight.size(0), k = weight.size(1);
@@ -118,8 +96,4 @@ torch::Tensor dense_linear(const torch::Tensor& x, const torch::Tensor& weight,
   return out;
 }
 
-std::vector<std::string> dense_linear_isas() {
-  std::vector<std::string> names;
-  for (const dl::IsaKernels* kernels : available_isas()) names.emplace_back(kernels->name);
-  return names;
-}
+std::vector<std::string> dense_linear_isas() { return isas().names(); }

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "x86_kernels.h"
+
 namespace core_cpu::dense_linear {
 
 enum class WeightType { kFloat32, kBFloat16, kFloat16 };
@@ -26,8 +28,7 @@ struct IsaKernels {
 };
 
 extern const IsaKernels kScalarKernels;
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define CORE_DENSE_LINEAR_X86 1
+#ifdef CORE_X86_KERNELS
 extern const IsaKernels kAvx2Kernels;
 extern const IsaKernels kAvx512Kernels;
 #endif

@@ -4,7 +4,7 @@
 #include "dense_linear.h"
 #include "quant_linear.h"
 
-#if defined(CORE_QUANT_LINEAR_X86) && defined(CORE_DENSE_LINEAR_X86)
+#ifdef CORE_X86_KERNELS
 
 #include <immintrin.h>
 
@@ -79,4 +79,4 @@ const IsaKernels kAvx2Kernels{"avx2", &gemv<Avx2>};
 
 #pragma GCC pop_options
 
-#endif  // CORE_QUANT_LINEAR_X86
+#endif  // CORE_X86_KERNELS

@@ -5,7 +5,7 @@
 #include "dense_linear.h"
 #include "quant_linear.h"
 
-#if defined(CORE_QUANT_LINEAR_X86) && defined(CORE_DENSE_LINEAR_X86)
+#ifdef CORE_X86_KERNELS
 
 #include <immintrin.h>
 
@@ -70,4 +70,4 @@ const IsaKernels kAvx512Kernels{"avx512", &gemv<Avx512>};
 
 #pragma GCC pop_options
 
-#endif  // CORE_QUANT_LINEAR_X86
+#endif  // CORE_X86_KERNELS

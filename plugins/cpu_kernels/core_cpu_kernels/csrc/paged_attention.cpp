@@ -10,6 +10,7 @@
 
 #include "cpu_utils.h"
 #include "fast_exp.h"
+#include "head_sizes.h"
 #include "kernels.h"
 
 #include <algorithm>
@@ -166,17 +167,11 @@ void decode_any_head_size(torch::Tensor& out, const torch::Tensor& query,
                           const torch::Tensor& kv_cache, const torch::Tensor& block_table,
                           const torch::Tensor& seq_lens, double scale, int64_t sliding_window) {
   switch (query.size(2)) {
-#define CORE_HEAD_SIZE(D) \
-  case D:                 \
+#define CORE_HEAD_SIZE_CASE(D) \
+  case D:                      \
     return decode<D, T>(out, query, kv_cache, block_table, seq_lens, scale, sliding_window);
-    CORE_HEAD_SIZE(16)
-    CORE_HEAD_SIZE(32)
-    CORE_HEAD_SIZE(64)
-    CORE_HEAD_SIZE(80)
-    CORE_HEAD_SIZE(96)
-    CORE_HEAD_SIZE(128)
-    CORE_HEAD_SIZE(256)
-#undef CORE_HEAD_SIZE
+    CORE_FOR_EACH_HEAD_SIZE(CORE_HEAD_SIZE_CASE)
+#undef CORE_HEAD_SIZE_CASE
     default:
       TORCH_CHECK(false, "unsupported head size ", query.size(2));
   }

@@ -27,6 +27,7 @@
 #include "cpu_utils.h"
 #include "dtype_dispatch.h"
 #include "fast_exp.h"
+#include "head_sizes.h"
 #include "kernels.h"
 
 namespace {
@@ -361,17 +362,11 @@ void prefill(const Problem<T>& p, int64_t num_kv_heads) {
 template <typename T>
 void prefill_any_head_size(const Problem<T>& p, int64_t num_kv_heads, int64_t head_size) {
   switch (head_size) {
-#define CORE_HEAD_SIZE(D) \
-  case D:                 \
+#define CORE_HEAD_SIZE_CASE(D) \
+  case D:                      \
     return prefill<D, T>(p, num_kv_heads);
-    CORE_HEAD_SIZE(16)
-    CORE_HEAD_SIZE(32)
-    CORE_HEAD_SIZE(64)
-    CORE_HEAD_SIZE(80)
-    CORE_HEAD_SIZE(96)
-    CORE_HEAD_SIZE(128)
-    CORE_HEAD_SIZE(256)
-#undef CORE_HEAD_SIZE
+    CORE_FOR_EACH_HEAD_SIZE(CORE_HEAD_SIZE_CASE)
+#undef CORE_HEAD_SIZE_CASE
     default:
       TORCH_CHECK(false, "paged_prefill_attention: unsupported head size ", head_size);
   }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "float_rows.h"
+#include "isa_registry.h"
 #include "kernels.h"
 #include "quant_linear.h"
 
@@ -39,35 +40,11 @@ constexpr int64_t kGemvRowsPerBlock = 4;
 constexpr int64_t kTileBytes = 1024 * 1024;
 constexpr int64_t kTileRowMultiple = 16;  // whole register blocks of the GEMM's columns
 
-// The kernels this CPU runs, widest vector ISA first.
-std::vector<const ql::IsaKernels*> probe_isas() {
-  std::vector<const ql::IsaKernels*> isas;
-#ifdef CORE_QUANT_LINEAR_X86
-  __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512vl");
-  if (avx2 && avx512) isas.push_back(&ql::kAvx512Kernels);
-  if (avx2) isas.push_back(&ql::kAvx2Kernels);
-#endif
-  isas.push_back(&ql::kScalarKernels);
-  return isas;
-}
-
-const std::vector<const ql::IsaKernels*>& available_isas() {
-  static const std::vector<const ql::IsaKernels*> isas = probe_isas();
-  return isas;
-}
-
-// The kernels named `isa`, or the widest available for "".
-const ql::IsaKernels& choose_isa(const std::string& isa) {
-  const auto& isas = available_isas();
-  if (isa.empty()) return *isas.front();
-  for (const ql::IsaKernels* kernels : isas) {
-    if (isa == kernels->name) return *kernels;
-  }
-  TORCH_CHECK(false, "quant_linear: isa '", isa, "' is not available on this CPU (see ",
-              "quant_linear_isas())");
+// The kernels this CPU runs.
+const core_cpu::IsaRegistry<ql::IsaKernels>& isas() {
+  static const core_cpu::IsaRegistry<ql::IsaKernels> registry(
+      "quant_linear", CORE_ISA_TABLES(ql), /*avx2_needs_f16c=*/false);
+  return registry;
 }
 
 ql::PackedWeight packed_weight(const torch::Tensor& qweight, const torch::Tensor& scales,
@@ -166,7 +143,7 @@ void gemm(const ql::IsaKernels& isa, const ql::PackedWeight& w, const torch::Ten
 torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
                            const torch::Tensor& scales, const torch::Tensor& mins, int64_t bits,
                            const std::string& isa) {
-  const ql::IsaKernels& kernels = choose_isa(isa);
+  const ql::IsaKernels& kernels = isas().choose(isa);
   const ql::PackedWeight w = packed_weight(qweight, scales, mins, bits);
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.is_contiguous() && x.size(1) == w.k,
               "quant_linear: x must be a contiguous CPU tensor [T, ", w.k, "]");
@@ -184,8 +161,4 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
   return out;
 }
 
-std::vector<std::string> quant_linear_isas() {
-  std::vector<std::string> names;
-  for (const ql::IsaKernels* kernels : available_isas()) names.emplace_back(kernels->name);
-  return names;
-}
+std::vector<std::string> quant_linear_isas() { return isas().names(); }

@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "x86_kernels.h"
+
 namespace core_cpu::quant_linear {
 
 struct PackedWeight {
@@ -44,9 +46,7 @@ struct IsaKernels {
 };
 
 extern const IsaKernels kScalarKernels;
-// The x86 kernels need GCC's `#pragma GCC target` (clang spells it differently).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define CORE_QUANT_LINEAR_X86 1
+#ifdef CORE_X86_KERNELS
 extern const IsaKernels kAvx2Kernels;
 extern const IsaKernels kAvx512Kernels;
 #endif
