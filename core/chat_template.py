@@ -16,6 +16,10 @@ Hugging Face templates expect (`tool_call.arguments | tojson`, `.items()`), thou
 clients send them as JSON text. Arguments that are not a JSON object become {} with a
 warning rather than an error: the message is history the client sends back every turn, and
 refusing it would make the conversation unrecoverable.
+
+Inputs are checked before anything renders (core.input_checks): text must be valid Unicode
+and data nest at most MAX_JSON_DEPTH levels, so a hostile payload is a ValueError naming
+its field, never a RecursionError.
 """
 
 from __future__ import annotations
@@ -36,7 +40,16 @@ import jinja2.ext
 import jinja2.nodes
 import jinja2.sandbox
 
-__all__ = ["MAX_RENDER_CHARS", "MAX_RENDER_SECONDS", "load_chat_template", "render_chat_template"]
+from core.input_checks import check_json_data, parse_json_text
+
+__all__ = [
+    "MAX_RENDER_CHARS",
+    "MAX_RENDER_SECONDS",
+    "RESERVED_TEMPLATE_KWARGS",
+    "check_template_kwargs",
+    "load_chat_template",
+    "render_chat_template",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +58,21 @@ logger = logging.getLogger(__name__)
 MAX_RENDER_CHARS = 8 * 1024 * 1024
 # Wall time of one render: a real template renders a conversation in milliseconds.
 MAX_RENDER_SECONDS = 2.0
+
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "messages",
+        "tools",
+        "add_generation_prompt",
+        "chat_template",
+        "continue_final_message",
+        "self",
+    }
+)
+"""Names a template kwarg cannot take: the variables the renderer sets itself and the
+keywords of the render path (InputProcessor.render_chat, Tokenizer.apply_chat_template,
+whose receiver is `self`). A kwarg under one of them would be shadowed, or collide with the
+argument of the same name; it is refused, so a client never wonders which value won."""
 
 
 def render_chat_template(
@@ -60,17 +88,17 @@ def render_chat_template(
     """Render the template `source` over `messages` and OpenAI-style `tools`.
 
     `special_tokens` (bos_token -> "<s>", ...) and `template_kwargs` (e.g. enable_thinking)
-    are template variables too; a kwarg overrides a special token, never messages, tools or
-    add_generation_prompt. Every input must be JSON data (dicts, lists, str, numbers, bool,
-    None); message keys set to None are dropped. Raises ValueError for a syntax error,
-    non-JSON input, a failed render (raise_exception, a sandbox SecurityError), or a render
-    past MAX_RENDER_CHARS characters or `max_seconds` seconds.
+    are template variables too; a kwarg overrides a special token and `documents`, and one
+    named in RESERVED_TEMPLATE_KWARGS is refused. Every input must be JSON data (dicts,
+    lists, str, numbers, bool, None; see the module docstring); message keys set to None
+    are dropped. Raises ValueError for a syntax error, bad input, a failed render, or a
+    render past MAX_RENDER_CHARS characters or `max_seconds` seconds.
     """
     template = _compile_chat_template(source)
     context = {
         **special_tokens,
         "documents": None,
-        **_plain_data(template_kwargs, "template_kwargs"),
+        **_template_kwargs(template_kwargs),
         "messages": _template_messages(messages),
         "tools": _plain_data(tools, "tools"),
         "add_generation_prompt": add_generation_prompt,
@@ -78,8 +106,27 @@ def render_chat_template(
     try:
         with _Deadline(max_seconds):
             return _bounded_join(template.generate(context))
-    except (jinja2.TemplateError, TypeError) as e:
+    except Exception as e:
+        # The template is untrusted code running in the sandbox: whatever it raises
+        # (raise_exception, a SecurityError, a render limit, 1/0, an index out of range,
+        # runaway recursion) is its failure to render this input, not the server's.
         raise ValueError(f"chat template failed to render: {type(e).__name__}: {e}") from e
+
+
+def check_template_kwargs(template_kwargs: Mapping[str, Any]) -> None:
+    """ValueError naming chat_template_kwargs when a key is reserved (see
+    RESERVED_TEMPLATE_KWARGS) or a value is not JSON data as the module docstring says."""
+    _template_kwargs(template_kwargs)
+
+
+def _template_kwargs(template_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS.intersection(template_kwargs))
+    if reserved:
+        raise ValueError(
+            f"chat_template_kwargs cannot set {', '.join(reserved)}: the chat template "
+            "renderer sets these itself (pass them as arguments of their own)"
+        )
+    return _plain_data(template_kwargs, "chat_template_kwargs")
 
 
 class RenderLimitError(jinja2.TemplateError):
@@ -206,13 +253,19 @@ def _compile_chat_template(source: str) -> jinja2.Template:
 
 
 def _plain_data(value: Any, where: str) -> Any:
-    """A copy made of JSON types only, so a template cannot reach methods of richer objects."""
+    """A copy made of JSON types only, so a template cannot reach methods of richer objects;
+    checked first (core.input_checks), so the copy's recursion stays shallow."""
+    check_json_data(value, where)
+    return _copy(value, where)
+
+
+def _copy(value: Any, where: str) -> Any:
     if value is None or type(value) in (str, int, float, bool):
         return value
     if isinstance(value, Mapping):
-        return {str(k): _plain_data(v, f"{where}.{k}") for k, v in value.items()}
+        return {str(k): _copy(v, f"{where}.{k}") for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain_data(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [_copy(v, f"{where}[{i}]") for i, v in enumerate(value)]
     raise ValueError(f"{where} is a {type(value).__name__}; template inputs must be JSON data")
 
 
@@ -239,7 +292,7 @@ def _parse_arguments(call: Any, where: str) -> None:
     if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
         return
     try:
-        arguments = json.loads(function["arguments"])
+        arguments = parse_json_text(function["arguments"], f"{where}.function.arguments")
     except ValueError:
         arguments = None
     if not isinstance(arguments, dict):

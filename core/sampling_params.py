@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 import msgspec
 
+from core.input_checks import check_json_data, parse_json_text
+
 __all__ = ["SAMPLING_EPS", "SamplingParams", "SamplingType", "StructuredOutputsParams"]
 
 # Below this temperature a request is greedy: dividing by it would overflow the logits.
@@ -25,6 +27,11 @@ _MAX_ABS_LOGIT_BIAS = 100.0
 # torch.Generator.manual_seed accepts any value representable as int64 or uint64.
 _MIN_SEED = -(2**63)
 _MAX_SEED = 2**64 - 1
+
+# The engine's tensors hold counts and token ids as int64 (and msgspec cannot send ints past
+# 2**64 - 1 to the engine core at all), so a larger value is an error here, not later.
+_MAX_INT64 = 2**63 - 1
+_COUNT_FIELDS = ("n", "top_k", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs")
 
 
 class SamplingType(enum.IntEnum):
@@ -61,6 +68,12 @@ class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
             )
         if self.choice is not None and (not self.choice or not all(self.choice)):
             raise ValueError("structured_outputs.choice must be a non-empty list of strings")
+        for name in ("regex", "choice", "grammar"):
+            check_json_data(getattr(self, name), f"structured_outputs.{name}")
+        if isinstance(self.json, str):  # checked as the data it holds: depth, text
+            parse_json_text(self.json, "structured_outputs.json")
+        else:
+            check_json_data(self.json, "structured_outputs.json")
 
 
 class SamplingParams(msgspec.Struct, kw_only=True):
@@ -106,6 +119,8 @@ class SamplingParams(msgspec.Struct, kw_only=True):
         self._check_token_lists()
         self._check_logprobs()
         self._check_seed()
+        self._check_int64()
+        self._check_text()
 
     @property
     def sampling_type(self) -> SamplingType:
@@ -235,6 +250,18 @@ class SamplingParams(msgspec.Struct, kw_only=True):
                 "must fit in 64 bits ([-2**63, 2**64 - 1])",
                 self.seed,
             )
+
+    def _check_int64(self) -> None:
+        for name in _COUNT_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                _require(value <= _MAX_INT64, name, "must be <= 2**63 - 1", value)
+
+    def _check_text(self) -> None:
+        """stop strings and bad words must be valid Unicode (no lone surrogate): they are
+        tokenized and sent to the engine core as UTF-8."""
+        check_json_data(self.stop, "stop")
+        check_json_data(self.bad_words, "bad_words")
 
     def _token_id_fields(self) -> list[tuple[str, list[int]]]:
         return [

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import tokenizers
 
 from core.chat_template import render_chat_template
+from core.input_checks import check_text
 from core.model_loader.gguf_metadata import read_gguf_metadata
 from core.tokenizer_gguf import gguf_backend_tokenizer, gguf_chat_templates
 
@@ -245,7 +246,10 @@ class Tokenizer:
         return self._chat_templates.get("default")
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of `text`; `add_special_tokens` adds the model's bos/eos, if any."""
+        """Token ids of `text`; `add_special_tokens` adds the model's bos/eos, if any.
+        ValueError when `text` is not valid Unicode (a lone surrogate, which the tokenizers
+        library refuses with a TypeError about its argument's type)."""
+        check_text(text, "text")
         # The batch calls release the GIL while they work (`encode` holds it: a 2 MB prompt
         # tokenized on the server's worker thread stalled its event loop for a second), and
         # the _fast one skips the character offsets nobody reads here.

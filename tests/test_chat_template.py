@@ -1,5 +1,6 @@
-"""core.chat_template on its own: template sources from files or strings, and which value a
-template variable takes when special tokens, kwargs and the call's own arguments share a name.
+"""core.chat_template on its own: template sources from files or strings, which value a
+template variable takes when special tokens and kwargs share a name, the kwarg names it
+refuses, hostile inputs (deep nesting, invalid text) and failing templates as ValueErrors.
 Rendering against transformers is pinned through Tokenizer in test_tokenizer.py."""
 
 from __future__ import annotations
@@ -23,26 +24,38 @@ def test_load_chat_template_reads_files_and_takes_literal_templates(tmp_path):
         load_chat_template(str(tmp_path / "missing.jinja"))
 
 
-def test_kwargs_override_special_tokens_but_not_the_calls_own_arguments():
-    template = (
-        "{{ bos_token }}|{{ eos_token }}|{{ flavour }}|{{ documents }}|{{ messages | length }}"
-        "|{{ tools | length }}|{{ add_generation_prompt }}"
-    )
-    rendered = render_chat_template(
+def render_over(template: str, messages=(), tools=None, /, **template_kwargs) -> str:
+    # Positional-only, so a kwarg may be named `messages` or `tools` as a client's may.
+    return render_chat_template(
         template,
-        [{"role": "user", "content": "hi"}],
+        list(messages),
         add_generation_prompt=False,
-        tools=[{"type": "function"}],
+        tools=tools,
         special_tokens={"bos_token": "<s>", "eos_token": "</s>"},
-        template_kwargs={
-            "bos_token": "[BOS]",
-            "flavour": "mint",
-            "messages": [],
-            "tools": [],
-            "add_generation_prompt": True,
-        },
+        template_kwargs=template_kwargs,
     )
-    assert rendered == "[BOS]|</s>|mint|None|1|1|False"
+
+
+def test_kwargs_override_special_tokens_and_documents():
+    template = "{{ bos_token }}|{{ eos_token }}|{{ flavour }}|{{ documents }}"
+    assert render_over(template, bos_token="[BOS]", flavour="mint") == "[BOS]|</s>|mint|None"
+    assert render_over(template, documents=["d"]) == "<s>|</s>||['d']"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "messages",
+        "tools",
+        "add_generation_prompt",
+        "chat_template",
+        "continue_final_message",
+        "self",
+    ],
+)
+def test_a_kwarg_named_as_an_argument_of_the_render_path_is_refused(name):
+    with pytest.raises(ValueError, match=f"^chat_template_kwargs cannot set {name}: "):
+        render_over("{{ messages | length }}", [{"role": "user", "content": "hi"}], **{name: []})
 
 
 def test_template_kwargs_must_be_json_data():
@@ -134,3 +147,70 @@ def test_the_previous_trace_function_is_restored():
         assert sys.gettrace() is tracer
     finally:
         sys.settrace(None)
+
+
+# --- hostile inputs and failing templates --------------------------------------------------
+
+USER = [{"role": "user", "content": "hi"}]
+LIMIT = 64  # core.input_checks.MAX_JSON_DEPTH, pinned here
+
+
+def nested(levels: int) -> list:
+    """`levels` lists, one inside the other, built without recursion."""
+    value: list = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+def test_kwargs_nested_to_the_limit_render_and_one_level_more_is_refused():
+    # The kwargs' own dict is the first level.
+    assert render_over("{{ deep | length }}", USER, None, deep=nested(LIMIT - 1)) == "1"
+    with pytest.raises(ValueError, match="^chat_template_kwargs is nested deeper than 64 levels$"):
+        render_over("{{ deep }}", USER, None, deep=nested(LIMIT))
+
+
+@pytest.mark.parametrize("levels", [500, 5000, 100_000])
+def test_deep_inputs_are_value_errors_naming_them_not_recursion_errors(levels):
+    with pytest.raises(ValueError, match="^chat_template_kwargs is nested deeper"):
+        render_over("{{ x }}", USER, None, x=nested(levels))
+    with pytest.raises(ValueError, match="^tools is nested deeper"):
+        render_over("{{ x }}", USER, [{"type": "function", "function": nested(levels)}])
+    deep_message = [{"role": "user", "content": nested(levels)}]
+    with pytest.raises(ValueError, match=r"^messages\[0\]\.content is nested deeper"):
+        render_over("{{ x }}", deep_message)
+
+
+def test_invalid_text_in_any_input_is_a_value_error_naming_where():
+    lone = "ok \ud800"
+    with pytest.raises(ValueError, match=r"^messages\[0\]\.content contains a lone surrogate"):
+        render_over("{{ x }}", [{"role": "user", "content": lone}])
+    with pytest.raises(ValueError, match=r"^chat_template_kwargs\.x\[1\] contains a lone"):
+        render_over("{{ x }}", USER, None, x=["fine", lone])
+    with pytest.raises(ValueError, match=r"^tools\[0\] key contains a lone surrogate"):
+        render_over("{{ x }}", USER, [{lone: 1}])
+
+
+def test_tool_call_arguments_too_deep_to_parse_render_as_an_empty_object(caplog):
+    deep = "[" * 5000 + "]" * 5000  # past Python's own parser's recursion limit
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": deep}}
+    messages = [{"role": "assistant", "tool_calls": [call]}]
+    template = "{{ messages[0].tool_calls[0].function.arguments | tojson }}"
+    assert render_over(template, messages) == "{}"
+    assert "is not a JSON object; rendered as {}" in caplog.records[0].getMessage()
+
+
+@pytest.mark.parametrize(
+    ("template", "error"),
+    [
+        ("{{ 1 / 0 }}", "ZeroDivisionError"),
+        ("{{ '{0}{1}'.format(1) }}", "IndexError"),
+        ("{{ [1, 2] | slice(0) | list }}", "ZeroDivisionError"),
+        ("{{ 'abc' | truncate(-1) }}", "AssertionError"),
+        ("{{ '%c' | format(10 ** 9) }}", "OverflowError"),
+        ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "RecursionError"),
+    ],
+)
+def test_whatever_a_template_raises_is_a_value_error_saying_it_failed(template, error):
+    with pytest.raises(ValueError, match=f"^chat template failed to render: {error}"):
+        render_over(template, USER)

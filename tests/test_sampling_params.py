@@ -5,7 +5,7 @@ import math
 import msgspec
 import pytest
 
-from core.sampling_params import SamplingParams, SamplingType
+from core.sampling_params import SamplingParams, SamplingType, StructuredOutputsParams
 
 
 @pytest.mark.parametrize(
@@ -35,6 +35,14 @@ from core.sampling_params import SamplingParams, SamplingType
         ("logit_bias", {3: math.nan}, "must not be NaN"),
         ("bad_words_token_ids", [[]], "must not contain empty sequences"),
         ("stop", ["ok", ""], "must not contain empty strings"),
+        ("stop", ["ok", "\ud800"], "[1] contains a lone surrogate (U+D800 at character 0)"),
+        ("stop", "x\udfff", "[0] contains a lone surrogate (U+DFFF at character 1)"),
+        ("bad_words", ["\udc80"], "[0] contains a lone surrogate (U+DC80 at character 0)"),
+        # Past int64 the engine's tensors, and past 2**64 - 1 msgspec, cannot carry them.
+        ("top_k", 2**63, "must be <= 2**63 - 1"),
+        ("logprobs", 2**64 + 5, "must be <= 2**63 - 1"),
+        ("max_tokens", 2**63, "must be <= 2**63 - 1"),
+        ("n", 2**63, "must be <= 2**63 - 1"),
     ],
 )
 def test_bad_field_raises_value_error_naming_field_and_reason(field, value, reason):
@@ -172,3 +180,30 @@ def test_decoding_invalid_params_raises_value_error():
     payload = msgspec.msgpack.encode({"top_p": 0.0})
     with pytest.raises(ValueError, match="^top_p must be in"):
         msgspec.msgpack.decode(payload, type=SamplingParams)
+
+
+def test_int64_bounds_are_accepted_and_cross_to_the_engine_core():
+    params = SamplingParams(top_k=2**63 - 1, min_tokens=2**63 - 1, max_tokens=None)
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(params), type=SamplingParams) == params
+    with pytest.raises(
+        ValueError, match=r"^min_tokens must be <= 2\*\*63 - 1, got 18446744073709551621$"
+    ):
+        SamplingParams(min_tokens=2**64 + 5, max_tokens=None)  # no max_tokens to bound it
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"regex": "a\ud800"}, r"^structured_outputs\.regex contains a lone surrogate"),
+        ({"grammar": "\udc00"}, r"^structured_outputs\.grammar contains a lone surrogate"),
+        ({"choice": ["a", "\ud800"]}, r"^structured_outputs\.choice\[1\] contains a lone"),
+        ({"json": {"enum": ["\ud800"]}}, r"^structured_outputs\.json\.enum\[0\] contains a lone"),
+        ({"json": '{"enum": ["\\ud800"]}'}, r"^structured_outputs\.json\.enum\[0\] contains"),
+        ({"json": "{not json"}, r"^structured_outputs\.json is not valid JSON: "),
+        ({"json": "[" * 65 + "]" * 65}, r"^structured_outputs\.json is nested deeper than 64"),
+        ({"json": "[" * 5000 + "]" * 5000}, r"^structured_outputs\.json is nested deeper than 64"),
+    ],
+)
+def test_structured_outputs_refuse_invalid_text_and_deep_or_broken_schemas(fields, message):
+    with pytest.raises(ValueError, match=message):
+        StructuredOutputsParams(**fields)

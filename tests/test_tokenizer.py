@@ -555,3 +555,11 @@ def test_named_chat_templates_are_saved_as_a_list(smollm, tmp_path):
                       {"default": "{{ 'a' }}", "tool_use": "{{ 'b' }}"})  # fmt: skip
     named.save(tmp_path)
     assert Tokenizer.from_dir(tmp_path)._chat_templates == named._chat_templates
+
+
+def test_encoding_text_with_a_lone_surrogate_is_a_value_error(smollm):
+    # The tokenizers library would raise TypeError ("TextEncodeInput must be ...").
+    with pytest.raises(
+        ValueError, match=r"^text contains a lone surrogate \(U\+D800 at character 2"
+    ):
+        smollm.encode("hi\ud800")

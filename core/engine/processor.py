@@ -18,10 +18,11 @@ from typing import Any
 import msgspec
 import torch
 
-from core.chat_template import load_chat_template
+from core.chat_template import check_template_kwargs, load_chat_template
 from core.config import EngineConfig, UsageContext
 from core.engine.protocol import EngineCoreRequest
 from core.engine_args import EngineArgs
+from core.input_checks import check_text
 from core.lora.request import LoRARequest
 from core.lora.selector import lora_manager_class
 from core.model_loader import Checkpoint, resolve_model
@@ -40,10 +41,6 @@ from core.quantization.selector import build_quantization_config
 from core.request import check_pooled_prompt, fit_max_tokens
 from core.sampling_params import SamplingParams
 from core.tokenizer import load_generation_defaults, load_tokenizer
-
-# render_chat's own template inputs: a chat_template_kwargs entry never overrides them
-# (core.chat_template's rule), so one of these names is dropped, not a TypeError.
-_RENDER_ARGUMENTS = frozenset({"messages", "tools", "add_generation_prompt", "chat_template"})
 
 # The generation_config.json keys that become SamplingParams defaults.
 _GENERATION_KEYS = {
@@ -180,8 +177,9 @@ class InputProcessor:
 
     def _prompt_tokens(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         """(text, token ids) of a prompt given as either; ValueError naming prompt when it is
-        empty or holds an id outside the vocabulary."""
+        empty, is not valid Unicode, or holds an id outside the vocabulary."""
         if isinstance(prompt, str):
+            check_text(prompt, "prompt")
             text: str | None = prompt
             token_ids = self.tokenizer.encode(prompt) if prompt else []
         else:
@@ -223,21 +221,21 @@ class InputProcessor:
         `chat_template` (a template name or source) overrides the configured one (else the
         model's); `continue_final_message` ends the prompt right after the last message's
         content, so the model continues it instead of starting a new turn; `tools` (OpenAI
-        function tools) are the template's `tools`. A template that cannot render the
-        conversation is a ValueError naming messages.
+        function tools) are the template's `tools`. Bad `chat_template_kwargs` (a reserved
+        name, data that is not JSON) are a ValueError naming them; a template that cannot
+        render the conversation, or renders text that is not valid Unicode, one naming
+        messages.
         """
+        check_template_kwargs(chat_template_kwargs or {})
         try:
             text = self.tokenizer.apply_chat_template(
                 list(messages),
                 add_generation_prompt=add_generation_prompt,
                 chat_template=chat_template or self._chat_template,
                 tools=tools,
-                **{
-                    k: v
-                    for k, v in (chat_template_kwargs or {}).items()
-                    if k not in _RENDER_ARGUMENTS
-                },
+                **(chat_template_kwargs or {}),
             )
+            check_text(text, "the rendered prompt")
         except ValueError as exc:
             raise ValueError(f"messages cannot be rendered with the chat template: {exc}") from exc
         if continue_final_message and messages:

@@ -82,6 +82,10 @@ def test_prepare_leaves_an_offline_max_tokens_for_the_engine_core_to_cap(process
 def test_prepare_errors_name_the_prompt(processor):
     with pytest.raises(ValueError, match="^prompt must not be empty"):
         processor.prepare("", SamplingParams())
+    with pytest.raises(
+        ValueError, match=r"^prompt contains a lone surrogate \(U\+D800 at character 3"
+    ):
+        processor.prepare("w1 \ud800", SamplingParams())
     with pytest.raises(ValueError, match=f"^prompt token id {len(VOCAB)} is outside"):
         processor.prepare([len(VOCAB)], SamplingParams())
 
@@ -121,3 +125,23 @@ def test_the_configured_chat_template_replaces_the_model_one(tiny_checkpoint):
 def test_a_template_that_cannot_render_is_an_error_naming_messages(processor):
     with pytest.raises(ValueError, match="^messages cannot be rendered with the chat template"):
         processor.render_chat(USER, chat_template="{% for m in messages %}")
+
+
+@pytest.mark.parametrize("name", ["self", "messages", "tools", "add_generation_prompt"])
+def test_chat_template_kwargs_named_as_a_render_argument_are_an_error_naming_them(processor, name):
+    with pytest.raises(ValueError, match=f"^chat_template_kwargs cannot set {name}: "):
+        processor.render_chat(USER, chat_template_kwargs={name: 1})
+
+
+def test_bad_chat_inputs_are_errors_naming_them_not_type_or_recursion_errors(processor):
+    deep: list = []
+    for _ in range(500):
+        deep = [deep]
+    with pytest.raises(ValueError, match="^chat_template_kwargs is nested deeper than 64"):
+        processor.render_chat(USER, chat_template_kwargs={"x": deep})
+    surrogate = [{"role": "user", "content": "w1 \ud800"}]
+    with pytest.raises(ValueError, match=r"^messages .*: messages\[0\]\.content contains a lone"):
+        processor.render_chat(surrogate)
+    # A template can write one itself: the rendered prompt is checked before tokenizing.
+    with pytest.raises(ValueError, match="^messages .*: the rendered prompt contains a lone"):
+        processor.render_chat(USER, chat_template="{{ '\\ud800' }}")

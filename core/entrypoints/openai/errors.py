@@ -84,8 +84,11 @@ def as_openai_error(exc: OpenAIError | EngineDeadError | ValueError) -> OpenAIEr
 
 
 def error_response(error: OpenAIError, headers: dict[str, str] | None = None) -> JSONResponse:
+    # A message that quotes input may hold a lone surrogate, which the UTF-8 body cannot
+    # carry: written as its escape, an error about bad input never becomes a 500.
+    message = error.message.encode("utf-8", "backslashreplace").decode("utf-8")
     return JSONResponse(
-        error_body(error.message, error.type, error.param, error.code),
+        error_body(message, error.type, error.param, error.code),
         status_code=error.status,
         headers=headers,
     )

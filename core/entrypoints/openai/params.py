@@ -56,7 +56,8 @@ _GUIDED_FIELDS = {
     "guided_grammar": "grammar",
 }
 
-_TOKEN_ID_KEY = re.compile(r"[0-9]+")
+# A token id: an int64 has at most 19 digits (a longer key would also be slow to convert).
+_TOKEN_ID_KEY = re.compile(r"[0-9]{1,19}")
 
 
 def completion_sampling_params(
@@ -143,8 +144,9 @@ def _logit_bias(logit_bias: dict[str, float] | None) -> dict[int, float] | None:
         return None
     for key in logit_bias:
         if not _TOKEN_ID_KEY.fullmatch(key):
+            shown = repr(key) if len(key) <= 40 else f"{key[:40]!r}..."
             raise _bad_request(
-                f"logit_bias keys must be token ids (non-negative integers), got {key!r}",
+                f"logit_bias keys must be token ids (non-negative integers), got {shown}",
                 "logit_bias",
             )
     return {int(key): bias for key, bias in logit_bias.items()}

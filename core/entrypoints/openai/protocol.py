@@ -9,6 +9,11 @@ own limits (``logprobs`` and ``top_logprobs`` in [0, 20]) and rules between fiel
 checked here. A sampling field left as None means "not set": the model's
 generation_config default, else SamplingParams' default, applies.
 
+Every field of every request, whatever its type, is also checked as data from outside
+(``core.input_checks``): its text must be valid Unicode (JSON can carry a lone surrogate,
+``"\\ud800"``, that nothing downstream can encode) and its JSON data nest at most
+MAX_JSON_DEPTH levels; either is a 400 naming the field, before anything else runs.
+
 Response models are built from RequestOutputs by the helpers in ``responses``.
 """
 
@@ -27,6 +32,8 @@ from pydantic import (
     model_validator,
 )
 
+from core.input_checks import check_json_data
+
 # OpenAI's cap on logprobs (completions) and top_logprobs (chat).
 MAX_TOP_LOGPROBS = 20
 
@@ -36,6 +43,13 @@ TokenId = Annotated[int, Field(ge=0)]
 
 class _Request(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
+
+    @field_validator("*")
+    @classmethod
+    def _outside_data(cls, value: Any) -> Any:
+        # Nested request models are checked by their own fields; the walk skips them.
+        check_json_data(value, "")
+        return value
 
 
 class _Response(BaseModel):
@@ -221,7 +235,8 @@ class _SamplingRequest(_Request):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     # vLLM's scheduling extras (see request_options)
-    priority: int = 0  # lower runs first, with --scheduling-policy priority
+    # lower runs first, with --scheduling-policy priority; the engine core holds an int64
+    priority: int = Field(default=0, ge=-(2**63), le=2**63 - 1)
     cache_salt: str | None = Field(default=None, min_length=1)  # prefix-cache isolation key
 
     @field_validator("stream_options")

@@ -1,7 +1,8 @@
 """Request and response bodies of POST /v1/embeddings (OpenAI's, with vLLM's id and created).
 
-As the other request models (see ``protocol``): unknown fields are ignored, known ones are
-typed strictly; ranges that PoolingParams checks (``dimensions``) are left to it.
+As the other request models (see ``protocol``, whose request base it shares): unknown
+fields are ignored, known ones are typed strictly, text must be valid Unicode; ranges that
+PoolingParams checks (``dimensions``) are left to it.
 """
 
 from __future__ import annotations
@@ -10,14 +11,14 @@ import time
 import uuid
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
+
+from core.entrypoints.openai.protocol import _Request
 
 TokenId = Annotated[int, Field(ge=0)]
 
 
-class EmbeddingRequest(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
-
+class EmbeddingRequest(_Request):
     model: str | None = None
     # A text, texts, a prompt's token ids, or several prompts' token ids.
     input: str | list[str] | list[TokenId] | list[list[TokenId]]

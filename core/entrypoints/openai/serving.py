@@ -329,7 +329,8 @@ class Serving:
     ) -> list[int]:
         """The request's conversation, with `tools` (OpenAI's dicts) shown to the template,
         as prompt token ids. A 400 naming messages (or the request's own chat_template) if
-        the chat template cannot render it, naming tools if it renders the same prompt
+        the chat template cannot render it, chat_template_kwargs if they are refused,
+        naming tools if it renders the same prompt
         without them (it ignores them), naming chat_template if the request brings one the
         server does not trust. Blocking: call it on the OffLoop."""
         if req.chat_template is not None and not self.trust_request_chat_template:
@@ -354,8 +355,12 @@ class Serving:
             prompt_ids = render(tools)
             ignored = bool(tools) and prompt_ids == render(None)
         except ValueError as exc:
-            # A template the request brought is the likelier culprit than its messages.
-            param = "messages" if req.chat_template is None else "chat_template"
+            # The processor's message starts with the field it names; of the rest, a
+            # template the request brought is the likelier culprit than its messages.
+            if str(exc).startswith("chat_template_kwargs"):
+                param = "chat_template_kwargs"
+            else:
+                param = "messages" if req.chat_template is None else "chat_template"
             raise OpenAIError(HTTPStatus.BAD_REQUEST, str(exc), param=param) from exc
         if ignored:
             raise OpenAIError(

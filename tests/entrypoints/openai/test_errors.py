@@ -3,6 +3,7 @@ wire with a tiny FastAPI app, and through the real openai client."""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import openai
@@ -10,7 +11,12 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from core.entrypoints.openai.errors import OpenAIError, error_body, install_error_handlers
+from core.entrypoints.openai.errors import (
+    OpenAIError,
+    error_body,
+    error_response,
+    install_error_handlers,
+)
 from core.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 
 
@@ -49,6 +55,12 @@ def body(message, param=None, type="invalid_request_error", code=None) -> dict:
 def test_error_body_has_openai_shape():
     assert error_body("m", "t") == body("m", type="t")
     assert error_body("m", "t", "p", "c") == body("m", "p", "t", "c")
+
+
+def test_a_message_quoting_a_lone_surrogate_is_sent_with_it_escaped():
+    # UTF-8 cannot carry the surrogate itself: sent as is, the error would become a 500.
+    response = error_response(OpenAIError(400, "model `\ud800` does not exist"))
+    assert json.loads(response.body)["error"]["message"] == "model `\\ud800` does not exist"
 
 
 def test_good_request_passes_through(client):

@@ -21,8 +21,9 @@ from tiny_engine_checkpoint import MAX_MODEL_LEN, engine_args, write_tiny_checkp
 
 from core.config import UsageContext
 from core.engine.processor import EngineSetup, InputProcessor
-from core.entrypoints.openai.api_server import build_app
+from core.entrypoints.openai.api_server import _tokenize_response, build_app
 from core.entrypoints.openai.frontend_args import FrontendArgs
+from core.entrypoints.openai.protocol import TokenizeResponse
 from core.outputs import CompletionOutput, RequestOutput
 
 BODY_LIMIT = 3 * 1024 * 1024
@@ -132,6 +133,15 @@ def test_health_answers_while_a_large_prompt_is_tokenized(trusting):
     assert response.json()["error"]["param"] == "prompt"
     assert tokenized.status_code == 200 and tokenized.json()["count"] > MAX_MODEL_LEN
     assert prober.slowest < 0.1, prober.slowest
+
+
+@pytest.mark.parametrize("num_tokens", [0, 1, 2**15, 2**15 + 1, 70_000])
+def test_the_tokenize_response_written_in_pieces_is_the_models_json(num_tokens):
+    tokens = [(i * 7919) % 50_000 for i in range(num_tokens)]
+    response = _tokenize_response(tokens, 4096)
+    parsed = TokenizeResponse.model_validate_json(response.body)
+    assert parsed == TokenizeResponse(tokens=tokens, count=num_tokens, max_model_len=4096)
+    assert response.media_type == "application/json"
 
 
 def test_a_body_over_the_limit_is_a_413_before_it_is_parsed(trusting):

@@ -241,12 +241,12 @@ def test_plain_answer_with_tools_offered_is_content(engine):
 
 
 def test_chat_template_kwargs_cannot_override_the_tools(engine):
-    engine.script = [ANSWER]
     kwargs = {"tools": [], "add_generation_prompt": False}
     api = auto_api(engine, "hermes")
-    assert ask(api, QUESTION, False, extra_body={"chat_template_kwargs": kwargs})[0] == ANSWER
-    prompt = engine.last_prompt()
-    assert '"name": "get_weather"' in prompt and prompt.endswith("<|im_start|>assistant\n")
+    with pytest.raises(openai.BadRequestError) as error:
+        ask(api, QUESTION, False, extra_body={"chat_template_kwargs": kwargs})
+    assert error.value.body["param"] == "chat_template_kwargs"
+    assert "cannot set add_generation_prompt, tools" in error.value.body["message"]
 
 
 # --- refused requests ----------------------------------------------------------------------
