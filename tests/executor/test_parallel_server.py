@@ -160,13 +160,13 @@ def test_a_headless_node_runs_the_second_engine_core_and_its_loss_is_noticed(mod
     (engine core 1, connecting over TCP). Requests are shared and answered like one
     engine's; when the headless node dies, the primary notices within the heartbeat
     timeout instead of hanging, and exits 1."""
-    from server_process import SERVE, SMALL, free_port
+    from server_process import SERVE, SMALL, free_port_pair
 
     llm = engine(model_dir, max_num_batched_tokens=None)
     greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     want = [o.outputs[0].text for o in llm.generate(PROMPTS, greedy, use_tqdm=False)]
     llm.engine.shutdown()
-    rpc_port = free_port()
+    rpc_port = free_port_pair()
     same = ["--dtype", "float32", "--max-model-len", "128", "--kv-cache-memory", "4MiB",
             "--data-parallel-size", "2", "--data-parallel-size-local", "1",
             "--data-parallel-rpc-port", str(rpc_port)]  # fmt: skip

@@ -84,7 +84,7 @@ def build_app(
         _require_api_key(app, api_key)
     install_middleware(app, frontend)  # outermost: CORS answers preflights without a key
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # load balancers probe with either
     async def health() -> Response:
         engine.check_healthy()
         return Response(status_code=HTTPStatus.OK)

@@ -48,6 +48,7 @@ def test_every_route_but_the_probes_needs_the_key(client, method, path, body):
 
 def test_liveness_probes_stay_open(client):
     assert client.get("/health").status_code == 200
+    assert client.head("/health").status_code == 200  # load balancers probe with HEAD too
     assert client.get("/version").status_code == 200
 
 
