@@ -156,6 +156,10 @@ CASES = {
         ("--max-request-body-bytes", "1000"), sets="frontend.max_request_body_bytes"
     ),
     "shutdown_timeout": Case(("--shutdown-timeout", "2.5"), sets="frontend.shutdown_timeout"),
+    # Without --api-key it is refused before the engine starts: see test_auth.py.
+    "metrics_without_api_key": Case(
+        ("--api-key", "k", "--metrics-without-api-key"), sets="frontend.metrics_without_api_key"
+    ),
     # Alone it is refused (no parser to read calls with): see test_tool_calling.py.
     "enable_auto_tool_choice": Case(
         ("--enable-auto-tool-choice", "--tool-call-parser", "hermes"),

@@ -81,7 +81,8 @@ def build_app(
     app = FastAPI(title="core", version=core.__version__, lifespan=lifespan)
     install_error_handlers(app)
     if api_key:
-        _require_api_key(app, api_key)
+        extra = _SCRAPED_PATHS if frontend.metrics_without_api_key else frozenset()
+        _require_api_key(app, api_key, _OPEN_PATHS | extra)
     install_middleware(app, frontend)  # outermost: CORS answers preflights without a key
 
     @app.api_route("/health", methods=["GET", "HEAD"])  # load balancers probe with either
@@ -187,15 +188,17 @@ def _lora_adapter_router(models: ServedModels) -> APIRouter:
 
 # What a supervisor or load balancer probes: answered without the key.
 _OPEN_PATHS = frozenset({"/health", "/version"})
+# What --metrics-without-api-key opens too.
+_SCRAPED_PATHS = frozenset({"/metrics"})
 
 
-def _require_api_key(app: FastAPI, api_key: str) -> None:
-    """Every path but the liveness probes needs `Authorization: Bearer <key>` (the scheme
+def _require_api_key(app: FastAPI, api_key: str, open_paths: frozenset[str]) -> None:
+    """Every path but `open_paths` needs `Authorization: Bearer <key>` (the scheme
     case-insensitive, RFC 7235); a 401 says which scheme in `WWW-Authenticate`."""
 
     @app.middleware("http")
     async def check_key(request: Request, call_next):
-        if request.url.path in _OPEN_PATHS or _bearer_matches(request, api_key):
+        if request.url.path in open_paths or _bearer_matches(request, api_key):
             return await call_next(request)
         response = error_response(
             OpenAIError(
@@ -241,6 +244,8 @@ async def serve(
     if lora_modules and not engine_args.enable_lora:
         # Refused before the engine starts, which may take minutes.
         raise ValueError("--lora-modules: serving LoRA adapters needs --enable-lora")
+    if frontend.metrics_without_api_key and not api_key:
+        raise ValueError("--metrics-without-api-key: only means something with --api-key")
     with StopSignals() as signals:
         engine = await signals.unless_requested(AsyncLLM.start(engine_args))
         if engine is None:

@@ -46,6 +46,8 @@ class FrontendArgs:
     max_request_body_bytes: int = 2 * 1024 * 1024
     # Seconds open requests may drain on SIGTERM / SIGINT (vLLM's default, 0, aborts them).
     shutdown_timeout: float = 10.0
+    # With --api-key, /metrics answers scrapers without the key (vLLM leaves it open).
+    metrics_without_api_key: bool = False
 
     def __post_init__(self) -> None:
         if (self.ssl_keyfile is None) != (self.ssl_certfile is None):
@@ -153,6 +155,10 @@ def frontend_options(command: Callable) -> Callable:
         click.option(
             "--max-request-body-bytes", type=int, default=None,
             help="largest request body accepted; a larger one is a 413 (default: 2 MiB)",
+        ),
+        click.option(
+            "--metrics-without-api-key", is_flag=True, default=None,
+            help="with --api-key, serve /metrics without the key (for Prometheus scrapers)",
         ),
         click.option(
             "--shutdown-timeout", type=float, default=None, metavar="SECONDS",
