@@ -27,7 +27,9 @@ from core_cpu_kernels import _C  # noqa: E402  (after the skip: the module needs
 
 FLOAT32_TOL = 1e-5
 ALL_ISAS = ["avx512", "avx2", "scalar"]
-TOKEN_COUNTS = [1, 2, 3, 5, 7, 33, 300]  # GEMV passes of 4 + remainders; GEMM tiles
+# GEMV passes of 4 + remainders (1-7); the blocked GEMM's token blocks, full, partial and
+# one vector wide, up to its last count (9-80); the tiled GEMM from the next (81, 300).
+TOKEN_COUNTS = [1, 2, 3, 5, 7, 9, 16, 24, 33, 80, 81, 300]
 # (bits, group size, N, K): every group size each width allows, odd N, K not a power of 2.
 LAYOUTS = [
     (4, 32, 1000, 96),
@@ -94,7 +96,7 @@ def test_float32_output_matches_the_dequantized_reference(isa, bits, group, n, k
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("t", [1, 3, 7, 33])
+@pytest.mark.parametrize("t", [1, 3, 7, 33, 300])  # GEMV, blocked and tiled GEMM
 def test_half_outputs_are_the_float32_result_rounded_once(isa, dtype, bits, t):
     qweight, scales, mins = _packed(bits, 32, 200, 576)
     x = _activations(t, 576, dtype)

@@ -40,7 +40,8 @@ struct Scalar {
 }  // namespace
 
 namespace quant_linear {
-const IsaKernels kScalarKernels{"scalar", &gemv<Scalar>, &dequantize<Scalar>};
+const IsaKernels kScalarKernels{"scalar", &gemv<Scalar>, &dequantize<Scalar>,
+                         kTokenBlock<Scalar>, kGemmRows, &pack_tokens<Scalar>, &gemm<Scalar>};
 }  // namespace quant_linear
 
 namespace dense_linear {

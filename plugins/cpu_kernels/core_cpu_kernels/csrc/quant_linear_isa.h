@@ -155,5 +155,83 @@ void dequantize(const PackedWeight& w, int64_t n0, int64_t n1, float* out) {
   dequantize_bits<Vec, 8>(w, n0, n1, out);
 }
 
+// The GEMM's register block: kGemmRows weight rows times kGemmTokenVecs vectors of tokens.
+// Each step over k broadcasts one value of each row and loads the tokens' vectors once:
+// 6 x 2 accumulators, 2 token vectors and a broadcast fill 15 of AVX2's 16 registers, and
+// the 12 FMAs per step outnumber its 8 loads, so the FMA ports set the pace.
+constexpr int kGemmRows = 6;
+constexpr int kGemmTokenVecs = 2;
+
+template <class Vec>
+constexpr int64_t kTokenBlock = kGemmTokenVecs * Vec::kLanes;
+
+// packed[b][i][j] = x[b * NR + j, i] (NR = kTokenBlock): the tokens in blocks of NR, each
+// k-major so the block's step over k reads NR contiguous floats; the last block is padded
+// with zeros.
+template <class Vec>
+void pack_tokens(const float* x, int64_t num_tokens, int64_t k, float* packed) {
+  constexpr int64_t nr = kTokenBlock<Vec>;
+  for (int64_t t0 = 0; t0 < num_tokens; t0 += nr) {
+    float* block = packed + t0 * k;
+    for (int64_t j = 0; j < nr; ++j) {
+      const float* row = x + (t0 + j) * k;
+      const bool real = t0 + j < num_tokens;
+      for (int64_t i = 0; i < k; ++i) block[i * nr + j] = real ? row[i] : 0.f;
+    }
+  }
+}
+
+// out[t * ldo + r] = sum_i rows[r * k + i] * token t's x[i], for r < num_rows and the
+// block's first num_tokens tokens; rows holds kGemmRows float32 rows (any beyond num_rows
+// are computed and dropped).
+template <class Vec, int VECS>
+CORE_QL_INLINE void gemm_block(const float* rows, int64_t k, const float* block,
+                               int64_t num_rows, int64_t num_tokens, float* out, int64_t ldo) {
+  using V = typename Vec::V;
+  constexpr int64_t nr = kTokenBlock<Vec>;
+  V acc[kGemmRows][VECS];
+  for (int r = 0; r < kGemmRows; ++r)
+    for (int v = 0; v < VECS; ++v) acc[r][v] = Vec::zero();
+#pragma GCC unroll 4
+  for (int64_t i = 0; i < k; ++i) {
+    V x[VECS];
+    for (int v = 0; v < VECS; ++v) x[v] = Vec::load(block + i * nr + v * Vec::kLanes);
+    for (int r = 0; r < kGemmRows; ++r) {
+      const V w = Vec::set1(rows[r * k + i]);
+      for (int v = 0; v < VECS; ++v) acc[r][v] = Vec::fma(w, x[v], acc[r][v]);
+    }
+  }
+  float lanes[VECS * Vec::kLanes];
+  for (int64_t r = 0; r < num_rows; ++r) {
+    for (int v = 0; v < VECS; ++v) Vec::store(lanes + v * Vec::kLanes, acc[r][v]);
+    for (int64_t t = 0; t < num_tokens; ++t) out[t * ldo + r] = lanes[t];
+  }
+}
+
+// out[t * ldo + n] = sum_i W[n, i] x[t, i] for n in [n0, n1) and every token, x packed by
+// pack_tokens. Each kGemmRows rows are dequantized once into `rows` (kGemmRows * k floats,
+// in L1 or L2) and multiplied there with every token block.
+template <class Vec>
+void gemm(const PackedWeight& w, int64_t n0, int64_t n1, const float* packed_x,
+          int64_t num_tokens, float* out, int64_t ldo, float* rows) {
+  constexpr int64_t nr = kTokenBlock<Vec>;
+  for (int64_t n = n0; n < n1; n += kGemmRows) {
+    const int64_t num_rows = n1 - n < kGemmRows ? n1 - n : kGemmRows;
+    dequantize<Vec>(w, n, n + num_rows, rows);
+    // Rows past the end are computed and dropped: zeros keep denormals and NaNs out.
+    for (int64_t i = num_rows * w.k; i < kGemmRows * w.k; ++i) rows[i] = 0.f;
+    for (int64_t t0 = 0; t0 < num_tokens; t0 += nr) {
+      const int64_t block_tokens = num_tokens - t0 < nr ? num_tokens - t0 : nr;
+      const float* block = packed_x + t0 * w.k;
+      float* block_out = out + t0 * ldo + n;
+      if (block_tokens > Vec::kLanes * (kGemmTokenVecs - 1)) {
+        gemm_block<Vec, kGemmTokenVecs>(rows, w.k, block, num_rows, block_tokens, block_out, ldo);
+      } else {
+        gemm_block<Vec, 1>(rows, w.k, block, num_rows, block_tokens, block_out, ldo);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace core_cpu::quant_linear
