@@ -53,6 +53,9 @@ class DecodeBatch:
     # [1, num_blocks * block_size] int64: 0, 1, ... built once per step so every layer's
     # masks can compare against seq_lens without rebuilding it.
     key_positions: torch.Tensor
+    # token_index as a slice when its rows are consecutive (the usual step: the scheduler
+    # puts running requests first), so a backend can take a view where it would gather.
+    token_rows: slice | None = None
 
 
 @dataclass
@@ -101,9 +104,13 @@ class PagedAttentionMetadataBuilder(AttentionMetadataBuilder):
         index = torch.tensor(rows, device=common.seq_lens.device)
         seq_lens = common.seq_lens[index].long()
         num_blocks = -(-int(seq_lens.max()) // block_size)
+        # Each decode row holds one token, so consecutive requests have consecutive rows.
+        consecutive = rows[-1] - rows[0] == len(rows) - 1
+        first = int(common.query_start_loc[rows[0]])
         return DecodeBatch(
             token_index=common.query_start_loc[index].long(),
             block_table=common.block_table[index, :num_blocks].long(),
             seq_lens=seq_lens,
             key_positions=torch.arange(num_blocks * block_size, device=index.device)[None, :],
+            token_rows=slice(first, first + len(rows)) if consecutive else None,
         )

@@ -34,12 +34,12 @@ def dense_attention(
     return out
 
 
-def step(generator: torch.Generator):
+def step(generator: torch.Generator, requests: list[tuple[int, int]] = REQUESTS):
     """A cache holding each request's cached K/V, and the step's metadata and tensors."""
     cache = torch.zeros(TorchRefBackend.get_kv_cache_shape(NUM_BLOCKS, BLOCK, KV_HEADS, DIM))
     order = torch.randperm(NUM_BLOCKS - 1, generator=generator) + 1  # block 0 is the null block
     tables, contexts, slots, starts = [], [], [], [0]
-    for i, (cached, new) in enumerate(REQUESTS):
+    for i, (cached, new) in enumerate(requests):
         blocks = order[4 * i : 4 * i + 4]  # room for 16 tokens
         k, v = torch.randn(2, cached + new, KV_HEADS, DIM, generator=generator)
         for pos in range(cached):
@@ -51,16 +51,16 @@ def step(generator: torch.Generator):
         tables.append(blocks)
         contexts.append((k, v))
         starts.append(starts[-1] + new)
-    seq_lens = [cached + new for cached, new in REQUESTS]
+    seq_lens = [cached + new for cached, new in requests]
     common = CommonAttentionMetadata(
         query_start_loc=torch.tensor(starts, dtype=torch.int32),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        num_computed_tokens=torch.tensor([c for c, _ in REQUESTS], dtype=torch.int32),
+        num_computed_tokens=torch.tensor([c for c, _ in requests], dtype=torch.int32),
         block_table=torch.stack(tables).int(),
         slot_mapping=torch.tensor(slots),
-        num_reqs=len(REQUESTS),
+        num_reqs=len(requests),
         num_actual_tokens=starts[-1],
-        max_query_len=max(n for _, n in REQUESTS),
+        max_query_len=max(n for _, n in requests),
         max_seq_len=max(seq_lens),
     )
     spec = FullAttentionSpec(
@@ -70,13 +70,24 @@ def step(generator: torch.Generator):
     return cache, metadata, contexts, starts
 
 
+# Decode rows after the prefills (a slice), between them (an index), and alone (the whole
+# step: the hook's output is the step's).
+ORDERS = {
+    "decodes last": REQUESTS,
+    "decodes between prefills": [(8, 1), (0, 5), (9, 1), (6, 3), (15, 1)],
+    "decodes alone": [(8, 1), (9, 1), (15, 1), (3, 1)],
+}
+
+
+@pytest.mark.parametrize("order", sorted(ORDERS))
 @pytest.mark.parametrize("window", [None, 3])
-def test_forward_equals_dense_attention_over_each_context(window):
+def test_forward_equals_dense_attention_over_each_context(window, order):
+    requests = ORDERS[order]
     gen = torch.Generator().manual_seed(0)
-    cache, metadata, contexts, starts = step(gen)
+    cache, metadata, contexts, starts = step(gen, requests)
     query = torch.randn(starts[-1], HEADS, DIM, generator=gen)
-    key = torch.cat([k[c:] for (k, _), (c, _) in zip(contexts, REQUESTS, strict=True)])
-    value = torch.cat([v[c:] for (_, v), (c, _) in zip(contexts, REQUESTS, strict=True)])
+    key = torch.cat([k[c:] for (k, _), (c, _) in zip(contexts, requests, strict=True)])
+    value = torch.cat([v[c:] for (_, v), (c, _) in zip(contexts, requests, strict=True)])
 
     out = TorchRefImpl(HEADS, DIM, DIM**-0.5, KV_HEADS, window).forward(
         query, key, value, cache, metadata
@@ -117,6 +128,29 @@ def test_forward_calls_the_decode_hook_once_with_the_one_token_rows():
     assert decode.block_table.shape == (3, 4) and decode.block_table.dtype == torch.int64
     assert torch.equal(seen, query[decode_rows])
     assert (out[decode_rows] == 7.0).all() and not (out[:8] == 7.0).any()
+
+
+@pytest.mark.parametrize(
+    ("order", "rows", "token_rows"),
+    [
+        ("decodes last", [8, 9, 10], slice(8, 11)),
+        ("decodes between prefills", [0, 6, 10], None),
+        ("decodes alone", [0, 1, 2, 3], slice(0, 4)),
+    ],
+)
+def test_the_decode_rows_are_also_a_slice_when_consecutive(order, rows, token_rows):
+    gen = torch.Generator().manual_seed(3)
+    cache, metadata, _, starts = step(gen, ORDERS[order])
+    query = torch.randn(starts[-1], HEADS, DIM, generator=gen)
+    key, value = torch.randn(2, starts[-1], KV_HEADS, DIM, generator=gen)
+    impl = RecordingImpl()
+
+    out = impl.forward(query, key, value, cache, metadata)
+    ((seen, decode),) = impl.calls
+    assert decode.token_index.tolist() == rows and decode.token_rows == token_rows
+    assert torch.equal(seen, query[rows])
+    others = [i for i in range(starts[-1]) if i not in rows]
+    assert (out[rows] == 7.0).all() and not (out[others] == 7.0).any()
 
 
 def test_the_hooks_see_the_steps_keys_already_in_the_cache():

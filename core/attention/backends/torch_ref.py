@@ -76,10 +76,14 @@ class TorchRefImpl(AttentionImpl):
             output[rows] = self.forward_prefill(
                 query[rows], key[rows], value[rows], kv_cache, chunk
             )
-        if attn_metadata.decode is not None:
-            decode = attn_metadata.decode
-            rows = decode.token_index
-            output[rows] = self.forward_decode(query[rows], kv_cache, decode)
+        decode = attn_metadata.decode
+        if decode is None:
+            return output
+        if decode.token_rows == slice(0, len(query)):  # a step of decode rows alone
+            return self.forward_decode(query, kv_cache, decode)
+        # A slice views the rows where the index tensor would gather and scatter them.
+        rows = decode.token_index if decode.token_rows is None else decode.token_rows
+        output[rows] = self.forward_decode(query[rows], kv_cache, decode)
         return output
 
     def forward_prefill(
