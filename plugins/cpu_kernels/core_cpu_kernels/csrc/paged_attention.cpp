@@ -15,6 +15,7 @@
 #include "kernels.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -194,10 +195,15 @@ void decode(torch::Tensor& out, const torch::Tensor& query, const torch::Tensor&
   const int64_t* lens = seq_lens.data_ptr<int64_t>();
   const int64_t table_stride = block_table.stride(0);
 
-  at::parallel_for(0, num_seqs, 1, [&](int64_t begin, int64_t end) {
+  // Sequences are handed out one at a time as threads free up: contexts differ in length
+  // (a batch mixes new and old requests), and an even split of the count left one thread
+  // idle at the end while the other finished the longer half.
+  std::atomic<int64_t> next_seq{0};
+  const int64_t num_workers = std::min<int64_t>(at::get_num_threads(), num_seqs);
+  at::parallel_for(0, num_workers, 1, [&](int64_t, int64_t) {
     std::vector<float> q(num_heads * D), acc(num_heads * D), scores;
     std::vector<const T*> keys, values;
-    for (int64_t seq = begin; seq < end; ++seq) {
+    for (int64_t seq = next_seq++; seq < num_seqs; seq = next_seq++) {
       const int64_t len = lens[seq];
       const int64_t start = sliding_window > 0 ? std::max<int64_t>(0, len - sliding_window) : 0;
       const Task task{table + seq * table_stride, len, start};

@@ -192,6 +192,8 @@ CORE_QL_INLINE void gemm_block(const float* rows, int64_t k, const float* block,
   V acc[kGemmRows][VECS];
   for (int r = 0; r < kGemmRows; ++r)
     for (int v = 0; v < VECS; ++v) acc[r][v] = Vec::zero();
+  // Four steps a pass: the loop's own counter and branch otherwise take issue slots from
+  // the FMAs (AVX2, one SmolLM2 layer at 32 tokens: 1.61 -> 1.55 ms).
 #pragma GCC unroll 4
   for (int64_t i = 0; i < k; ++i) {
     V x[VECS];
