@@ -50,9 +50,9 @@ def test_serving_on_cpu_defaults_to_a_smaller_token_budget_than_offline():
         )
         return config.scheduler.max_num_batched_tokens
 
-    # 2048: the generic offline budget; 96: the CPU's serving budget, measured on W3.
+    # 2048: the generic offline budget; 80: the CPU's serving budget, measured on W3.
     assert budget(UsageContext.OFFLINE) == 2048
-    assert budget(UsageContext.SERVING) == 96
+    assert budget(UsageContext.SERVING) == 80
     assert budget(UsageContext.SERVING, max_num_batched_tokens=4096) == 4096  # user wins
     # Without chunked prefill a whole prompt must fit one step, whatever the usage.
     assert budget(UsageContext.SERVING, enable_chunked_prefill=False) == 8192
