@@ -62,11 +62,18 @@ class OpenAIError(Exception):
         self.param = param
         self.code = code
 
+    def body(self) -> dict[str, Any]:
+        """The JSON body: of the error response, or of a failed stream's last event."""
+        return error_body(self.message, self.type, self.param, self.code)
+
 
 def error_body(
     message: str, type: str, param: str | None = None, code: str | None = None
 ) -> dict[str, Any]:
-    """The JSON body of an OpenAI error."""
+    """The JSON body of an OpenAI error. A message that quotes input may hold a lone
+    surrogate, which a UTF-8 body cannot carry: it is written as its escape, so an error
+    about bad input never becomes a 500 (or a stream that breaks off)."""
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
@@ -84,14 +91,7 @@ def as_openai_error(exc: OpenAIError | EngineDeadError | ValueError) -> OpenAIEr
 
 
 def error_response(error: OpenAIError, headers: dict[str, str] | None = None) -> JSONResponse:
-    # A message that quotes input may hold a lone surrogate, which the UTF-8 body cannot
-    # carry: written as its escape, an error about bad input never becomes a 500.
-    message = error.message.encode("utf-8", "backslashreplace").decode("utf-8")
-    return JSONResponse(
-        error_body(message, error.type, error.param, error.code),
-        status_code=error.status,
-        headers=headers,
-    )
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:

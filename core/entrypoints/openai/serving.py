@@ -38,7 +38,7 @@ from core.engine.core_client import EngineDeadError
 from core.engine.processor import PreparedRequest
 from core.entrypoints.openai import protocol as p
 from core.entrypoints.openai import responses as r
-from core.entrypoints.openai.errors import OpenAIError, as_openai_error, error_body
+from core.entrypoints.openai.errors import OpenAIError, as_openai_error
 from core.entrypoints.openai.offload import OffLoop
 from core.entrypoints.openai.params import (
     chat_sampling_params,
@@ -318,8 +318,7 @@ class Serving:
             if req.stream_options is not None and req.stream_options.include_usage:
                 yield self._sse(response_cls(**header, choices=[], usage=self._usage(requests)))
         except (OpenAIError, EngineDeadError, ValueError) as exc:
-            error = as_openai_error(exc)
-            yield self._sse(error_body(error.message, error.type, error.param, error.code))
+            yield self._sse(as_openai_error(exc).body())
         yield "data: [DONE]\n\n"
 
     # -- /v1/chat/completions -------------------------------------------------------------
@@ -329,10 +328,9 @@ class Serving:
     ) -> list[int]:
         """The request's conversation, with `tools` (OpenAI's dicts) shown to the template,
         as prompt token ids. A 400 naming messages (or the request's own chat_template) if
-        the chat template cannot render it, chat_template_kwargs if they are refused,
-        naming tools if it renders the same prompt
-        without them (it ignores them), naming chat_template if the request brings one the
-        server does not trust. Blocking: call it on the OffLoop."""
+        the chat template cannot render it, chat_template_kwargs if they are refused, tools
+        if it renders the same prompt without them (it ignores them), and chat_template if
+        the request brings one the server does not trust. Blocking: call it on the OffLoop."""
         if req.chat_template is not None and not self.trust_request_chat_template:
             raise OpenAIError(
                 HTTPStatus.BAD_REQUEST,

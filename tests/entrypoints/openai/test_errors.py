@@ -63,6 +63,13 @@ def test_a_message_quoting_a_lone_surrogate_is_sent_with_it_escaped():
     assert json.loads(response.body)["error"]["message"] == "model `\\ud800` does not exist"
 
 
+def test_a_streams_error_event_escapes_a_lone_surrogate_as_the_response_does():
+    error = OpenAIError(400, "stop `\ud800` cannot be tokenized")
+    event = json.dumps(error.body(), ensure_ascii=False)  # as a stream's SSE data
+    event.encode("utf-8")  # a surrogate left in would raise here and break the stream off
+    assert json.loads(event) == json.loads(error_response(error).body)
+
+
 def test_good_request_passes_through(client):
     response = client.post("/v1/completions", json={"prompt": [1, 2], "extra": 1})
     assert (response.status_code, response.json()) == (200, {"prompts": [[1, 2]]})
