@@ -69,7 +69,7 @@ struct Avx2 {
 
 namespace quant_linear {
 const IsaKernels kAvx2Kernels{"avx2", &gemv<Avx2>, &dequantize<Avx2>,
-                         kTokenBlock<Avx2>, kGemmRows, &pack_tokens<Avx2>, &gemm<Avx2>};
+                              kTokenBlock<Avx2>, &pack_tokens<Avx2>, &gemm<Avx2>};
 }  // namespace quant_linear
 
 namespace dense_linear {

@@ -60,7 +60,7 @@ struct Avx512 {
 
 namespace quant_linear {
 const IsaKernels kAvx512Kernels{"avx512", &gemv<Avx512>, &dequantize<Avx512>,
-                         kTokenBlock<Avx512>, kGemmRows, &pack_tokens<Avx512>, &gemm<Avx512>};
+                                kTokenBlock<Avx512>, &pack_tokens<Avx512>, &gemm<Avx512>};
 }  // namespace quant_linear
 
 namespace dense_linear {

@@ -41,7 +41,7 @@ struct Scalar {
 
 namespace quant_linear {
 const IsaKernels kScalarKernels{"scalar", &gemv<Scalar>, &dequantize<Scalar>,
-                         kTokenBlock<Scalar>, kGemmRows, &pack_tokens<Scalar>, &gemm<Scalar>};
+                                kTokenBlock<Scalar>, &pack_tokens<Scalar>, &gemm<Scalar>};
 }  // namespace quant_linear
 
 namespace dense_linear {

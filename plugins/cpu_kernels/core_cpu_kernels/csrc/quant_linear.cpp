@@ -7,8 +7,8 @@
 // GEMM: each thread dequantizes a few rows at a time into L1 and multiplies them with
 // every token in register blocks. Prefill takes the tiled GEMM: each thread dequantizes a
 // tile of rows (at most kTileBytes of float32) and multiplies it with torch's float32
-// GEMM. All of W is never dequantized at once. The vector ISA is probed once (quant_linear_isas lists
-// the ones this CPU runs).
+// GEMM. All of W is never dequantized at once. The vector ISA is probed once
+// (quant_linear_isas lists the ones this CPU runs).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -121,12 +121,12 @@ void blocked_gemm(const ql::IsaKernels& isa, const ql::PackedWeight& w, const to
   std::vector<float> packed(padded * w.k);
   isa.pack_tokens(xf, num_tokens, w.k, packed.data());
   float* out_f = core_cpu::float_output<T>(out, out_buffer);
-  const int64_t num_strips = (n + isa.gemm_rows - 1) / isa.gemm_rows;
-  const int64_t grain = kMacsPerTask / (isa.gemm_rows * w.k * num_tokens) + 1;
+  const int64_t num_strips = (n + ql::kGemmRows - 1) / ql::kGemmRows;
+  const int64_t grain = kMacsPerTask / (ql::kGemmRows * w.k * num_tokens) + 1;
   at::parallel_for(0, num_strips, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> rows(isa.gemm_rows * w.k);
-    const int64_t n1 = end * isa.gemm_rows;
-    isa.gemm(w, begin * isa.gemm_rows, n1 < n ? n1 : n, packed.data(), num_tokens, out_f, n,
+    std::vector<float> rows(ql::kGemmRows * w.k);
+    const int64_t n1 = end * ql::kGemmRows;
+    isa.gemm(w, begin * ql::kGemmRows, n1 < n ? n1 : n, packed.data(), num_tokens, out_f, n,
              rows.data());
   });
   core_cpu::store_float_output<T>(out_f, out);

@@ -14,6 +14,10 @@
 
 namespace core_cpu::quant_linear {
 
+// Weight rows the GEMM's register block multiplies together (quant_linear_isa.h), whatever
+// the ISA: threads split W at multiples of it.
+constexpr int64_t kGemmRows = 6;
+
 struct PackedWeight {
   const uint8_t* data;  // qweight [N, row_bytes]: 4-bit nibbles in runs of 32, or int8
   const float* scales;  // [N, groups]
@@ -43,13 +47,12 @@ struct IsaKernels {
                float* out, int64_t ldo);
   // out[(n - n0) * k + i] = W[n, i] in float32, for n in [n0, n1).
   void (*dequantize)(const PackedWeight& w, int64_t n0, int64_t n1, float* out);
-  // The GEMM's tokens per block, its rows per register block, and x [T, k] repacked for it
-  // into ceil(T / token_block) * token_block * k floats.
+  // The GEMM's tokens per block, and x [T, k] repacked for it into
+  // ceil(T / token_block) * token_block * k floats.
   int64_t token_block;
-  int64_t gemm_rows;
   void (*pack_tokens)(const float* x, int64_t num_tokens, int64_t k, float* packed);
   // out[t * ldo + n] = sum_k W[n, k] x[t, k] in float32, for n in [n0, n1) and every token
-  // from the packed x; `rows` is scratch for gemm_rows * k floats.
+  // from the packed x; `rows` is scratch for kGemmRows * k floats.
   void (*gemm)(const PackedWeight& w, int64_t n0, int64_t n1, const float* packed_x,
                int64_t num_tokens, float* out, int64_t ldo, float* rows);
 };

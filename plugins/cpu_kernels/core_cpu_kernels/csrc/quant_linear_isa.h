@@ -155,11 +155,11 @@ void dequantize(const PackedWeight& w, int64_t n0, int64_t n1, float* out) {
   dequantize_bits<Vec, 8>(w, n0, n1, out);
 }
 
-// The GEMM's register block: kGemmRows weight rows times kGemmTokenVecs vectors of tokens.
-// Each step over k broadcasts one value of each row and loads the tokens' vectors once:
-// 6 x 2 accumulators, 2 token vectors and a broadcast fill 15 of AVX2's 16 registers, and
-// the 12 FMAs per step outnumber its 8 loads, so the FMA ports set the pace.
-constexpr int kGemmRows = 6;
+// The GEMM's register block: kGemmRows (6, quant_linear.h) weight rows times kGemmTokenVecs
+// vectors of tokens. Each step over k broadcasts one value of each row and loads the
+// tokens' vectors once: 6 x 2 accumulators, 2 token vectors and a broadcast fill 15 of
+// AVX2's 16 registers, and the 12 FMAs per step outnumber its 8 loads, so the FMA ports
+// set the pace.
 constexpr int kGemmTokenVecs = 2;
 
 template <class Vec>
