@@ -41,6 +41,9 @@ constexpr int64_t kBlockedGemmMaxTokens = 80;
 // smaller layer runs on the calling thread rather than pay for waking the others. (At 4x
 // this, SmolLM2's 192 x 576 decode row ran on one thread in 12 us; split in two it takes 10.)
 constexpr int64_t kMacsPerTask = 1 << 15;
+// Token blocks one task of the blocked GEMM's repacking of x takes at least: x's blocks
+// are few (5 at 80 tokens), and each costs about as much as waking a thread.
+constexpr int64_t kPackBlocksPerTask = 2;
 // Tasks split W at multiples of the GEMV's 4-row blocks (quant_linear_isa.h).
 constexpr int64_t kGemvRowsPerBlock = 4;
 // A GEMM tile's dequantized rows (float32) fit in this. The GEMM repacks x for every tile,
@@ -117,9 +120,11 @@ void blocked_gemm(const ql::IsaKernels& isa, const ql::PackedWeight& w, const to
   const int64_t num_tokens = x.size(0), n = out.size(1);
   std::vector<float> x_buffer, out_buffer;
   const float* xf = core_cpu::float_rows<T>(x, x_buffer);
-  const int64_t padded = (num_tokens + isa.token_block - 1) / isa.token_block * isa.token_block;
-  std::vector<float> packed(padded * w.k);
-  isa.pack_tokens(xf, num_tokens, w.k, packed.data());
+  const int64_t num_blocks = (num_tokens + isa.token_block - 1) / isa.token_block;
+  std::vector<float> packed(num_blocks * isa.token_block * w.k);
+  at::parallel_for(0, num_blocks, kPackBlocksPerTask, [&](int64_t begin, int64_t end) {
+    isa.pack_tokens(xf, num_tokens, w.k, begin, end, packed.data());
+  });
   float* out_f = core_cpu::float_output<T>(out, out_buffer);
   const int64_t num_strips = (n + ql::kGemmRows - 1) / ql::kGemmRows;
   const int64_t grain = kMacsPerTask / (ql::kGemmRows * w.k * num_tokens) + 1;

@@ -48,9 +48,10 @@ struct IsaKernels {
   // out[(n - n0) * k + i] = W[n, i] in float32, for n in [n0, n1).
   void (*dequantize)(const PackedWeight& w, int64_t n0, int64_t n1, float* out);
   // The GEMM's tokens per block, and x [T, k] repacked for it into
-  // ceil(T / token_block) * token_block * k floats.
+  // ceil(T / token_block) * token_block * k floats, token blocks [b0, b1) a call.
   int64_t token_block;
-  void (*pack_tokens)(const float* x, int64_t num_tokens, int64_t k, float* packed);
+  void (*pack_tokens)(const float* x, int64_t num_tokens, int64_t k, int64_t b0, int64_t b1,
+                      float* packed);
   // out[t * ldo + n] = sum_k W[n, k] x[t, k] in float32, for n in [n0, n1) and every token
   // from the packed x; `rows` is scratch for kGemmRows * k floats.
   void (*gemm)(const PackedWeight& w, int64_t n0, int64_t n1, const float* packed_x,

@@ -165,18 +165,26 @@ constexpr int kGemmTokenVecs = 2;
 template <class Vec>
 constexpr int64_t kTokenBlock = kGemmTokenVecs * Vec::kLanes;
 
-// packed[b][i][j] = x[b * NR + j, i] (NR = kTokenBlock): the tokens in blocks of NR, each
-// k-major so the block's step over k reads NR contiguous floats; the last block is padded
-// with zeros.
+// packed[b][i][j] = x[b * NR + j, i] (NR = kTokenBlock) for the token blocks [b0, b1): the
+// tokens in blocks of NR, each k-major so the block's step over k reads NR contiguous
+// floats; the last block is padded with zeros. Written in output order: each step over k
+// fills one cache line from NR rows of x whose lines stay in L1 for NR steps (token-major
+// order wrote each line NR times and, past L1's size, evicted it between the writes).
 template <class Vec>
-void pack_tokens(const float* x, int64_t num_tokens, int64_t k, float* packed) {
+void pack_tokens(const float* x, int64_t num_tokens, int64_t k, int64_t b0, int64_t b1,
+                 float* packed) {
   constexpr int64_t nr = kTokenBlock<Vec>;
-  for (int64_t t0 = 0; t0 < num_tokens; t0 += nr) {
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t t0 = b * nr;
+    const float* rows = x + t0 * k;
     float* block = packed + t0 * k;
-    for (int64_t j = 0; j < nr; ++j) {
-      const float* row = x + (t0 + j) * k;
-      const bool real = t0 + j < num_tokens;
-      for (int64_t i = 0; i < k; ++i) block[i * nr + j] = real ? row[i] : 0.f;
+    if (num_tokens - t0 >= nr) {
+      for (int64_t i = 0; i < k; ++i)
+        for (int64_t j = 0; j < nr; ++j) block[i * nr + j] = rows[j * k + i];
+    } else {
+      const int64_t real = num_tokens - t0;
+      for (int64_t i = 0; i < k; ++i)
+        for (int64_t j = 0; j < nr; ++j) block[i * nr + j] = j < real ? rows[j * k + i] : 0.f;
     }
   }
 }
