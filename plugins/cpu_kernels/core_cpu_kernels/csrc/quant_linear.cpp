@@ -129,10 +129,10 @@ void blocked_gemm(const ql::IsaKernels& isa, const ql::PackedWeight& w, const to
   const int64_t num_strips = (n + ql::kGemmRows - 1) / ql::kGemmRows;
   const int64_t grain = kMacsPerTask / (ql::kGemmRows * w.k * num_tokens) + 1;
   at::parallel_for(0, num_strips, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> rows(ql::kGemmRows * w.k);
+    std::vector<float> scratch(ql::kGemmRows * w.k + ql::kGemmPanelRows * num_tokens);
     const int64_t n1 = end * ql::kGemmRows;
     isa.gemm(w, begin * ql::kGemmRows, n1 < n ? n1 : n, packed.data(), num_tokens, out_f, n,
-             rows.data());
+             scratch.data());
   });
   core_cpu::store_float_output<T>(out_f, out);
 }

@@ -17,6 +17,10 @@ namespace core_cpu::quant_linear {
 // Weight rows the GEMM's register block multiplies together (quant_linear_isa.h), whatever
 // the ISA: threads split W at multiples of it.
 constexpr int64_t kGemmRows = 6;
+// Rows the GEMM finishes before it writes them out (quant_linear_isa.h's gemm): each
+// token's outputs leave in runs of this many floats, 192 bytes, an odd number of cache
+// lines, so 16 tokens' runs fall in 16 different L1 sets.
+constexpr int64_t kGemmPanelRows = 8 * kGemmRows;
 
 struct PackedWeight {
   const uint8_t* data;  // qweight [N, row_bytes]: 4-bit nibbles in runs of 32, or int8
@@ -53,9 +57,9 @@ struct IsaKernels {
   void (*pack_tokens)(const float* x, int64_t num_tokens, int64_t k, int64_t b0, int64_t b1,
                       float* packed);
   // out[t * ldo + n] = sum_k W[n, k] x[t, k] in float32, for n in [n0, n1) and every token
-  // from the packed x; `rows` is scratch for kGemmRows * k floats.
+  // from the packed x; `scratch` holds kGemmRows * k + kGemmPanelRows * num_tokens floats.
   void (*gemm)(const PackedWeight& w, int64_t n0, int64_t n1, const float* packed_x,
-               int64_t num_tokens, float* out, int64_t ldo, float* rows);
+               int64_t num_tokens, float* out, int64_t ldo, float* scratch);
 };
 
 extern const IsaKernels kScalarKernels;

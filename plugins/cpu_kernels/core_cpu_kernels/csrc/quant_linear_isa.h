@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "quant_linear.h"
 
@@ -219,27 +220,40 @@ CORE_QL_INLINE void gemm_block(const float* rows, int64_t k, const float* block,
 }
 
 // out[t * ldo + n] = sum_i W[n, i] x[t, i] for n in [n0, n1) and every token, x packed by
-// pack_tokens. Each kGemmRows rows are dequantized once into `rows` (kGemmRows * k floats,
-// in L1 or L2) and multiplied there with every token block.
+// pack_tokens. Each kGemmRows rows are dequantized once into the scratch's first kGemmRows
+// * k floats (in L1 or L2) and multiplied there with every token block. The register
+// blocks write a panel of kGemmPanelRows rows into the rest of the scratch (kGemmPanelRows
+// * num_tokens floats), which then goes to out a token's row segment at a time: out's
+// token rows lie ldo apart, a multiple of 4 KB for many layers (3072 outputs, a 49152
+// vocabulary), where the 16 rows a register block wrote into compete for one L1 set.
 template <class Vec>
 void gemm(const PackedWeight& w, int64_t n0, int64_t n1, const float* packed_x,
-          int64_t num_tokens, float* out, int64_t ldo, float* rows) {
+          int64_t num_tokens, float* out, int64_t ldo, float* scratch) {
   constexpr int64_t nr = kTokenBlock<Vec>;
-  for (int64_t n = n0; n < n1; n += kGemmRows) {
-    const int64_t num_rows = n1 - n < kGemmRows ? n1 - n : kGemmRows;
-    dequantize<Vec>(w, n, n + num_rows, rows);
-    // Rows past the end are computed and dropped: zeros keep denormals and NaNs out.
-    for (int64_t i = num_rows * w.k; i < kGemmRows * w.k; ++i) rows[i] = 0.f;
-    for (int64_t t0 = 0; t0 < num_tokens; t0 += nr) {
-      const int64_t block_tokens = num_tokens - t0 < nr ? num_tokens - t0 : nr;
-      const float* block = packed_x + t0 * w.k;
-      float* block_out = out + t0 * ldo + n;
-      if (block_tokens > Vec::kLanes * (kGemmTokenVecs - 1)) {
-        gemm_block<Vec, kGemmTokenVecs>(rows, w.k, block, num_rows, block_tokens, block_out, ldo);
-      } else {
-        gemm_block<Vec, 1>(rows, w.k, block, num_rows, block_tokens, block_out, ldo);
+  float* rows = scratch;
+  float* panel = scratch + kGemmRows * w.k;
+  for (int64_t p0 = n0; p0 < n1; p0 += kGemmPanelRows) {
+    const int64_t p1 = n1 - p0 < kGemmPanelRows ? n1 : p0 + kGemmPanelRows;
+    for (int64_t n = p0; n < p1; n += kGemmRows) {
+      const int64_t num_rows = p1 - n < kGemmRows ? p1 - n : kGemmRows;
+      dequantize<Vec>(w, n, n + num_rows, rows);
+      // Rows past the end are computed and dropped: zeros keep denormals and NaNs out.
+      for (int64_t i = num_rows * w.k; i < kGemmRows * w.k; ++i) rows[i] = 0.f;
+      for (int64_t t0 = 0; t0 < num_tokens; t0 += nr) {
+        const int64_t block_tokens = num_tokens - t0 < nr ? num_tokens - t0 : nr;
+        const float* block = packed_x + t0 * w.k;
+        float* block_out = panel + t0 * kGemmPanelRows + (n - p0);
+        if (block_tokens > Vec::kLanes * (kGemmTokenVecs - 1)) {
+          gemm_block<Vec, kGemmTokenVecs>(rows, w.k, block, num_rows, block_tokens, block_out,
+                                          kGemmPanelRows);
+        } else {
+          gemm_block<Vec, 1>(rows, w.k, block, num_rows, block_tokens, block_out,
+                             kGemmPanelRows);
+        }
       }
     }
+    for (int64_t t = 0; t < num_tokens; ++t)
+      std::memcpy(out + t * ldo + p0, panel + t * kGemmPanelRows, (p1 - p0) * sizeof(float));
   }
 }
 
