@@ -34,8 +34,8 @@ constexpr int64_t kGemvMaxTokens = 8;
 // Up to this many tokens the blocked GEMM (quant_linear_isa.h's register blocks) beats
 // torch's GEMM on dequantized tiles, whose repacking of x for every tile costs most where
 // there are few tokens. One layer of SmolLM2 (its 4 linears, 4-bit), AVX2 EPYC, 2
-// threads, blocked vs tiled: 16 tokens 0.88 vs 1.20 ms, 32 tokens 1.55 vs 1.84, 64 tokens
-// 2.94 vs 3.02, 80 tokens 3.62 vs 3.66, 96 tokens 4.30 vs 4.19.
+// threads, blocked vs tiled: 16 tokens 0.79 vs 1.20 ms, 32 tokens 1.40 vs 1.84, 80 tokens
+// 3.24 vs 3.66, 96 tokens 4.21 vs 4.30 (within noise), 128 tokens 5.52 vs 5.41.
 constexpr int64_t kBlockedGemmMaxTokens = 80;
 // The multiply-adds one GEMV or blocked-GEMM task does at least (~2.5 us on one core): a
 // smaller layer runs on the calling thread rather than pay for waking the others. (At 4x
