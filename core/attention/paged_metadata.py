@@ -12,7 +12,7 @@ lives in block `block_ids[p // block_size]` at offset `p % block_size`, and its 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -70,6 +70,19 @@ class PagedAttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] int64: the cache slot of each new token
     prefills: list[PrefillChunk]
     decode: DecodeBatch | None
+    _key_rows: dict[int, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
+
+    def key_rows(self, block_size: int) -> torch.Tensor:  # [num_tokens] int64
+        """Each new token's K row in a layer's contiguous cache [num_blocks, 2, block_size,
+        Hkv, D] seen as rows [num_blocks * 2 * block_size, Hkv, D]; its V row is block_size
+        further. Computed once a step and shared by every layer (five small ops a layer
+        otherwise, about a third of writing one token's K/V)."""
+        rows = self._key_rows.get(block_size)
+        if rows is None:
+            slots = self.slot_mapping
+            rows = slots // block_size * (2 * block_size) + slots % block_size
+            self._key_rows[block_size] = rows
+        return rows
 
 
 class PagedAttentionMetadataBuilder(AttentionMetadataBuilder):

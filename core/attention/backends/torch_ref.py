@@ -69,7 +69,7 @@ class TorchRefImpl(AttentionImpl):
         attn_metadata: PagedAttentionMetadata,
     ) -> torch.Tensor:  # [T, Hq, D]
         num_tokens = len(attn_metadata.slot_mapping)
-        _write_kv(kv_cache, key[:num_tokens], value[:num_tokens], attn_metadata.slot_mapping)
+        _write_kv(kv_cache, key[:num_tokens], value[:num_tokens], attn_metadata)
         output = torch.empty_like(query)
         for chunk in attn_metadata.prefills:
             rows = slice(chunk.start, chunk.end)
@@ -201,18 +201,22 @@ def _gather_pages(
 
 
 def _write_kv(
-    kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor
+    kv_cache: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_metadata: PagedAttentionMetadata,
 ) -> None:
     """Store the step's K/V at their slots (slot = block * block_size + offset)."""
     num_blocks, _, block_size, num_kv_heads, head_size = kv_cache.shape
-    blocks, offsets = slots // block_size, slots % block_size
     if kv_cache.is_contiguous():
         # index_copy_ on a flat view is far faster than advanced-index assignment.
         rows = kv_cache.view(num_blocks * 2 * block_size, num_kv_heads, head_size)
-        key_rows = blocks * (2 * block_size) + offsets
+        key_rows = attn_metadata.key_rows(block_size)
         rows.index_copy_(0, key_rows, key)
         rows.index_copy_(0, key_rows + block_size, value)
     else:  # a block-outermost layout interleaves layers: pages are not adjacent
+        slots = attn_metadata.slot_mapping
+        blocks, offsets = slots // block_size, slots % block_size
         kv_cache[blocks, 0, offsets] = key
         kv_cache[blocks, 1, offsets] = value
 
