@@ -179,14 +179,9 @@ void pack_tokens(const float* x, int64_t num_tokens, int64_t k, int64_t b0, int6
     const int64_t t0 = b * nr;
     const float* rows = x + t0 * k;
     float* block = packed + t0 * k;
-    if (num_tokens - t0 >= nr) {
-      for (int64_t i = 0; i < k; ++i)
-        for (int64_t j = 0; j < nr; ++j) block[i * nr + j] = rows[j * k + i];
-    } else {
-      const int64_t real = num_tokens - t0;
-      for (int64_t i = 0; i < k; ++i)
-        for (int64_t j = 0; j < nr; ++j) block[i * nr + j] = j < real ? rows[j * k + i] : 0.f;
-    }
+    const int64_t real = num_tokens - t0;  // the block's tokens; past them, zeros
+    for (int64_t i = 0; i < k; ++i)
+      for (int64_t j = 0; j < nr; ++j) block[i * nr + j] = j < real ? rows[j * k + i] : 0.f;
   }
 }
 
