@@ -241,6 +241,15 @@ def test_the_probe_times_every_case_in_both_dtypes_on_real_tensors(monkeypatch):
     assert calls == expected
 
 
+def test_the_probe_runs_on_the_kernels_a_model_gets(monkeypatch):
+    # Decode-batch rows, with whatever kernels the installed plugins register (the CPU
+    # kernels' oneDNN path among them): the probe's tensors must be ones they take.
+    monkeypatch.setattr(cpu_dtype, "PROBE_CASES", ((1, (64, 32)), (32, (64, 96))))
+    times = cpu_dtype.measure_linear_times(budget_s=math.inf)
+    assert times.num_cases == 2
+    assert all(math.isfinite(t) and t > 0 for t in (times.float32_s, times.bfloat16_s))
+
+
 def test_the_probe_leaves_the_global_random_state_alone(monkeypatch):
     monkeypatch.setattr(cpu_dtype, "PROBE_CASES", ((2, (8, 16)),))
     torch.manual_seed(123)

@@ -109,10 +109,12 @@ def linear(
 def _takes_packed(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: int
 ) -> bool:
-    """A decode batch of float32 rows for oneDNN's packed matmul (packed_linear.py)."""
+    """A decode batch of float32 rows for oneDNN's packed matmul (packed_linear.py). An
+    inference tensor has no version counter to tell a stale pack by: torch serves it."""
     return (
         x.dtype is torch.float32
         and weight.dtype is torch.float32
+        and not weight.is_inference()
         and weight.dim() == 2
         and FLOAT32_MAX_ROWS < rows <= packed_linear.MAX_ROWS
         and (bias is None or (bias.dtype is torch.float32 and bias.dim() == 1))

@@ -49,6 +49,17 @@ def test_other_row_counts_never_take_the_packed_path(rows, monkeypatch):
     assert calls == []
 
 
+def test_an_inference_mode_weight_is_multiplied_by_torch(monkeypatch):
+    # Inference tensors have no version counter, so no pack of theirs could be kept fresh.
+    calls = _packed_calls(monkeypatch)
+    x = _tensor((32, 24), 0)
+    with torch.inference_mode():
+        weight = _tensor((40, 24), 1)
+        got = ops.linear(x, weight)
+    assert calls == []
+    torch.testing.assert_close(got, F.linear(x, weight), rtol=1e-5, atol=1e-4)
+
+
 def test_a_weight_written_in_place_is_packed_again():
     x, weight = _tensor((32, 24), 0), _tensor((40, 24), 1)
     ops.linear(x, weight)
