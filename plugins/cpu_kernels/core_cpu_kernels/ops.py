@@ -5,8 +5,9 @@ model calls it before building one. It serves core::rms_norm, core::fused_add_rm
 core::linear (a GEMV that streams each weight row once for few-row activations, where
 torch's BLAS runs a slow path), core::silu_and_mul, core::rotary_embedding (in place, in
 the fused QKV's views) and core::quant_linear (group-quantized 4- and 8-bit weights: a
-GEMV for decode rows that unpacks the weights in registers, a tiled GEMM for prefill);
-AVX-512, AVX2 or portable kernels, chosen by probing the CPU at load. Inputs the C++
+GEMV for decode rows that unpacks the weights in registers, a blocked GEMM for decode
+batches, a tiled GEMM for prefill; bfloat16 activations take bf16 dot products on CPUs
+with AVX512_BF16); AVX-512, AVX2 or portable kernels, chosen by probing the CPU at load. Inputs the C++
 kernels do not take (another dtype, a weight of another dtype, a strided last dimension,
 a non-contiguous packed weight) go to core's reference, so the registered kernel serves
 the op's whole domain.

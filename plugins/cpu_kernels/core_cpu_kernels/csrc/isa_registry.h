@@ -22,6 +22,7 @@ struct CpuFeatures {
   bool avx2_fma = false;  // avx2 and fma
   bool f16c = false;
   bool avx512 = false;  // avx512f, avx512bw and avx512vl
+  bool avx512_bf16 = false;
 };
 
 // The CPU's features, probed at the first call.
@@ -34,6 +35,7 @@ inline const CpuFeatures& cpu_features() {
     f.f16c = __builtin_cpu_supports("f16c");
     f.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl");
+    f.avx512_bf16 = __builtin_cpu_supports("avx512bf16");
 #endif
     return f;
   }();
@@ -41,7 +43,8 @@ inline const CpuFeatures& cpu_features() {
 }
 
 // One op's kernel tables: one per x86 vector ISA where this build has them, and the
-// portable ones every CPU runs.
+// portable ones every CPU runs. An op with bf16 dot-product kernels also has an AVX-512
+// table for CPUs with AVX512_BF16 (null for the others).
 template <typename Kernels>
 struct IsaTables {
 #ifdef CORE_X86_KERNELS
@@ -49,14 +52,21 @@ struct IsaTables {
   const Kernels* avx2;
 #endif
   const Kernels* portable;
+#ifdef CORE_X86_KERNELS
+  const Kernels* avx512_bf16 = nullptr;
+#endif
 };
 
 // The IsaTables of namespace `ns`, whose tables are named as in dense_linear.h and
-// quant_linear.h (kAvx512Kernels, kAvx2Kernels, kScalarKernels).
+// quant_linear.h (kAvx512Kernels, kAvx2Kernels, kScalarKernels; with BF16, also
+// kAvx512Bf16Kernels).
 #ifdef CORE_X86_KERNELS
 #define CORE_ISA_TABLES(ns) {&ns::kAvx512Kernels, &ns::kAvx2Kernels, &ns::kScalarKernels}
+#define CORE_ISA_TABLES_WITH_BF16(ns) \
+  {&ns::kAvx512Kernels, &ns::kAvx2Kernels, &ns::kScalarKernels, &ns::kAvx512Bf16Kernels}
 #else
 #define CORE_ISA_TABLES(ns) {&ns::kScalarKernels}
+#define CORE_ISA_TABLES_WITH_BF16(ns) {&ns::kScalarKernels}
 #endif
 
 // The tables of one op that this CPU runs, widest vector ISA first (the default).
@@ -64,12 +74,15 @@ template <typename Kernels>
 class IsaRegistry {
  public:
   // `op` names the op in errors. The AVX2 tier needs avx2 and fma, and F16C too where
-  // `avx2_needs_f16c`; the AVX-512 tier needs the AVX2 tier's features and AVX-512 F/BW/VL.
+  // `avx2_needs_f16c`; the AVX-512 tier needs the AVX2 tier's features and AVX-512 F/BW/VL;
+  // the AVX512_BF16 tier, the AVX-512 tier's and AVX512_BF16.
   IsaRegistry(const char* op, const IsaTables<Kernels>& tables, bool avx2_needs_f16c)
       : op_(op) {
 #ifdef CORE_X86_KERNELS
     const CpuFeatures& cpu = cpu_features();
     const bool avx2 = cpu.avx2_fma && (cpu.f16c || !avx2_needs_f16c);
+    if (avx2 && cpu.avx512 && cpu.avx512_bf16 && tables.avx512_bf16)
+      isas_.push_back(tables.avx512_bf16);
     if (avx2 && cpu.avx512) isas_.push_back(tables.avx512);
     if (avx2) isas_.push_back(tables.avx2);
 #else

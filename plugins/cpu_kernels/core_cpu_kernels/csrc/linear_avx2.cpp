@@ -68,8 +68,7 @@ struct Avx2 {
 }  // namespace
 
 namespace quant_linear {
-const IsaKernels kAvx2Kernels{"avx2", &gemv<Avx2>, &dequantize<Avx2>,
-                              kTokenBlock<Avx2>, &pack_tokens<Avx2>, &gemm<Avx2>};
+const IsaKernels kAvx2Kernels = isa_kernels<Avx2>("avx2");
 }  // namespace quant_linear
 
 namespace dense_linear {

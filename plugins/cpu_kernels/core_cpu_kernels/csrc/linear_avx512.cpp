@@ -1,15 +1,9 @@
-// core::quant_linear's and core::linear's AVX-512 kernels: 16 float32 lanes, so one widening (vpmovzxbd zmm,
-// straight from memory) brings a run's 16 bytes into 32-bit lanes, where a mask gives its
-// values 0..15 and a shift its values 16..31: one shuffle per run, the port Intel has one of.
+// core::quant_linear's and core::linear's AVX-512 kernels (the vector type: avx512_vec.h).
 
 #include "dense_linear.h"
 #include "quant_linear.h"
 
 #ifdef CORE_X86_KERNELS
-
-#include <immintrin.h>
-
-#include <cstdint>
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma")
@@ -17,50 +11,14 @@
 // used uninitialized" (GCC bug 105593, fixed in 13): a false positive in its own header.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
+#include "avx512_vec.h"
 #include "dense_linear_isa.h"
 #include "quant_linear_isa.h"
 
 namespace core_cpu {
-namespace {
-
-struct Avx512 {
-  using V = __m512;
-  static constexpr int kLanes = 16;
-
-  static CORE_QL_INLINE V zero() { return _mm512_setzero_ps(); }
-  static CORE_QL_INLINE V set1(float f) { return _mm512_set1_ps(f); }
-  static CORE_QL_INLINE V load(const float* p) { return _mm512_loadu_ps(p); }
-  static CORE_QL_INLINE void store(float* p, V v) { _mm512_storeu_ps(p, v); }
-  static CORE_QL_INLINE V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-  static CORE_QL_INLINE float sum(V v) { return _mm512_reduce_add_ps(v); }
-
-  static CORE_QL_INLINE V load_bf16(const uint16_t* p) {
-    const __m512i wide =
-        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-  }
-  static CORE_QL_INLINE V load_f16(const uint16_t* p) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  }
-
-  template <int BITS>
-  static CORE_QL_INLINE void unpack(const uint8_t* unit, V* q) {
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(unit));
-    if constexpr (BITS == 4) {
-      const __m512i lanes = _mm512_cvtepu8_epi32(bytes);
-      q[0] = _mm512_cvtepi32_ps(_mm512_and_si512(lanes, _mm512_set1_epi32(0x0F)));
-      q[1] = _mm512_cvtepi32_ps(_mm512_srli_epi32(lanes, 4));
-    } else {
-      q[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
-    }
-  }
-};
-
-}  // namespace
 
 namespace quant_linear {
-const IsaKernels kAvx512Kernels{"avx512", &gemv<Avx512>, &dequantize<Avx512>,
-                                kTokenBlock<Avx512>, &pack_tokens<Avx512>, &gemm<Avx512>};
+const IsaKernels kAvx512Kernels = isa_kernels<Avx512>("avx512");
 }  // namespace quant_linear
 
 namespace dense_linear {

@@ -40,8 +40,7 @@ struct Scalar {
 }  // namespace
 
 namespace quant_linear {
-const IsaKernels kScalarKernels{"scalar", &gemv<Scalar>, &dequantize<Scalar>,
-                                kTokenBlock<Scalar>, &pack_tokens<Scalar>, &gemm<Scalar>};
+const IsaKernels kScalarKernels = isa_kernels<Scalar>("scalar");
 }  // namespace quant_linear
 
 namespace dense_linear {

@@ -1,14 +1,16 @@
 // core::quant_linear on the CPU: x [T, K] times a group-quantized W [N, K] (layout in
-// core/ops/quant_linear.py), float32 products and sums, rounded once to x's dtype.
+// core/ops/quant_linear.py), float32 products and sums, rounded once to x's dtype; on an
+// ISA with bf16 dot products (AVX512_BF16), bfloat16 x's GEMMs multiply W rounded to
+// bfloat16, still summing in float32.
 //
 // Decode rows (T <= kGemvMaxTokens) take the GEMV: each weight row is read once, its
 // values unpacked in registers and multiplied with every token, so the packed bytes are
 // all the memory traffic. Batched decode (T <= kBlockedGemmMaxTokens) takes the blocked
 // GEMM: each thread dequantizes a few rows at a time into L1 and multiplies them with
 // every token in register blocks. Prefill takes the tiled GEMM: each thread dequantizes a
-// tile of rows (at most kTileBytes of float32) and multiplies it with torch's float32
-// GEMM. All of W is never dequantized at once. The vector ISA is probed once
-// (quant_linear_isas lists the ones this CPU runs).
+// tile of rows (at most kTileBytes) and multiplies it with torch's GEMM. All of W is never
+// dequantized at once. The vector ISA is probed once (quant_linear_isas lists the ones
+// this CPU runs).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -37,6 +39,10 @@ constexpr int64_t kGemvMaxTokens = 8;
 // threads, blocked vs tiled: 16 tokens 0.79 vs 1.20 ms, 32 tokens 1.40 vs 1.84, 80 tokens
 // 3.24 vs 3.66, 96 tokens 4.21 vs 4.30 (within noise), 128 tokens 5.52 vs 5.41.
 constexpr int64_t kBlockedGemmMaxTokens = 80;
+// The same crossover for bf16 x on the bf16 dot products, whose tiles go to oneDNN's bf16
+// GEMM: AVX512_BF16 EPYC, one layer, blocked vs tiled (two runs): 48 tokens 234-291 vs
+// 146-233 GF/s, 64 tokens 216-252 vs 168-248, 80 tokens 219-254 vs 277-293.
+constexpr int64_t kBlockedBf16GemmMaxTokens = 64;
 // The multiply-adds one GEMV or blocked-GEMM task does at least (~2.5 us on one core): a
 // smaller layer runs on the calling thread rather than pay for waking the others. (At 4x
 // this, SmolLM2's 192 x 576 decode row ran on one thread in 12 us; split in two it takes 10.)
@@ -46,15 +52,16 @@ constexpr int64_t kMacsPerTask = 1 << 15;
 constexpr int64_t kPackBlocksPerTask = 2;
 // Tasks split W at multiples of the GEMV's 4-row blocks (quant_linear_isa.h).
 constexpr int64_t kGemvRowsPerBlock = 4;
-// A GEMM tile's dequantized rows (float32) fit in this. The GEMM repacks x for every tile,
-// so larger tiles amortize that: 256 KB to 4 MB measured, 1 MB was best or within noise.
+// A GEMM tile's dequantized rows (float32 or bf16) fit in this. The GEMM repacks x for
+// every tile, so larger tiles amortize that: 256 KB to 4 MB measured (float32), 1 MB was
+// best or within noise.
 constexpr int64_t kTileBytes = 1024 * 1024;
 constexpr int64_t kTileRowMultiple = 16;  // whole register blocks of the GEMM's columns
 
 // The kernels this CPU runs.
 const core_cpu::IsaRegistry<ql::IsaKernels>& isas() {
   static const core_cpu::IsaRegistry<ql::IsaKernels> registry(
-      "quant_linear", CORE_ISA_TABLES(ql), /*avx2_needs_f16c=*/false);
+      "quant_linear", CORE_ISA_TABLES_WITH_BF16(ql), /*avx2_needs_f16c=*/false);
   return registry;
 }
 
@@ -112,36 +119,52 @@ void gemv(const ql::IsaKernels& isa, const ql::PackedWeight& w, const torch::Ten
   core_cpu::store_float_output<T>(out_f, out);
 }
 
-// The blocked GEMM: x repacked once for the register blocks, then each thread dequantizes
-// its weight rows a register block at a time and multiplies them with every token block.
-template <typename T>
-void blocked_gemm(const ql::IsaKernels& isa, const ql::PackedWeight& w, const torch::Tensor& x,
-                torch::Tensor& out) {
-  const int64_t num_tokens = x.size(0), n = out.size(1);
-  std::vector<float> x_buffer, out_buffer;
-  const float* xf = core_cpu::float_rows<T>(x, x_buffer);
-  const int64_t num_blocks = (num_tokens + isa.token_block - 1) / isa.token_block;
-  std::vector<float> packed(num_blocks * isa.token_block * w.k);
+// The blocked GEMM on x's elements (float32, or bf16 bits for the bf16 kernels): x
+// repacked once for the register blocks, then each thread dequantizes its weight rows a
+// register block at a time and multiplies them with every token block.
+template <typename Elem, typename Pack, typename Gemm>
+void multiply_blocked(const ql::PackedWeight& w, const Elem* x, int64_t num_tokens,
+                      int64_t token_block, Pack pack_tokens, Gemm gemm, float* out, int64_t n) {
+  const int64_t num_blocks = (num_tokens + token_block - 1) / token_block;
+  std::vector<Elem> packed(num_blocks * token_block * w.k);
   at::parallel_for(0, num_blocks, kPackBlocksPerTask, [&](int64_t begin, int64_t end) {
-    isa.pack_tokens(xf, num_tokens, w.k, begin, end, packed.data());
+    pack_tokens(x, num_tokens, w.k, begin, end, packed.data());
   });
-  float* out_f = core_cpu::float_output<T>(out, out_buffer);
   const int64_t num_strips = (n + ql::kGemmRows - 1) / ql::kGemmRows;
   const int64_t grain = kMacsPerTask / (ql::kGemmRows * w.k * num_tokens) + 1;
   at::parallel_for(0, num_strips, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> scratch(ql::kGemmRows * w.k + ql::kGemmPanelRows * num_tokens);
+    std::vector<Elem> rows(ql::kGemmRows * w.k);
+    std::vector<float> panel(ql::kGemmPanelRows * num_tokens);
     const int64_t n1 = end * ql::kGemmRows;
-    isa.gemm(w, begin * ql::kGemmRows, n1 < n ? n1 : n, packed.data(), num_tokens, out_f, n,
-             scratch.data());
+    gemm(w, begin * ql::kGemmRows, n1 < n ? n1 : n, packed.data(), num_tokens, out, n,
+         rows.data(), panel.data());
   });
+}
+
+// bfloat16 x takes the ISA's bf16 dot products where it has them; anything else is
+// multiplied in float32.
+template <typename T>
+void blocked_gemm(const ql::IsaKernels& isa, const ql::PackedWeight& w, const torch::Tensor& x,
+                  torch::Tensor& out) {
+  const int64_t num_tokens = x.size(0), n = out.size(1);
+  std::vector<float> x_buffer, out_buffer;
+  float* out_f = core_cpu::float_output<T>(out, out_buffer);
+  if (std::is_same_v<T, c10::BFloat16> && isa.bf16 != nullptr) {
+    const auto* bits = static_cast<const uint16_t*>(x.data_ptr());
+    multiply_blocked(w, bits, num_tokens, isa.token_block, isa.bf16->pack_tokens,
+                     isa.bf16->gemm, out_f, n);
+  } else {
+    const float* xf = core_cpu::float_rows<T>(x, x_buffer);
+    multiply_blocked(w, xf, num_tokens, isa.token_block, isa.pack_tokens, isa.gemm, out_f, n);
+  }
   core_cpu::store_float_output<T>(out_f, out);
 }
 
 // Rows per GEMM tile: a tile fits kTileBytes, and the tiles split evenly between the
 // threads (at 4 tiles for 2 threads where 3.3 would fit, one thread did half more work).
-int64_t tile_rows(int64_t n, int64_t k) {
+int64_t tile_rows(int64_t n, int64_t k, int64_t element_size) {
   const int64_t threads = at::get_num_threads();
-  const int64_t fit_rows = kTileBytes / (k * static_cast<int64_t>(sizeof(float)));
+  const int64_t fit_rows = kTileBytes / (k * element_size);
   const int64_t fit = fit_rows > 0 ? fit_rows : 1;
   const int64_t fitting_tiles = (n + fit - 1) / fit;
   const int64_t num_tiles = (fitting_tiles + threads - 1) / threads * threads;
@@ -149,12 +172,16 @@ int64_t tile_rows(int64_t n, int64_t k) {
   return (rows + kTileRowMultiple - 1) / kTileRowMultiple * kTileRowMultiple;
 }
 
+// In float32, or for bfloat16 x on an ISA with bf16 dot products in bfloat16: tiles of W
+// rounded to bf16, multiplied by torch's bf16 GEMM (oneDNN's, on the same instructions).
 void tiled_gemm(const ql::IsaKernels& isa, const ql::PackedWeight& w, const torch::Tensor& x,
                 torch::Tensor& out) {
-  const torch::Tensor xf = x.to(torch::kFloat);  // x itself when float32
-  torch::Tensor out_f =
-      out.scalar_type() == torch::kFloat ? out : torch::empty_like(out, xf.options());
-  const int64_t n = out.size(1), rows_per_tile = tile_rows(n, w.k);
+  const bool bf16 = x.scalar_type() == torch::kBFloat16 && isa.bf16 != nullptr;
+  const auto dtype = bf16 ? torch::kBFloat16 : torch::kFloat;
+  const torch::Tensor xc = x.to(dtype);  // x itself when of that dtype
+  torch::Tensor out_c = out.scalar_type() == dtype ? out : torch::empty_like(out, xc.options());
+  const int64_t n = out.size(1);
+  const int64_t rows_per_tile = tile_rows(n, w.k, static_cast<int64_t>(xc.element_size()));
   const int64_t num_tiles = (n + rows_per_tile - 1) / rows_per_tile;
   // The worker threads take the caller's thread-local state (inference mode above all:
   // writing into an inference tensor is refused outside it). Inside the parallel region
@@ -162,16 +189,20 @@ void tiled_gemm(const ql::IsaKernels& isa, const ql::PackedWeight& w, const torc
   const at::ThreadLocalState caller_state;
   at::parallel_for(0, num_tiles, 1, [&](int64_t begin, int64_t end) {
     const at::ThreadLocalStateGuard state_guard(caller_state);
-    torch::Tensor tile = torch::empty({rows_per_tile, w.k}, xf.options());
+    torch::Tensor tile = torch::empty({rows_per_tile, w.k}, xc.options());
     for (int64_t i = begin; i < end; ++i) {
       const int64_t n0 = i * rows_per_tile;
       const int64_t rows = n - n0 < rows_per_tile ? n - n0 : rows_per_tile;
-      isa.dequantize(w, n0, n0 + rows, tile.data_ptr<float>());
-      torch::Tensor out_tile = out_f.narrow(1, n0, rows);  // [T, rows], row stride n
-      at::mm_out(out_tile, xf, tile.narrow(0, 0, rows).t());
+      if (bf16) {
+        isa.bf16->dequantize(w, n0, n0 + rows, static_cast<uint16_t*>(tile.data_ptr()));
+      } else {
+        isa.dequantize(w, n0, n0 + rows, tile.data_ptr<float>());
+      }
+      torch::Tensor out_tile = out_c.narrow(1, n0, rows);  // [T, rows], row stride n
+      at::mm_out(out_tile, xc, tile.narrow(0, 0, rows).t());
     }
   });
-  if (out.scalar_type() != torch::kFloat) out.copy_(out_f);
+  if (!out_c.is_same(out)) out.copy_(out_c);
 }
 
 }  // namespace
@@ -189,7 +220,8 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
   torch::Tensor out = torch::empty({x.size(0), qweight.size(0)}, x.options());
   if (out.numel() == 0) return out;
   const int64_t num_tokens = x.size(0);
-  if (num_tokens > kBlockedGemmMaxTokens) {
+  const bool bf16_dot = dtype == torch::kBFloat16 && kernels.bf16 != nullptr;
+  if (num_tokens > (bf16_dot ? kBlockedBf16GemmMaxTokens : kBlockedGemmMaxTokens)) {
     tiled_gemm(kernels, w, x, out);
   } else if (num_tokens > kGemvMaxTokens) {
     core_cpu::dispatch_dtype(

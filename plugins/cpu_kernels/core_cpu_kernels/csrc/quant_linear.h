@@ -1,6 +1,7 @@
 // core::quant_linear's packed weight as the compute kernels see it, and the table of
-// kernels each vector ISA provides (quant_linear_{scalar,avx2,avx512}.cpp). The layout is
-// core's (core/ops/quant_linear.py): W[n, k] = scales[n, k / G] * q[n, k] + mins[n, k / G].
+// kernels each vector ISA provides (linear_{scalar,avx2,avx512,avx512_bf16}.cpp). The
+// layout is core's (core/ops/quant_linear.py):
+// W[n, k] = scales[n, k / G] * q[n, k] + mins[n, k / G].
 //
 // This header and quant_linear_isa.h include no torch header: the ISA translation units
 // compile everything they define for their own instruction set, and an inline function
@@ -43,6 +44,22 @@ struct Activations {
   int64_t num_tokens;
 };
 
+// The kernels for bfloat16 activations on CPUs with a native bf16 dot product
+// (AVX512_BF16's vdpbf16ps): the weights are rounded to bfloat16 as they are dequantized,
+// and each product of a bf16 weight and a bf16 input is summed in float32. x and the
+// dequantized rows are bfloat16 bit patterns.
+struct Bf16Kernels {
+  // out[(n - n0) * k + i] = W[n, i] rounded to bfloat16 (to nearest even), n in [n0, n1).
+  void (*dequantize)(const PackedWeight& w, int64_t n0, int64_t n1, uint16_t* out);
+  // IsaKernels' pack_tokens and gemm for bfloat16 x, in IsaKernels' token blocks; each
+  // block's step over k takes two inputs (a pair of bf16 per float32 lane). `rows` holds
+  // kGemmRows * k bfloat16 values, `panel` kGemmPanelRows * num_tokens floats.
+  void (*pack_tokens)(const uint16_t* x, int64_t num_tokens, int64_t k, int64_t b0,
+                      int64_t b1, uint16_t* packed);
+  void (*gemm)(const PackedWeight& w, int64_t n0, int64_t n1, const uint16_t* packed_x,
+               int64_t num_tokens, float* out, int64_t ldo, uint16_t* rows, float* panel);
+};
+
 struct IsaKernels {
   const char* name;
   // out[t * ldo + n] = sum_k W[n, k] x[t, k] in float32, for n in [n0, n1) and every token;
@@ -57,15 +74,19 @@ struct IsaKernels {
   void (*pack_tokens)(const float* x, int64_t num_tokens, int64_t k, int64_t b0, int64_t b1,
                       float* packed);
   // out[t * ldo + n] = sum_k W[n, k] x[t, k] in float32, for n in [n0, n1) and every token
-  // from the packed x; `scratch` holds kGemmRows * k + kGemmPanelRows * num_tokens floats.
+  // from the packed x; `rows` holds kGemmRows * k floats, `panel` kGemmPanelRows *
+  // num_tokens.
   void (*gemm)(const PackedWeight& w, int64_t n0, int64_t n1, const float* packed_x,
-               int64_t num_tokens, float* out, int64_t ldo, float* scratch);
+               int64_t num_tokens, float* out, int64_t ldo, float* rows, float* panel);
+  // The bf16 dot-product kernels, or null where this ISA has none.
+  const Bf16Kernels* bf16;
 };
 
 extern const IsaKernels kScalarKernels;
 #ifdef CORE_X86_KERNELS
 extern const IsaKernels kAvx2Kernels;
 extern const IsaKernels kAvx512Kernels;
+extern const IsaKernels kAvx512Bf16Kernels;
 #endif
 
 }  // namespace core_cpu::quant_linear

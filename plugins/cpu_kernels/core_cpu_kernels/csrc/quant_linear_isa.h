@@ -126,16 +126,37 @@ void gemv(const PackedWeight& w, int64_t n0, int64_t n1, const Activations& a, f
   gemv_bits<Vec, 8>(w, n0, n1, a, out, ldo);
 }
 
+// How the GEMM multiplies and what it multiplies: a Dot provides `Elem`, the type of the
+// dequantized weights and packed x (one input each); kInputsPerStep, the adjacent inputs one
+// step over k takes; `In`, a vector of one step's Elems for kLanes tokens (or one row's,
+// broadcast); load(p) and broadcast(p) of those; madd(w, x, acc), acc's float32 lanes plus
+// the step's products; and store(row, i, v), kLanes float32 weights into row's inputs
+// [i, i + kLanes) as Elems.
+//
+// Float32Dot: one float32 input a step, multiplied by FMA.
+template <class Vec>
+struct Float32Dot {
+  using V = typename Vec::V;
+  using Elem = float;
+  using In = V;
+  static constexpr int64_t kInputsPerStep = 1;
+
+  static CORE_QL_INLINE In load(const float* p) { return Vec::load(p); }
+  static CORE_QL_INLINE In broadcast(const float* p) { return Vec::set1(*p); }
+  static CORE_QL_INLINE V madd(In w, In x, V acc) { return Vec::fma(w, x, acc); }
+  static CORE_QL_INLINE void store(float* row, int64_t i, V v) { Vec::store(row + i, v); }
+};
+
 // W = fma(q, scale, min) rounds once where the reference rounds the product and then the
 // sum: each W may differ from the reference's by an ulp, inside the op's float32 tolerance.
-template <class Vec, int BITS>
-void dequantize_bits(const PackedWeight& w, int64_t n0, int64_t n1, float* out) {
+template <class Vec, class Dot, int BITS>
+void dequantize_bits(const PackedWeight& w, int64_t n0, int64_t n1, typename Dot::Elem* out) {
   using V = typename Vec::V;
   constexpr int kValues = kUnitValues<BITS>;
   constexpr int kVecs = kValues / Vec::kLanes;
   const int64_t groups = w.groups(), units_per_group = w.group_size / kValues;
   for (int64_t n = n0; n < n1; ++n) {
-    float* row = out + (n - n0) * w.k;
+    typename Dot::Elem* row = out + (n - n0) * w.k;
     for (int64_t g = 0; g < groups; ++g) {
       const V scale = Vec::set1(w.scales[n * groups + g]);
       const V min = Vec::set1(w.mins[n * groups + g]);
@@ -144,16 +165,17 @@ void dequantize_bits(const PackedWeight& w, int64_t n0, int64_t n1, float* out) 
         V q[kVecs];
         Vec::template unpack<BITS>(w.data + n * w.row_bytes + k0 * BITS / 8, q);
         for (int i = 0; i < kVecs; ++i)
-          Vec::store(row + k0 + i * Vec::kLanes, Vec::fma(q[i], scale, min));
+          Dot::store(row, k0 + i * Vec::kLanes, Vec::fma(q[i], scale, min));
       }
     }
   }
 }
 
-template <class Vec>
-void dequantize(const PackedWeight& w, int64_t n0, int64_t n1, float* out) {
-  if (w.bits == 4) return dequantize_bits<Vec, 4>(w, n0, n1, out);
-  dequantize_bits<Vec, 8>(w, n0, n1, out);
+// out[(n - n0) * k + i] = W[n, i] as Dot's Elem, for n in [n0, n1).
+template <class Vec, class Dot>
+void dequantize(const PackedWeight& w, int64_t n0, int64_t n1, typename Dot::Elem* out) {
+  if (w.bits == 4) return dequantize_bits<Vec, Dot, 4>(w, n0, n1, out);
+  dequantize_bits<Vec, Dot, 8>(w, n0, n1, out);
 }
 
 // The GEMM's register block: kGemmRows (6, quant_linear.h) weight rows times kGemmTokenVecs
@@ -166,45 +188,49 @@ constexpr int kGemmTokenVecs = 2;
 template <class Vec>
 constexpr int64_t kTokenBlock = kGemmTokenVecs * Vec::kLanes;
 
-// packed[b][i][j] = x[b * NR + j, i] (NR = kTokenBlock) for the token blocks [b0, b1): the
-// tokens in blocks of NR, each k-major so the block's step over k reads NR contiguous
-// floats; the last block is padded with zeros. Written in output order: each step over k
-// fills one cache line from NR rows of x whose lines stay in L1 for NR steps (token-major
-// order wrote each line NR times and, past L1's size, evicted it between the writes).
-template <class Vec>
-void pack_tokens(const float* x, int64_t num_tokens, int64_t k, int64_t b0, int64_t b1,
-                 float* packed) {
-  constexpr int64_t nr = kTokenBlock<Vec>;
+// packed[b][s][j][i] = x[b * NR + j, s * S + i] (NR = kTokenBlock, S = kInputsPerStep) for
+// the token blocks [b0, b1): the tokens in blocks of NR, each step-major so the block's
+// step over k reads NR * S contiguous Elems; the last block is padded with zeros. Written
+// in output order: each step fills one cache line from NR rows of x whose lines stay in
+// L1 for NR steps (token-major order wrote each line NR times and, past L1's size,
+// evicted it between the writes).
+template <class Vec, class Dot>
+void pack_tokens(const typename Dot::Elem* x, int64_t num_tokens, int64_t k, int64_t b0,
+                 int64_t b1, typename Dot::Elem* packed) {
+  constexpr int64_t nr = kTokenBlock<Vec>, step = Dot::kInputsPerStep;
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t t0 = b * nr;
-    const float* rows = x + t0 * k;
-    float* block = packed + t0 * k;
+    const typename Dot::Elem* rows = x + t0 * k;
+    typename Dot::Elem* block = packed + t0 * k;
     const int64_t real = num_tokens - t0;  // the block's tokens; past them, zeros
-    for (int64_t i = 0; i < k; ++i)
-      for (int64_t j = 0; j < nr; ++j) block[i * nr + j] = j < real ? rows[j * k + i] : 0.f;
+    for (int64_t s = 0; s < k; s += step)
+      for (int64_t j = 0; j < nr; ++j)
+        for (int64_t i = 0; i < step; ++i)
+          block[s * nr + j * step + i] = j < real ? rows[j * k + s + i] : 0;
   }
 }
 
 // out[t * ldo + r] = sum_i rows[r * k + i] * token t's x[i], for r < num_rows and the
-// block's first num_tokens tokens; rows holds kGemmRows float32 rows (any beyond num_rows
-// are computed and dropped).
-template <class Vec, int VECS>
-CORE_QL_INLINE void gemm_block(const float* rows, int64_t k, const float* block,
-                               int64_t num_rows, int64_t num_tokens, float* out, int64_t ldo) {
+// block's first num_tokens tokens; rows holds kGemmRows rows (any beyond num_rows are
+// computed and dropped).
+template <class Vec, class Dot, int VECS>
+CORE_QL_INLINE void gemm_block(const typename Dot::Elem* rows, int64_t k,
+                               const typename Dot::Elem* block, int64_t num_rows,
+                               int64_t num_tokens, float* out, int64_t ldo) {
   using V = typename Vec::V;
-  constexpr int64_t nr = kTokenBlock<Vec>;
+  constexpr int64_t nr = kTokenBlock<Vec>, step = Dot::kInputsPerStep;
   V acc[kGemmRows][VECS];
   for (int r = 0; r < kGemmRows; ++r)
     for (int v = 0; v < VECS; ++v) acc[r][v] = Vec::zero();
   // Four steps a pass: the loop's own counter and branch otherwise take issue slots from
   // the FMAs (AVX2, one SmolLM2 layer at 32 tokens: 1.61 -> 1.55 ms).
 #pragma GCC unroll 4
-  for (int64_t i = 0; i < k; ++i) {
-    V x[VECS];
-    for (int v = 0; v < VECS; ++v) x[v] = Vec::load(block + i * nr + v * Vec::kLanes);
+  for (int64_t s = 0; s < k; s += step) {
+    typename Dot::In x[VECS];
+    for (int v = 0; v < VECS; ++v) x[v] = Dot::load(block + (s * nr + v * Vec::kLanes * step));
     for (int r = 0; r < kGemmRows; ++r) {
-      const V w = Vec::set1(rows[r * k + i]);
-      for (int v = 0; v < VECS; ++v) acc[r][v] = Vec::fma(w, x[v], acc[r][v]);
+      const typename Dot::In w = Dot::broadcast(rows + (r * k + s));
+      for (int v = 0; v < VECS; ++v) acc[r][v] = Dot::madd(w, x[v], acc[r][v]);
     }
   }
   float lanes[VECS * Vec::kLanes];
@@ -215,41 +241,49 @@ CORE_QL_INLINE void gemm_block(const float* rows, int64_t k, const float* block,
 }
 
 // out[t * ldo + n] = sum_i W[n, i] x[t, i] for n in [n0, n1) and every token, x packed by
-// pack_tokens. Each kGemmRows rows are dequantized once into the scratch's first kGemmRows
-// * k floats (in L1 or L2) and multiplied there with every token block. The register
-// blocks write a panel of kGemmPanelRows rows into the rest of the scratch (kGemmPanelRows
-// * num_tokens floats), which then goes to out a token's row segment at a time: out's
-// token rows lie ldo apart, a multiple of 4 KB for many layers (3072 outputs, a 49152
-// vocabulary), where the 16 rows a register block wrote into compete for one L1 set.
-template <class Vec>
-void gemm(const PackedWeight& w, int64_t n0, int64_t n1, const float* packed_x,
-          int64_t num_tokens, float* out, int64_t ldo, float* scratch) {
+// pack_tokens. Each kGemmRows rows are dequantized once into `rows` (kGemmRows * k Elems,
+// in L1 or L2) and multiplied there with every token block. The register blocks write a
+// panel of kGemmPanelRows rows (kGemmPanelRows * num_tokens floats), which then goes to
+// out a token's row segment at a time: out's token rows lie ldo apart, a multiple of 4 KB
+// for many layers (3072 outputs, a 49152 vocabulary), where the 16 rows a register block
+// wrote into compete for one L1 set.
+template <class Vec, class Dot>
+void gemm(const PackedWeight& w, int64_t n0, int64_t n1, const typename Dot::Elem* packed_x,
+          int64_t num_tokens, float* out, int64_t ldo, typename Dot::Elem* rows,
+          float* panel) {
   constexpr int64_t nr = kTokenBlock<Vec>;
-  float* rows = scratch;
-  float* panel = scratch + kGemmRows * w.k;
   for (int64_t p0 = n0; p0 < n1; p0 += kGemmPanelRows) {
     const int64_t p1 = n1 - p0 < kGemmPanelRows ? n1 : p0 + kGemmPanelRows;
     for (int64_t n = p0; n < p1; n += kGemmRows) {
       const int64_t num_rows = p1 - n < kGemmRows ? p1 - n : kGemmRows;
-      dequantize<Vec>(w, n, n + num_rows, rows);
+      dequantize<Vec, Dot>(w, n, n + num_rows, rows);
       // Rows past the end are computed and dropped: zeros keep denormals and NaNs out.
-      for (int64_t i = num_rows * w.k; i < kGemmRows * w.k; ++i) rows[i] = 0.f;
+      for (int64_t i = num_rows * w.k; i < kGemmRows * w.k; ++i) rows[i] = 0;
       for (int64_t t0 = 0; t0 < num_tokens; t0 += nr) {
         const int64_t block_tokens = num_tokens - t0 < nr ? num_tokens - t0 : nr;
-        const float* block = packed_x + t0 * w.k;
+        const typename Dot::Elem* block = packed_x + t0 * w.k;
         float* block_out = panel + t0 * kGemmPanelRows + (n - p0);
         if (block_tokens > Vec::kLanes * (kGemmTokenVecs - 1)) {
-          gemm_block<Vec, kGemmTokenVecs>(rows, w.k, block, num_rows, block_tokens, block_out,
-                                          kGemmPanelRows);
+          gemm_block<Vec, Dot, kGemmTokenVecs>(rows, w.k, block, num_rows, block_tokens,
+                                               block_out, kGemmPanelRows);
         } else {
-          gemm_block<Vec, 1>(rows, w.k, block, num_rows, block_tokens, block_out,
-                             kGemmPanelRows);
+          gemm_block<Vec, Dot, 1>(rows, w.k, block, num_rows, block_tokens, block_out,
+                                  kGemmPanelRows);
         }
       }
     }
     for (int64_t t = 0; t < num_tokens; ++t)
       std::memcpy(out + t * ldo + p0, panel + t * kGemmPanelRows, (p1 - p0) * sizeof(float));
   }
+}
+
+// The table of an ISA's kernels for float32 arithmetic; `bf16`, its bf16 dot-product
+// kernels where it has them.
+template <class Vec>
+constexpr IsaKernels isa_kernels(const char* name, const Bf16Kernels* bf16 = nullptr) {
+  using Dot = Float32Dot<Vec>;
+  return {name,           &gemv<Vec>,          &dequantize<Vec, Dot>, kTokenBlock<Vec>,
+          &pack_tokens<Vec, Dot>, &gemm<Vec, Dot>, bf16};
 }
 
 }  // namespace
