@@ -7,10 +7,10 @@ torch's BLAS runs a slow path), core::silu_and_mul, core::rotary_embedding (in p
 the fused QKV's views) and core::quant_linear (group-quantized 4- and 8-bit weights: a
 GEMV for decode rows that unpacks the weights in registers, a blocked GEMM for decode
 batches, a tiled GEMM for prefill; bfloat16 activations take bf16 dot products on CPUs
-with AVX512_BF16); AVX-512, AVX2 or portable kernels, chosen by probing the CPU at load. Inputs the C++
-kernels do not take (another dtype, a weight of another dtype, a strided last dimension,
-a non-contiguous packed weight) go to core's reference, so the registered kernel serves
-the op's whole domain.
+with AVX512_BF16); AVX-512, AVX2 or portable kernels, chosen by probing the CPU at load.
+Inputs the C++ kernels do not take (another dtype, a weight of another dtype, a strided
+last dimension, a non-contiguous packed weight) go to core's reference, so the registered
+kernel serves the op's whole domain.
 """
 
 from __future__ import annotations
