@@ -95,12 +95,20 @@ CORE_QL_INLINE void gemv_rows(const PackedWeight& w, int64_t n, int64_t num_rows
 }
 
 // Four rows at a time, every token pass over them while they sit in L1: the weights
-// stream from memory once however many tokens there are.
+// stream from memory once however many tokens there are. The next four rows are
+// prefetched meanwhile: the hardware prefetchers stop at each 4 KB page, and a decode
+// step's weights are all cold (30 layers of SmolLM2 and its head, one token, AVX512_BF16
+// EPYC, 2 threads: 12.1 -> 9.3 ms; the distance mattered little from 256 B to 2 KB).
 template <class Vec, int BITS>
 void gemv_bits(const PackedWeight& w, int64_t n0, int64_t n1, const Activations& a,
                float* out, int64_t ldo) {
+  constexpr int64_t kCacheLine = 64;
+  const uint8_t* rows_end = w.data + n1 * w.row_bytes;
   for (int64_t n = n0; n < n1; n += 4) {
     const int64_t num_rows = n1 - n < 4 ? n1 - n : 4;
+    const uint8_t* next = w.data + (n + 4) * w.row_bytes;
+    for (const uint8_t* p = next; p < next + 4 * w.row_bytes && p < rows_end; p += kCacheLine)
+      __builtin_prefetch(p, /*rw=*/0, /*locality=*/3);
     for (int64_t t0 = 0; t0 < a.num_tokens; t0 += kTokensPerPass) {
       switch (a.num_tokens - t0) {
         case 1:
