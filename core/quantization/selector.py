@@ -90,11 +90,14 @@ def packed_weights_pay_off(device_type: str, dtype: torch.dtype) -> bool:
     dequantized, so that a GGUF file runs in its blocks unless told otherwise.
 
     Yes where a kernel (not the reference, which dequantizes on every call) serves
-    core::quant_linear on `device_type` and the model runs in float32: measured on an
-    AVX2 EPYC with core-cpu-kernels, W1 1.21x and single-stream decode 2.5x float32, on
-    the same weights (benchmarks/RESULTS.md). Not for 16-bit activations: the kernel
-    multiplies in float32 and has not been measured against a native bf16 matmul.
+    core::quant_linear on `device_type` and the model runs in float32 or bfloat16, the
+    dtypes it was measured in against the same weights dequantized, with core-cpu-kernels
+    (benchmarks/RESULTS.md): float32 on an AVX2 EPYC, W1 1.21x and single-stream decode
+    2.5x; bfloat16 on an AVX512_BF16 EPYC (its GEMMs on bf16 dot products, against
+    oneDNN's bf16 matmul), W1 1.06x, single-stream decode 1.63x, W3 (core serve) 1.34x.
+    Not float16, which was never measured.
     """
     from core.ops import provider
 
-    return provider("quant_linear", device_type) is not None and dtype == torch.float32
+    kept_dtypes = (torch.float32, torch.bfloat16)
+    return provider("quant_linear", device_type) is not None and dtype in kept_dtypes
