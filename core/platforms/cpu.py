@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import mmap
 import os
 
 import torch
@@ -65,6 +66,17 @@ class CpuPlatform(Platform):
         if usage is UsageContext.SERVING:
             return SERVING_TOKEN_BUDGET
         return super().default_max_num_batched_tokens(usage)
+
+    def zeroed_bytes(self, num_bytes: int, device: torch.device) -> torch.Tensor:
+        """An anonymous memory map: the kernel hands out its pages zeroed when first
+        touched, so a cache of gigabytes costs nothing at start (torch.zeros wrote all
+        4 GiB of the default cache: 4.9 s of a 12.5 s `core serve` start on a VM)."""
+        if device.type != "cpu":
+            return super().zeroed_bytes(num_bytes, device)
+        if num_bytes == 0:
+            return torch.zeros(0, dtype=torch.int8)
+        # frombuffer holds a reference to the map, which lives as long as the tensor.
+        return torch.frombuffer(mmap.mmap(-1, num_bytes), dtype=torch.int8)
 
     def memory_info(self) -> MemoryInfo:
         return MemoryInfo(_meminfo("MemTotal"), _meminfo("MemAvailable"))

@@ -133,6 +133,12 @@ class Platform(ABC):
     def memory_info(self) -> MemoryInfo:
         """Total and currently available memory of one device, in bytes."""
 
+    def zeroed_bytes(self, num_bytes: int, device: torch.device) -> torch.Tensor:
+        """A zero-filled int8 tensor of `num_bytes` on `device`: the KV cache's storage,
+        which the layers view in their own dtypes and shapes. Zeros, so that no padded or
+        masked read of a slot not yet written meets a NaN."""
+        return torch.zeros(num_bytes, dtype=torch.int8, device=device)
+
     def capture_graph(self, fn: Callable[[], Any]) -> DeviceGraph:
         """Record `fn` into a device graph (core.platforms.device_graph); a platform that
         lists -O2 in `supported_optimization_levels` implements it."""

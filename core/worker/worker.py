@@ -229,7 +229,7 @@ class Worker:
         layers = {layer.layer_name: layer for layer in self.attention_layers()}
         num_blocks = kv_cache_config.num_blocks
         for tensor in kv_cache_config.kv_cache_tensors:
-            buffer = torch.zeros(tensor.size, dtype=torch.int8, device=self.device)
+            buffer = self.platform.zeroed_bytes(tensor.size, self.device)
             for name in tensor.shared_by:
                 layer = layers[name]
                 shape = self.attention_backend.get_kv_cache_shape(
