@@ -64,11 +64,16 @@ def test_float32_decode_matches_the_reference(layout, heads, kv_heads, head_size
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_precision_decode_matches_the_reference_in_float32(dtype):
-    cache = paged_cache(dtype, 3, 64, "layer_outermost")
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "head_size"), [(9, 3, 64), (4, 4, 128), (8, 2, 16), (6, 1, 80)]
+)
+def test_half_precision_decode_matches_the_reference_in_float32(dtype, heads, kv_heads, head_size):
+    # Head sizes below, at and between whole vectors of bf16 pairs (AVX512_BF16's 32).
+    cache = paged_cache(dtype, kv_heads, head_size, "layer_outermost")
     batch = decode_batch(SEQ_LENS)
-    q = torch.randn(len(SEQ_LENS), 9, 64, generator=torch.Generator().manual_seed(2)).to(dtype)
-    args = (9, 64, 64**-0.5, 3, None)
+    shape = (len(SEQ_LENS), heads, head_size)
+    q = torch.randn(shape, generator=torch.Generator().manual_seed(2)).to(dtype)
+    args = (heads, head_size, head_size**-0.5, kv_heads, None)
     # The kernel accumulates in float32, so compare with the reference run in float32.
     expected = TorchRefImpl(*args).forward_decode(q.float(), cache.float(), batch)
     got = backend.CpuPagedImpl(*args).forward_decode(q, cache, batch)

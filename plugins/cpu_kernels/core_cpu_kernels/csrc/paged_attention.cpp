@@ -12,6 +12,7 @@
 #include "cpu_utils.h"
 #include "fast_exp.h"
 #include "head_sizes.h"
+#include "isa_registry.h"
 #include "kernels.h"
 
 #include <algorithm>
@@ -141,6 +142,74 @@ CORE_MULTIVERSION void key_scores(const float* q, const T* const* keys, int64_t 
   }
 }
 
+#ifdef CORE_X86_KERNELS
+#include <immintrin.h>
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16")
+#pragma GCC diagnostic push
+// GCC 12's false positive in its own _mm512_reduce_add_ps (see linear_avx512.cpp).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// key_scores for a bfloat16 cache and query on CPUs with AVX512_BF16: each q . k is a
+// vdpbf16ps chain over pairs of bf16 values, read as they lie in the cache (no conversion
+// of the keys): the products exact in float32 and summed in float32, as key_scores sums
+// them. A head's D values are chunks of 32, the last one masked where D is not a multiple.
+template <int64_t D>
+void key_scores_bf16(const c10::BFloat16* q, const c10::BFloat16* const* keys, int64_t n,
+                     const Heads& heads, int64_t head_stride, float scale, float* scores) {
+  constexpr int64_t kChunk = 32;
+  constexpr int64_t kChunks = (D + kChunk - 1) / kChunk;
+  constexpr __mmask32 kLastMask =
+      D % kChunk == 0 ? ~__mmask32{0} : (__mmask32{1} << (D % kChunk)) - 1;
+  const auto chunk = [](const c10::BFloat16* row, int64_t c) {
+    const __mmask32 mask = c == kChunks - 1 ? kLastMask : ~__mmask32{0};
+    return _mm512_maskz_loadu_epi16(mask, row + c * kChunk);
+  };
+  for (int64_t kv_head = 0; kv_head < heads.num_kv_heads; ++kv_head) {
+    for (int64_t i = 0; i < n; i += kKeysPerPass) {
+      const int64_t count = n - i < kKeysPerPass ? n - i : kKeysPerPass;
+      for (int64_t j = i + kPrefetchAhead; j < i + kPrefetchAhead + kKeysPerPass && j < n; ++j)
+        prefetch_row<D>(keys[j] + kv_head * head_stride);
+      __m512i k[kKeysPerPass][kChunks];
+      for (int64_t j = 0; j < kKeysPerPass; ++j) {  // a short pass repeats its last key
+        const c10::BFloat16* row = keys[j < count ? i + j : i + count - 1] + kv_head * head_stride;
+        for (int64_t c = 0; c < kChunks; ++c) k[j][c] = chunk(row, c);
+      }
+      for (int64_t h = kv_head * heads.group; h < (kv_head + 1) * heads.group; ++h) {
+        __m512 dots[kKeysPerPass];
+        for (int64_t j = 0; j < kKeysPerPass; ++j) dots[j] = _mm512_setzero_ps();
+        for (int64_t c = 0; c < kChunks; ++c) {
+          const __m512bh qc = reinterpret_cast<__m512bh>(chunk(q + h * D, c));
+          for (int64_t j = 0; j < kKeysPerPass; ++j)
+            dots[j] = _mm512_dpbf16_ps(dots[j], qc, reinterpret_cast<__m512bh>(k[j][c]));
+        }
+        for (int64_t j = 0; j < count; ++j)
+          scores[h * n + i + j] = _mm512_reduce_add_ps(dots[j]) * scale;
+      }
+    }
+  }
+}
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+#endif  // CORE_X86_KERNELS
+
+// key_scores_bf16 where it applies (a bfloat16 cache, a CPU with AVX512_BF16): whether it
+// computed the scores (from the query's own bf16 values).
+template <int64_t D, typename T>
+bool key_scores_bf16_dot(const T* q, const T* const* keys, int64_t n, const Heads& heads,
+                         int64_t head_stride, float scale, float* scores) {
+#ifdef CORE_X86_KERNELS
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    const core_cpu::CpuFeatures& cpu = core_cpu::cpu_features();
+    if (cpu.avx512 && cpu.avx512_bf16) {
+      key_scores_bf16<D>(q, keys, n, heads, head_stride, scale, scores);
+      return true;
+    }
+  }
+#endif
+  return false;
+}
+
 // Each query head's scores become its softmax weights, in place.
 CORE_MULTIVERSION void softmax_rows(float* scores, int64_t num_rows, int64_t n) {
   for (int64_t r = 0; r < num_rows; ++r) {
@@ -212,8 +281,11 @@ void decode(torch::Tensor& out, const torch::Tensor& query, const torch::Tensor&
       token_rows(cache, strides, task, block_size, 0, keys);
       token_rows(cache, strides, task, block_size, 1, values);
       scores.resize(num_heads * n);
-      key_scores<D>(q.data(), keys.data(), n, heads, strides.head, static_cast<float>(scale),
-                    scores.data());
+      if (!key_scores_bf16_dot<D>(q_data + first, keys.data(), n, heads, strides.head,
+                                  static_cast<float>(scale), scores.data())) {
+        key_scores<D>(q.data(), keys.data(), n, heads, strides.head, static_cast<float>(scale),
+                      scores.data());
+      }
       softmax_rows(scores.data(), num_heads, n);
       weighted_values<D>(scores.data(), values.data(), n, heads, strides.head, acc.data());
       for (int64_t i = 0; i < num_heads * D; ++i) out_data[first + i] = static_cast<T>(acc[i]);
