@@ -141,18 +141,17 @@ void multiply_blocked(const ql::PackedWeight& w, const Elem* x, int64_t num_toke
   });
 }
 
-// bfloat16 x takes the ISA's bf16 dot products where it has them; anything else is
-// multiplied in float32.
+// On `bf16`'s dot products where given (bfloat16 x), else in float32.
 template <typename T>
-void blocked_gemm(const ql::IsaKernels& isa, const ql::PackedWeight& w, const torch::Tensor& x,
-                  torch::Tensor& out) {
+void blocked_gemm(const ql::IsaKernels& isa, const ql::Bf16Kernels* bf16,
+                  const ql::PackedWeight& w, const torch::Tensor& x, torch::Tensor& out) {
   const int64_t num_tokens = x.size(0), n = out.size(1);
   std::vector<float> x_buffer, out_buffer;
   float* out_f = core_cpu::float_output<T>(out, out_buffer);
-  if (std::is_same_v<T, c10::BFloat16> && isa.bf16 != nullptr) {
+  if (bf16 != nullptr) {
     const auto* bits = static_cast<const uint16_t*>(x.data_ptr());
-    multiply_blocked(w, bits, num_tokens, isa.token_block, isa.bf16->pack_tokens,
-                     isa.bf16->gemm, out_f, n);
+    multiply_blocked(w, bits, num_tokens, isa.token_block, bf16->pack_tokens, bf16->gemm,
+                     out_f, n);
   } else {
     const float* xf = core_cpu::float_rows<T>(x, x_buffer);
     multiply_blocked(w, xf, num_tokens, isa.token_block, isa.pack_tokens, isa.gemm, out_f, n);
@@ -172,12 +171,12 @@ int64_t tile_rows(int64_t n, int64_t k, int64_t element_size) {
   return (rows + kTileRowMultiple - 1) / kTileRowMultiple * kTileRowMultiple;
 }
 
-// In float32, or for bfloat16 x on an ISA with bf16 dot products in bfloat16: tiles of W
-// rounded to bf16, multiplied by torch's bf16 GEMM (oneDNN's, on the same instructions).
-void tiled_gemm(const ql::IsaKernels& isa, const ql::PackedWeight& w, const torch::Tensor& x,
-                torch::Tensor& out) {
-  const bool bf16 = x.scalar_type() == torch::kBFloat16 && isa.bf16 != nullptr;
-  const auto dtype = bf16 ? torch::kBFloat16 : torch::kFloat;
+// In float32, or where `bf16` is given (bfloat16 x) in bfloat16: tiles of W rounded to
+// bf16 by its dequantize, multiplied by torch's bf16 GEMM (oneDNN's, on the same
+// instructions).
+void tiled_gemm(const ql::IsaKernels& isa, const ql::Bf16Kernels* bf16,
+                const ql::PackedWeight& w, const torch::Tensor& x, torch::Tensor& out) {
+  const auto dtype = bf16 != nullptr ? torch::kBFloat16 : torch::kFloat;
   const torch::Tensor xc = x.to(dtype);  // x itself when of that dtype
   torch::Tensor out_c = out.scalar_type() == dtype ? out : torch::empty_like(out, xc.options());
   const int64_t n = out.size(1);
@@ -193,8 +192,8 @@ void tiled_gemm(const ql::IsaKernels& isa, const ql::PackedWeight& w, const torc
     for (int64_t i = begin; i < end; ++i) {
       const int64_t n0 = i * rows_per_tile;
       const int64_t rows = n - n0 < rows_per_tile ? n - n0 : rows_per_tile;
-      if (bf16) {
-        isa.bf16->dequantize(w, n0, n0 + rows, static_cast<uint16_t*>(tile.data_ptr()));
+      if (bf16 != nullptr) {
+        bf16->dequantize(w, n0, n0 + rows, static_cast<uint16_t*>(tile.data_ptr()));
       } else {
         isa.dequantize(w, n0, n0 + rows, tile.data_ptr<float>());
       }
@@ -220,12 +219,15 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
   torch::Tensor out = torch::empty({x.size(0), qweight.size(0)}, x.options());
   if (out.numel() == 0) return out;
   const int64_t num_tokens = x.size(0);
-  const bool bf16_dot = dtype == torch::kBFloat16 && kernels.bf16 != nullptr;
-  if (num_tokens > (bf16_dot ? kBlockedBf16GemmMaxTokens : kBlockedGemmMaxTokens)) {
-    tiled_gemm(kernels, w, x, out);
+  // bfloat16 x's GEMMs multiply on the ISA's bf16 dot products where it has them (null: in
+  // float32, as the GEMV always does).
+  const ql::Bf16Kernels* bf16 = dtype == torch::kBFloat16 ? kernels.bf16 : nullptr;
+  if (num_tokens > (bf16 != nullptr ? kBlockedBf16GemmMaxTokens : kBlockedGemmMaxTokens)) {
+    tiled_gemm(kernels, bf16, w, x, out);
   } else if (num_tokens > kGemvMaxTokens) {
-    core_cpu::dispatch_dtype(
-        x, "quant_linear", [&](auto zero) { blocked_gemm<decltype(zero)>(kernels, w, x, out); });
+    core_cpu::dispatch_dtype(x, "quant_linear", [&](auto zero) {
+      blocked_gemm<decltype(zero)>(kernels, bf16, w, x, out);
+    });
   } else {
     core_cpu::dispatch_dtype(x, "quant_linear",
                              [&](auto zero) { gemv<decltype(zero)>(kernels, w, x, out); });
