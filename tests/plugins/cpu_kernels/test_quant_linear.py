@@ -5,9 +5,12 @@ kernels. A float32 output may differ from them only by float32 summation order (
 kernel's grouping of the sum: scale * sum(q x) + min * sum(x) per group): at most
 FLOAT32_TOL of the largest |x| @ |W|^T. A bfloat16 / float16 output is additionally rounded
 once, so it lies within one unit in the last place of the exact value. On CPUs with
-AVX512_BF16 the "avx512_bf16" ISA multiplies bfloat16 x in its GEMMs (more than
-GEMV_MAX_TOKENS tokens) by W rounded to bfloat16, so there the exact value is x times W
-rounded to bfloat16, to the same tolerances.
+AVX512_BF16 (and VNNI) the "avx512_bf16" ISA multiplies bfloat16 x in its GEMMs (more than
+GEMV_MAX_TOKENS tokens) on int8 dot products where W's groups are whole runs of 32 inputs
+(x quantized to int8 per run of 32: `_int8_exact` is the exact value of that product),
+else by W rounded to bfloat16 (x times that W is the exact value), to the same tolerances.
+Past BLOCKED_INT8_MAX_TOKENS the int8 GEMM runs where it measured faster than the tiled
+one (`_C.quant_linear_prefill`); tests that pass `prefill` run each.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import torch
 
 import core.ops
 from core.ops import quant_linear_reference
-from core.ops.quant_linear import dequantize, pack
+from core.ops.quant_linear import dequantize, pack, unpack
 
 ops = pytest.importorskip(
     "core_cpu_kernels.ops", reason="core-cpu-kernels is not installed (optional plugin)"
@@ -31,6 +34,8 @@ from core_cpu_kernels import _C  # noqa: E402  (after the skip: the module needs
 FLOAT32_TOL = 1e-5
 ALL_ISAS = ["avx512_bf16", "avx512", "avx2", "scalar"]
 GEMV_MAX_TOKENS = 8  # the GEMV's most tokens (quant_linear.cpp): it multiplies in float32
+BLOCKED_INT8_MAX_TOKENS = 64  # the int8 GEMM's most tokens before the measured choice
+RUN = 32  # inputs of one int8 scale
 # GEMV passes of 4 + remainders (1-7); the blocked GEMM's token blocks, full, partial and
 # one vector wide, up to its last count (9-80); the tiled GEMM from the next (81, 300).
 TOKEN_COUNTS = [1, 2, 3, 5, 7, 9, 16, 24, 33, 80, 81, 300]
@@ -72,21 +77,62 @@ def _activations(t: int, k: int, dtype: torch.dtype, seed: int = 1) -> torch.Ten
     return (torch.randn(t, k, generator=torch.Generator().manual_seed(seed)) * 2).to(dtype)
 
 
-def _weight_dtype(isa: str, x: torch.Tensor) -> torch.dtype:
-    """What W is rounded to before `isa` ("": the default, the widest) multiplies x."""
-    bf16_dot = (isa or _C.quant_linear_isas()[0]) == "avx512_bf16" and x.dtype == torch.bfloat16
-    return torch.bfloat16 if bf16_dot and x.shape[0] > GEMV_MAX_TOKENS else torch.float32
+def _path(isa: str, x: torch.Tensor, packed: tuple, bits: int, prefill: str = "") -> str:
+    """How `isa` ("": the default, the widest) multiplies x: "float32" (W as it is),
+    "bf16" (W rounded to bfloat16) or "int8" (x quantized per run of 32)."""
+    isa = isa or _C.quant_linear_isas()[0]
+    t = x.shape[0]
+    if isa != "avx512_bf16" or x.dtype != torch.bfloat16 or t <= GEMV_MAX_TOKENS:
+        return "float32"
+    qweight, scales, _ = packed
+    whole_runs = qweight.shape[1] * 8 // bits // scales.shape[1] % RUN == 0
+    if t > BLOCKED_INT8_MAX_TOKENS and (prefill or _C.quant_linear_prefill(isa)) == "tiled":
+        return "bf16"
+    return "int8" if whole_runs else "bf16"
 
 
 def _assert_matches(
-    got: torch.Tensor, x: torch.Tensor, packed: tuple, bits: int, isa: str = ""
+    got: torch.Tensor, x: torch.Tensor, packed: tuple, bits: int, isa: str = "", prefill=""
 ) -> None:
-    """got = x W^T up to float32 summation order, rounded once to x's dtype (W rounded
-    as `isa` rounds it)."""
-    exact, bound = _exact(x, *packed, bits, _weight_dtype(isa, x))
+    """got = x W^T up to float32 summation order, rounded once to x's dtype (x and W
+    rounded as `isa` rounds them)."""
+    exact, bound = _expected(x, packed, bits, _path(isa, x, packed, bits, prefill))
     assert got.dtype == x.dtype and got.shape == exact.shape
     rtol = 0.0 if x.dtype == torch.float32 else torch.finfo(x.dtype).eps
     torch.testing.assert_close(got.double(), exact, rtol=rtol, atol=FLOAT32_TOL * bound)
+
+
+def _expected(x, packed: tuple, bits: int, path: str) -> tuple[torch.Tensor, float]:
+    if path == "int8":
+        return _int8_exact(x, *packed, bits)
+    return _exact(x, *packed, bits, torch.bfloat16 if path == "bf16" else torch.float32)
+
+
+def _quantized_runs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, K] per run of 32: (xq [T, R, 32], dx [T, R]) by the contract in
+    quant_linear.h (127 / max, then a product rounded to nearest even)."""
+    runs = x.float().reshape(x.shape[0], -1, RUN)
+    largest = runs.abs().amax(-1, keepdim=True)
+    safe = torch.where(largest > 0, largest, torch.ones_like(largest))
+    inverse = torch.where(largest > 0, torch.full_like(largest, 127.0) / safe, 0.0)
+    return torch.round(runs * inverse), (largest / 127).squeeze(-1)
+
+
+@functools.cache
+def _int8_exact(x, qweight, scales, mins, bits) -> tuple[torch.Tensor, float]:
+    """x W^T in float64 as the int8 dot products define it: per run, the exact integer dot
+    product of xq and q times scale * dx, plus each group's min times x's exact sum; and
+    the largest sum of those terms' magnitudes (what float32 rounds relative to)."""
+    xq, dx = _quantized_runs(x)  # [T, R, 32], [T, R]
+    n = qweight.shape[0]
+    q = unpack(qweight, bits).double().reshape(n, -1, RUN)  # [N, R, 32]
+    run_group = torch.arange(q.shape[1]) * RUN // (q.shape[1] * RUN // scales.shape[1])
+    scale, low = scales[:, run_group].double(), mins[:, run_group].double()  # [N, R]
+    dots = torch.einsum("trk,nrk->tnr", xq.double(), q)
+    scaled = dots * scale[None] * dx.double()[:, None, :]
+    shifted = x.double().reshape(xq.shape).sum(-1)[:, None, :] * low[None]
+    bound = (scaled.abs() + shifted.abs()).sum(-1).max().item()
+    return (scaled + shifted).sum(-1), bound
 
 
 @functools.cache
@@ -112,14 +158,14 @@ def test_float32_output_matches_the_dequantized_reference(isa, bits, group, n, k
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("t", [1, 3, 7, 33, 300])  # GEMV, blocked and tiled GEMM
 def test_half_outputs_are_the_float32_result_rounded_once(isa, dtype, bits, t):
-    qweight, scales, mins = _packed(bits, 32, 200, 576)
+    packed = _packed(bits, 32, 200, 576)
     x = _activations(t, 576, dtype)
-    got = _C.quant_linear(x, qweight, scales, mins, bits, isa)
-    _assert_matches(got, x, (qweight, scales, mins), bits, isa)
+    got = _C.quant_linear(x, *packed, bits, isa)
+    _assert_matches(got, x, packed, bits, isa)
     # Rounded where the exact value rounds: only float32 sums that fall on the other side
     # of a rounding boundary (measured: under 0.5% of outputs) may differ from it, by 1
     # ulp. (Rounding W to bf16 or not changes some 40% of them: this tells the two apart.)
-    exact, _ = _exact(x, qweight, scales, mins, bits, _weight_dtype(isa, x))
+    exact, _ = _expected(x, packed, bits, _path(isa, x, packed, bits))
     assert (got == exact.to(dtype)).float().mean() > 0.98
 
 
@@ -150,6 +196,66 @@ def test_inference_mode_tensors_are_multiplied_like_any_other(t):
     with torch.inference_mode():
         got = ops.quant_linear(x.clone(), qweight, scales, mins, 4)
     _assert_matches(got, x, (qweight, scales, mins), 4)
+
+
+ON_INT8 = pytest.mark.skipif(
+    "avx512_bf16" not in _C.quant_linear_isas(), reason="this CPU has no AVX512_BF16/VNNI"
+)
+
+
+@ON_INT8
+@pytest.mark.parametrize("prefill", ["int8", "tiled"])
+@pytest.mark.parametrize(("bits", "group"), [(4, 32), (4, 64), (8, 32), (8, 16)])
+@pytest.mark.parametrize("t", [65, 81, 300])
+def test_both_prefill_gemms_match_their_reference(prefill, bits, group, t):
+    packed = _packed(bits, group, 200, 576)
+    x = _activations(t, 576, torch.bfloat16)
+    got = _C.quant_linear(x, *packed, bits, "avx512_bf16", prefill)
+    _assert_matches(got, x, packed, bits, "avx512_bf16", prefill)
+
+
+def test_the_prefill_choice_is_a_gemm_the_isa_has():
+    for isa in _C.quant_linear_isas():
+        want = {"int8", "tiled"} if isa == "avx512_bf16" else {"tiled"}
+        assert _C.quant_linear_prefill(isa) in want
+
+
+def test_an_unknown_prefill_gemm_is_refused_by_name():
+    qweight, scales, mins = _packed(4, 32, 8, 64)
+    with pytest.raises(RuntimeError, match="prefill must be .* got 'amx'"):
+        _C.quant_linear(_activations(1, 64, torch.float32), qweight, scales, mins, 4, "", "amx")
+
+
+@ON_INT8
+@pytest.mark.parametrize("bits", [4, 8])
+def test_int8_x_rounds_half_to_even_and_an_all_zero_run_gives_zeros(bits):
+    # W [64, 64] picks input n for output n (q = 1, scale 1, min 0), so each output is
+    # dx * xq of its input, here xq itself: run 0's largest |x| is 127 (dx = 1).
+    halves = [0.5, 1.5, 2.5, -0.5, -2.5, 3.5]
+    run0 = torch.tensor([127.0, *halves, *range(-12, 13)])
+    x = torch.cat([run0, torch.zeros(RUN)]).bfloat16().expand(9, -1).contiguous()
+    qweight = pack(torch.eye(64, dtype=torch.int64), bits)
+    ones, zeros = torch.ones(64, 2), torch.zeros(64, 2)
+    got = _C.quant_linear(x, qweight, ones, zeros, bits, "avx512_bf16")
+    want = torch.tensor([127.0, 0, 2, 2, 0, -2, 4, *range(-12, 13), *[0.0] * RUN])
+    assert torch.equal(got.float(), want.expand(9, -1))
+
+
+@ON_INT8
+def test_int8_x_errs_by_at_most_half_a_step_of_each_run():
+    # The contract's bound (core/ops/quant_linear.py): each x moves by at most
+    # max |x[run]| / 254, so an output by that times sum |W| over the run, summed.
+    qweight, scales, mins = _packed(4, 32, 200, 576)
+    x = _activations(40, 576, torch.bfloat16).clone()
+    x[:, 100] = 60.0  # an outlier channel, as LLM activations have
+    got = _C.quant_linear(x, qweight, scales, mins, 4, "avx512_bf16").double()
+    weight = dequantize(qweight, scales, mins, 4).double()
+    step = x.double().reshape(40, -1, RUN).abs().amax(-1) / 254  # [T, R]
+    bound = step @ weight.abs().reshape(200, -1, RUN).sum(-1).T  # [T, N]
+    exact = x.double() @ weight.T
+    rounding = exact.abs() * 2**-8 + 1e-5 * (x.double().abs() @ weight.abs().T)
+    assert ((got - exact).abs() <= bound + rounding).all()
+    assert ((got - exact).abs() > rounding).any()  # the int8 error is there to bound
 
 
 def _untaken():
@@ -198,7 +304,8 @@ def test_the_probed_isas_are_those_the_cpu_flags_name():
             break
     want = []
     if {"avx2", "fma"} <= flags and {"avx512f", "avx512bw", "avx512vl"} <= flags:
-        want += ["avx512_bf16", "avx512"] if "avx512_bf16" in flags else ["avx512"]
+        bf16_tier = {"avx512_bf16", "avx512_vnni"} <= flags
+        want += ["avx512_bf16", "avx512"] if bf16_tier else ["avx512"]
     if {"avx2", "fma"} <= flags:
         want.append("avx2")
     assert _C.quant_linear_isas() == [*want, "scalar"]  # widest first: the default

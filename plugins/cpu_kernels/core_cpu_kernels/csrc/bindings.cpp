@@ -16,9 +16,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_linear", &quant_linear,
         "core::quant_linear with the kernels of one vector ISA (\"\": the widest available)",
         py::arg("x"), py::arg("qweight"), py::arg("scales"), py::arg("mins"), py::arg("bits"),
-        py::arg("isa") = "");
+        py::arg("isa") = "", py::arg("prefill") = "");
   m.def("quant_linear_isas", &quant_linear_isas,
         "The vector ISAs quant_linear can use on this CPU, widest (the default) first");
+  m.def("quant_linear_prefill", &quant_linear_prefill,
+        "How an ISA multiplies prefill-sized bf16 x: \"int8\" (measured faster) or \"tiled\"",
+        py::arg("isa") = "");
   m.def("dense_linear", &dense_linear,
         "core::linear's GEMV with the kernels of one vector ISA (\"\": the widest available)",
         py::arg("x"), py::arg("weight"), py::arg("bias") = py::none(), py::arg("isa") = "");

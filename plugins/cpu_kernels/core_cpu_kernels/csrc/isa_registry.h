@@ -23,6 +23,7 @@ struct CpuFeatures {
   bool f16c = false;
   bool avx512 = false;  // avx512f, avx512bw and avx512vl
   bool avx512_bf16 = false;
+  bool avx512_vnni = false;
 };
 
 // The CPU's features, probed at the first call.
@@ -36,6 +37,7 @@ inline const CpuFeatures& cpu_features() {
     f.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl");
     f.avx512_bf16 = __builtin_cpu_supports("avx512bf16");
+    f.avx512_vnni = __builtin_cpu_supports("avx512vnni");
 #endif
     return f;
   }();
@@ -75,13 +77,14 @@ class IsaRegistry {
  public:
   // `op` names the op in errors. The AVX2 tier needs avx2 and fma, and F16C too where
   // `avx2_needs_f16c`; the AVX-512 tier needs the AVX2 tier's features and AVX-512 F/BW/VL;
-  // the AVX512_BF16 tier, the AVX-512 tier's and AVX512_BF16.
+  // the AVX512_BF16 tier, the AVX-512 tier's, AVX512_BF16 and AVX512_VNNI (every CPU with
+  // the first has the second).
   IsaRegistry(const char* op, const IsaTables<Kernels>& tables, bool avx2_needs_f16c)
       : op_(op) {
 #ifdef CORE_X86_KERNELS
     const CpuFeatures& cpu = cpu_features();
     const bool avx2 = cpu.avx2_fma && (cpu.f16c || !avx2_needs_f16c);
-    if (avx2 && cpu.avx512 && cpu.avx512_bf16 && tables.avx512_bf16)
+    if (avx2 && cpu.avx512 && cpu.avx512_bf16 && cpu.avx512_vnni && tables.avx512_bf16)
       isas_.push_back(tables.avx512_bf16);
     if (avx2 && cpu.avx512) isas_.push_back(tables.avx512);
     if (avx2) isas_.push_back(tables.avx2);

@@ -36,12 +36,18 @@ void rotary_embedding(const torch::Tensor& positions, torch::Tensor query, torch
 
 // core::quant_linear (layout: core/ops/quant_linear.py) with the kernels of vector ISA `isa`
 // ("" for the widest this CPU runs); x is a contiguous [T, K] float32, bfloat16 or float16.
+// `prefill` picks how an ISA with int8 kernels multiplies prefill-sized bf16 x: "int8",
+// "tiled", or "" for quant_linear_prefill's choice.
 torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
                            const torch::Tensor& scales, const torch::Tensor& mins, int64_t bits,
-                           const std::string& isa);
+                           const std::string& isa, const std::string& prefill);
 
 // The vector ISAs quant_linear can use on this CPU, widest (the default) first.
 std::vector<std::string> quant_linear_isas();
+
+// How ISA `isa` multiplies prefill-sized bf16 x: "int8" where it has int8 kernels and they
+// measured faster on this CPU than "tiled" (dequantized tiles through torch's GEMM).
+std::string quant_linear_prefill(const std::string& isa);
 
 // core::linear, x [T, K] @ weight [N, K]^T + bias, with the GEMV of vector ISA `isa` ("" for
 // the widest this CPU runs); x contiguous and of weight's dtype (float32, bfloat16, float16).

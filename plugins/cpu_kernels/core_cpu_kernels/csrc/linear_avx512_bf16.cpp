@@ -1,7 +1,8 @@
-// core::quant_linear's kernels for CPUs with AVX512_BF16: its AVX-512 float32 kernels, and
-// for bfloat16 activations a blocked GEMM on vdpbf16ps, which multiplies 16 lanes of bf16
-// pairs and adds both products to float32 lanes: twice the multiply-adds of a float32 FMA
-// per instruction.
+// core::quant_linear's kernels for CPUs with AVX512_BF16 (and so AVX512_VNNI): its AVX-512
+// float32 kernels, and for bfloat16 activations a blocked GEMM on vdpbf16ps, which
+// multiplies 16 lanes of bf16 pairs and adds both products to float32 lanes (twice the
+// multiply-adds of a float32 FMA per instruction), and the int8 GEMM on vpdpbusd
+// (quant_linear_vnni.h).
 
 #include "quant_linear.h"
 
@@ -10,12 +11,13 @@
 #include <cstring>
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vnni,avx2,fma")
 // As in linear_avx512.cpp: GCC 12's false positive in its own widening intrinsics.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 #include "avx512_vec.h"
 #include "quant_linear_isa.h"
+#include "quant_linear_vnni.h"
 
 namespace core_cpu::quant_linear {
 namespace {
@@ -49,9 +51,11 @@ static_assert(kTokenBlock<Avx512> == 2 * Avx512::kLanes, "a token block is 2 vec
 const Bf16Kernels kBf16{&dequantize<Avx512, Bf16Dot>, &pack_tokens<Avx512, Bf16Dot>,
                         &gemm<Avx512, Bf16Dot>};
 
+const Int8Kernels kInt8{&quantize_tokens, &int8_gemm};
+
 }  // namespace
 
-const IsaKernels kAvx512Bf16Kernels = isa_kernels<Avx512>("avx512_bf16", &kBf16);
+const IsaKernels kAvx512Bf16Kernels = isa_kernels<Avx512>("avx512_bf16", &kBf16, &kInt8);
 
 }  // namespace core_cpu::quant_linear
 

@@ -1,21 +1,25 @@
 // core::quant_linear on the CPU: x [T, K] times a group-quantized W [N, K] (layout in
 // core/ops/quant_linear.py), float32 products and sums, rounded once to x's dtype; on an
-// ISA with bf16 dot products (AVX512_BF16), bfloat16 x's GEMMs multiply W rounded to
-// bfloat16, still summing in float32.
+// ISA with int8 and bf16 dot products (AVX512_VNNI and AVX512_BF16), bfloat16 x's GEMMs
+// quantize x to int8 per run of 32 inputs where W's groups are whole runs (quant_linear.h's
+// Int8Kernels), else multiply W rounded to bfloat16, still summing in float32.
 //
 // Decode rows (T <= kGemvMaxTokens) take the GEMV: each weight row is read once, its
 // values unpacked in registers and multiplied with every token, so the packed bytes are
 // all the memory traffic. Batched decode (T <= kBlockedGemmMaxTokens) takes the blocked
 // GEMM: each thread dequantizes a few rows at a time into L1 and multiplies them with
-// every token in register blocks. Prefill takes the tiled GEMM: each thread dequantizes a
-// tile of rows (at most kTileBytes) and multiplies it with torch's GEMM. All of W is never
-// dequantized at once. The vector ISA is probed once (quant_linear_isas lists the ones
-// this CPU runs).
+// every token in register blocks (the int8 GEMM unpacks them to bytes instead). Prefill
+// takes the tiled GEMM: each thread dequantizes a tile of rows (at most kTileBytes) and
+// multiplies it with torch's GEMM; or the int8 GEMM's blocks where they measure faster on
+// this CPU (prefill_path). All of W is never dequantized at once. The vector ISA is probed
+// once (quant_linear_isas lists the ones this CPU runs).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -43,6 +47,11 @@ constexpr int64_t kBlockedGemmMaxTokens = 80;
 // GEMM: AVX512_BF16 EPYC, one layer, blocked vs tiled (two runs): 48 tokens 234-291 vs
 // 146-233 GF/s, 64 tokens 216-252 vs 168-248, 80 tokens 219-254 vs 277-293.
 constexpr int64_t kBlockedBf16GemmMaxTokens = 64;
+// The int8 GEMM's blocks beat both bf16 GEMMs up to here (on SmolLM2's layers, 30 of them
+// in turn so that their weights come from memory, as in a model, interleaved runs on an
+// AVX512_BF16 EPYC: 16 tokens 13.0 vs 17.6 ms, 32 tokens 20.1 vs 25.4, 64 tokens 35.3 vs
+// 48.9); past it `prefill_path` chooses between it and the tiled GEMM.
+constexpr int64_t kBlockedInt8GemmMaxTokens = 64;
 // The multiply-adds one GEMV or blocked-GEMM task does at least (~2.5 us on one core): a
 // smaller layer runs on the calling thread rather than pay for waking the others. (At 4x
 // this, SmolLM2's 192 x 576 decode row ran on one thread in 12 us; split in two it takes 10.)
@@ -119,42 +128,80 @@ void gemv(const ql::IsaKernels& isa, const ql::PackedWeight& w, const torch::Ten
   core_cpu::store_float_output<T>(out_f, out);
 }
 
-// The blocked GEMM on x's elements (float32, or bf16 bits for the bf16 kernels): x
-// repacked once for the register blocks, then each thread dequantizes its weight rows a
-// register block at a time and multiplies them with every token block.
-template <typename Elem, typename Pack, typename Gemm>
-void multiply_blocked(const ql::PackedWeight& w, const Elem* x, int64_t num_tokens,
-                      int64_t token_block, Pack pack_tokens, Gemm gemm, float* out, int64_t n) {
+// The blocked GEMM: x repacked once for the register blocks by pack(b0, b1) over its token
+// blocks, then each thread takes whole strips of kGemmRows weight rows, which
+// gemm(n0, n1, rows, panel) turns into Row elements a register block at a time (`rows`
+// holds kGemmRows * k of them) and multiplies with every token block.
+template <typename Row, typename Pack, typename Gemm>
+void multiply_blocked(const ql::PackedWeight& w, int64_t num_tokens, int64_t token_block,
+                      Pack pack, Gemm gemm, int64_t n) {
   const int64_t num_blocks = (num_tokens + token_block - 1) / token_block;
-  std::vector<Elem> packed(num_blocks * token_block * w.k);
-  at::parallel_for(0, num_blocks, kPackBlocksPerTask, [&](int64_t begin, int64_t end) {
-    pack_tokens(x, num_tokens, w.k, begin, end, packed.data());
-  });
+  at::parallel_for(0, num_blocks, kPackBlocksPerTask, pack);
   const int64_t num_strips = (n + ql::kGemmRows - 1) / ql::kGemmRows;
   const int64_t grain = kMacsPerTask / (ql::kGemmRows * w.k * num_tokens) + 1;
   at::parallel_for(0, num_strips, grain, [&](int64_t begin, int64_t end) {
-    std::vector<Elem> rows(ql::kGemmRows * w.k);
+    std::vector<Row> rows(ql::kGemmRows * w.k);
     std::vector<float> panel(ql::kGemmPanelRows * num_tokens);
     const int64_t n1 = end * ql::kGemmRows;
-    gemm(w, begin * ql::kGemmRows, n1 < n ? n1 : n, packed.data(), num_tokens, out, n,
-         rows.data(), panel.data());
+    gemm(begin * ql::kGemmRows, n1 < n ? n1 : n, rows.data(), panel.data());
   });
 }
 
-// On `bf16`'s dot products where given (bfloat16 x), else in float32.
+// The blocked GEMM on x's elements (float32, or bf16 bits for the bf16 kernels).
+template <typename Elem, typename PackTokens, typename Gemm>
+void multiply_elements(const ql::PackedWeight& w, const Elem* x, int64_t num_tokens,
+                       int64_t token_block, PackTokens pack_tokens, Gemm gemm, float* out,
+                       int64_t n) {
+  const int64_t num_blocks = (num_tokens + token_block - 1) / token_block;
+  std::vector<Elem> packed(num_blocks * token_block * w.k);
+  multiply_blocked<Elem>(
+      w, num_tokens, token_block,
+      [&](int64_t b0, int64_t b1) { pack_tokens(x, num_tokens, w.k, b0, b1, packed.data()); },
+      [&](int64_t n0, int64_t n1, Elem* rows, float* panel) {
+        gemm(w, n0, n1, packed.data(), num_tokens, out, n, rows, panel);
+      },
+      n);
+}
+
+// The blocked GEMM on the int8 dot products: x (bf16 bits) quantized once, in token blocks.
+void multiply_int8(const ql::Int8Kernels& int8, const ql::PackedWeight& w, const uint16_t* x,
+                   int64_t num_tokens, float* out, int64_t n) {
+  const int64_t num_blocks = (num_tokens + ql::kInt8Block - 1) / ql::kInt8Block;
+  const int64_t padded = num_blocks * ql::kInt8Block;
+  std::vector<int8_t> packed(padded * w.k);
+  std::vector<float> scales(padded * w.k / 32), sums(padded * w.k / 32);
+  std::vector<int32_t> q_sums(padded * w.k / 32);
+  multiply_blocked<uint8_t>(
+      w, num_tokens, ql::kInt8Block,
+      [&](int64_t b0, int64_t b1) {
+        int8.quantize_tokens(x, num_tokens, w.k, b0, b1, packed.data(), scales.data(),
+                             sums.data(), q_sums.data());
+      },
+      [&](int64_t n0, int64_t n1, uint8_t* rows, float* panel) {
+        int8.gemm(w, n0, n1, packed.data(), scales.data(), sums.data(), q_sums.data(),
+                  num_tokens, out, n, rows, panel);
+      },
+      n);
+}
+
+// On `int8`'s dot products where given (bfloat16 x, W's groups whole runs of 32), else on
+// `bf16`'s where given (bfloat16 x), else in float32.
 template <typename T>
 void blocked_gemm(const ql::IsaKernels& isa, const ql::Bf16Kernels* bf16,
-                  const ql::PackedWeight& w, const torch::Tensor& x, torch::Tensor& out) {
+                  const ql::Int8Kernels* int8, const ql::PackedWeight& w,
+                  const torch::Tensor& x, torch::Tensor& out) {
   const int64_t num_tokens = x.size(0), n = out.size(1);
   std::vector<float> x_buffer, out_buffer;
   float* out_f = core_cpu::float_output<T>(out, out_buffer);
-  if (bf16 != nullptr) {
-    const auto* bits = static_cast<const uint16_t*>(x.data_ptr());
-    multiply_blocked(w, bits, num_tokens, isa.token_block, bf16->pack_tokens, bf16->gemm,
-                     out_f, n);
+  const auto* bits = static_cast<const uint16_t*>(x.data_ptr());
+  if (int8 != nullptr) {
+    multiply_int8(*int8, w, bits, num_tokens, out_f, n);
+  } else if (bf16 != nullptr) {
+    multiply_elements(w, bits, num_tokens, isa.token_block, bf16->pack_tokens, bf16->gemm,
+                      out_f, n);
   } else {
     const float* xf = core_cpu::float_rows<T>(x, x_buffer);
-    multiply_blocked(w, xf, num_tokens, isa.token_block, isa.pack_tokens, isa.gemm, out_f, n);
+    multiply_elements(w, xf, num_tokens, isa.token_block, isa.pack_tokens, isa.gemm, out_f, n);
   }
   core_cpu::store_float_output<T>(out_f, out);
 }
@@ -204,12 +251,61 @@ void tiled_gemm(const ql::IsaKernels& isa, const ql::Bf16Kernels* bf16,
   if (!out_c.is_same(out)) out.copy_(out_c);
 }
 
+constexpr const char* kInt8 = "int8";
+constexpr const char* kTiled = "tiled";
+
+// Seconds one run of f takes.
+template <typename F>
+double seconds(F f) {
+  const auto start = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Whether the int8 GEMM multiplies a prefill-sized layer (128 bf16 tokens, 576 -> 1536 in
+// 4-bit, SmolLM2's MLP) faster than the tiled GEMM on this CPU: best of 3 runs each, the
+// two interleaved, ~10 ms once. AVX512_BF16 EPYC, SmolLM2's 30 layers at 128 tokens:
+// 68 vs 80 ms, 256 tokens 124 vs 158; where oneDNN's bf16 GEMM has AMX tiles it should
+// win by several times. The data is fixed, not drawn: the caller's random streams stay.
+bool int8_measures_faster(const ql::IsaKernels& kernels) {
+  constexpr int64_t kTokens = 128, kK = 576, kN = 1536, kGroups = kK / 32;
+  torch::Tensor qweight = torch::empty({kN, kK / 2}, torch::kByte);
+  auto* q = qweight.data_ptr<uint8_t>();
+  for (int64_t i = 0; i < qweight.numel(); ++i) q[i] = static_cast<uint8_t>(i * 37 + 11);
+  const torch::Tensor scales = torch::full({kN, kGroups}, 0.01f);
+  const torch::Tensor mins = torch::full({kN, kGroups}, -0.08f);
+  const torch::Tensor x =
+      torch::arange(kTokens * kK, torch::kFloat).remainder(7.f).sub(3.f).view({kTokens, kK});
+  const torch::Tensor xb = x.to(torch::kBFloat16);
+  const ql::PackedWeight w = packed_weight(qweight, scales, mins, 4);
+  torch::Tensor out = torch::empty({kTokens, kN}, xb.options());
+  double int8_s = 1e30, tiled_s = 1e30;
+  for (int round = 0; round < 3; ++round) {
+    int8_s = std::min(int8_s, seconds([&] {
+      blocked_gemm<at::BFloat16>(kernels, kernels.bf16, kernels.int8, w, xb, out);
+    }));
+    tiled_s = std::min(tiled_s, seconds([&] { tiled_gemm(kernels, kernels.bf16, w, xb, out); }));
+  }
+  return int8_s < tiled_s;
+}
+
+// The GEMM that multiplies more than kBlockedInt8GemmMaxTokens bf16 tokens where `kernels`
+// has int8 kernels: `prefill` ("int8" or "tiled"), or for "" the one measured faster (once).
+const char* prefill_path(const ql::IsaKernels& kernels, const std::string& prefill) {
+  if (!prefill.empty()) return prefill == kInt8 ? kInt8 : kTiled;
+  // Only the AVX512_BF16 table has int8 kernels: one measurement serves.
+  static const bool int8_faster = int8_measures_faster(kernels);
+  return int8_faster ? kInt8 : kTiled;
+}
+
 }  // namespace
 
 torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
                            const torch::Tensor& scales, const torch::Tensor& mins, int64_t bits,
-                           const std::string& isa) {
+                           const std::string& isa, const std::string& prefill) {
   const ql::IsaKernels& kernels = isas().choose(isa);
+  TORCH_CHECK(prefill.empty() || prefill == kInt8 || prefill == kTiled,
+              "quant_linear: prefill must be \"int8\", \"tiled\" or \"\", got '", prefill, "'");
   const ql::PackedWeight w = packed_weight(qweight, scales, mins, bits);
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.is_contiguous() && x.size(1) == w.k,
               "quant_linear: x must be a contiguous CPU tensor [T, ", w.k, "]");
@@ -219,14 +315,21 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
   torch::Tensor out = torch::empty({x.size(0), qweight.size(0)}, x.options());
   if (out.numel() == 0) return out;
   const int64_t num_tokens = x.size(0);
-  // bfloat16 x's GEMMs multiply on the ISA's bf16 dot products where it has them (null: in
+  // bfloat16 x's GEMMs multiply on the ISA's int8 dot products where it has them and W's
+  // groups are whole runs, else on its bf16 dot products where it has them (null: in
   // float32, as the GEMV always does).
   const ql::Bf16Kernels* bf16 = dtype == torch::kBFloat16 ? kernels.bf16 : nullptr;
-  if (num_tokens > (bf16 != nullptr ? kBlockedBf16GemmMaxTokens : kBlockedGemmMaxTokens)) {
+  const bool whole_runs = w.group_size % 32 == 0;
+  const ql::Int8Kernels* int8 = bf16 != nullptr && whole_runs ? kernels.int8 : nullptr;
+  const int64_t blocked_max = int8 != nullptr   ? kBlockedInt8GemmMaxTokens
+                              : bf16 != nullptr ? kBlockedBf16GemmMaxTokens
+                                                : kBlockedGemmMaxTokens;
+  if (num_tokens > blocked_max &&
+      (int8 == nullptr || prefill_path(kernels, prefill) != std::string(kInt8))) {
     tiled_gemm(kernels, bf16, w, x, out);
   } else if (num_tokens > kGemvMaxTokens) {
     core_cpu::dispatch_dtype(x, "quant_linear", [&](auto zero) {
-      blocked_gemm<decltype(zero)>(kernels, bf16, w, x, out);
+      blocked_gemm<decltype(zero)>(kernels, bf16, int8, w, x, out);
     });
   } else {
     core_cpu::dispatch_dtype(x, "quant_linear",
@@ -236,3 +339,8 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
 }
 
 std::vector<std::string> quant_linear_isas() { return isas().names(); }
+
+std::string quant_linear_prefill(const std::string& isa) {
+  const ql::IsaKernels& kernels = isas().choose(isa);
+  return kernels.int8 != nullptr ? prefill_path(kernels, "") : kTiled;
+}

@@ -60,6 +60,30 @@ struct Bf16Kernels {
                int64_t num_tokens, float* out, int64_t ldo, uint16_t* rows, float* panel);
 };
 
+// Tokens per block of the int8 GEMM's packed x (quant_linear_vnni.h).
+constexpr int64_t kInt8Block = 32;
+
+// The kernels for bfloat16 activations on CPUs with an int8 dot product (AVX512_VNNI's
+// vpdpbusd), for weights whose groups are whole runs of 32 inputs: x is quantized to int8
+// in runs of 32 inputs, per token,
+//   dx = max |x[run]| / 127,  xq[i] = round_to_nearest_even(x[i] * (127 / max |x[run]|))
+// (all zeros where the run is), so each x errs by at most dx / 2; the products of xq and
+// the weights' q are exact int32 sums, scaled in float32.
+struct Int8Kernels {
+  // x (bf16 bits) [T, k] for the gemm, token blocks [b0, b1) of kInt8Block tokens (the last
+  // padded with zeros): packed [block][k / 4][kInt8Block][4] int8 (each step of 4 inputs
+  // holds the block's tokens' 4 values in turn), and per run of 32 inputs dx, x's exact
+  // float32 sum and the sum of xq, each [block][k / 32][kInt8Block].
+  void (*quantize_tokens)(const uint16_t* x, int64_t num_tokens, int64_t k, int64_t b0,
+                          int64_t b1, int8_t* packed, float* scales, float* sums,
+                          int32_t* q_sums);
+  // out[t * ldo + n] for n in [n0, n1) and every token, from quantize_tokens' x; `rows`
+  // holds kGemmRows * k bytes, `panel` kGemmPanelRows * num_tokens floats.
+  void (*gemm)(const PackedWeight& w, int64_t n0, int64_t n1, const int8_t* packed_x,
+               const float* x_scales, const float* x_sums, const int32_t* x_q_sums,
+               int64_t num_tokens, float* out, int64_t ldo, uint8_t* rows, float* panel);
+};
+
 struct IsaKernels {
   const char* name;
   // out[t * ldo + n] = sum_k W[n, k] x[t, k] in float32, for n in [n0, n1) and every token;
@@ -80,6 +104,8 @@ struct IsaKernels {
                int64_t num_tokens, float* out, int64_t ldo, float* rows, float* panel);
   // The bf16 dot-product kernels, or null where this ISA has none.
   const Bf16Kernels* bf16;
+  // The int8 dot-product kernels, or null where this ISA has none.
+  const Int8Kernels* int8;
 };
 
 extern const IsaKernels kScalarKernels;

@@ -285,13 +285,14 @@ void gemm(const PackedWeight& w, int64_t n0, int64_t n1, const typename Dot::Ele
   }
 }
 
-// The table of an ISA's kernels for float32 arithmetic; `bf16`, its bf16 dot-product
-// kernels where it has them.
+// The table of an ISA's kernels for float32 arithmetic; `bf16` and `int8`, its bf16 and
+// int8 dot-product kernels where it has them.
 template <class Vec>
-constexpr IsaKernels isa_kernels(const char* name, const Bf16Kernels* bf16 = nullptr) {
+constexpr IsaKernels isa_kernels(const char* name, const Bf16Kernels* bf16 = nullptr,
+                                 const Int8Kernels* int8 = nullptr) {
   using Dot = Float32Dot<Vec>;
   return {name,           &gemv<Vec>,          &dequantize<Vec, Dot>, kTokenBlock<Vec>,
-          &pack_tokens<Vec, Dot>, &gemm<Vec, Dot>, bf16};
+          &pack_tokens<Vec, Dot>, &gemm<Vec, Dot>, bf16, int8};
 }
 
 }  // namespace
