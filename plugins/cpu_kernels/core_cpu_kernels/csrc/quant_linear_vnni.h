@@ -126,45 +126,55 @@ CORE_QL_INLINE void int8_block(const PackedWeight& w, int64_t n, const uint8_t* 
                                const int8_t* block, const float* block_scales,
                                const float* block_sums, const int32_t* block_q_sums,
                                int64_t num_rows, int64_t num_tokens, float* out, int64_t ldo) {
-  const int64_t groups = w.groups(), runs = w.k / kRun;
+  const int64_t groups = w.groups(), runs_per_group = w.group_size / kRun;
+  // Rows past num_rows (zeros in `rows`) take the last row's scales: their outputs are
+  // dropped, and no branch sits in the loop.
+  const float* row_scales[kGemmRows];
+  const float* row_mins[kGemmRows];
+  for (int r = 0; r < kGemmRows; ++r) {
+    const int64_t row = n + (r < num_rows ? r : num_rows - 1);
+    row_scales[r] = w.scales + row * groups;
+    row_mins[r] = w.mins + row * groups;
+  }
   __m512 acc[kGemmRows][VECS];
   for (int r = 0; r < kGemmRows; ++r)
     for (int v = 0; v < VECS; ++v) acc[r][v] = _mm512_setzero_ps();
-  for (int64_t run = 0; run < runs; ++run) {
-    __m512i dot[kGemmRows][VECS];
-    for (int r = 0; r < kGemmRows; ++r)
-      for (int v = 0; v < VECS; ++v) dot[r][v] = _mm512_setzero_si512();
-    const int8_t* steps = block + run * kRun * kInt8TokenBlock;
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t run = g * runs_per_group; run < (g + 1) * runs_per_group; ++run) {
+      __m512i dot[kGemmRows][VECS];
+      for (int r = 0; r < kGemmRows; ++r)
+        for (int v = 0; v < VECS; ++v) dot[r][v] = _mm512_setzero_si512();
+      const int8_t* steps = block + run * kRun * kInt8TokenBlock;
+      const uint8_t* quads = rows + run * kRun;
 #pragma GCC unroll 8
-    for (int64_t s = 0; s < kRun / kInt8Step; ++s) {
-      __m512i x[VECS];
-      for (int v = 0; v < VECS; ++v)
-        x[v] = _mm512_loadu_si512(steps + (s * kInt8TokenBlock + v * kInt8Lanes) * kInt8Step);
+      for (int64_t s = 0; s < kRun / kInt8Step; ++s) {
+        __m512i x[VECS];
+        for (int v = 0; v < VECS; ++v)
+          x[v] = _mm512_loadu_si512(steps + (s * kInt8TokenBlock + v * kInt8Lanes) * kInt8Step);
+        for (int r = 0; r < kGemmRows; ++r) {
+          int32_t quad;
+          std::memcpy(&quad, quads + r * w.k + s * kInt8Step, sizeof quad);
+          const __m512i q = _mm512_set1_epi32(quad);
+          for (int v = 0; v < VECS; ++v) dot[r][v] = _mm512_dpbusd_epi32(dot[r][v], q, x[v]);
+        }
+      }
+      const int64_t lane0 = run * kInt8TokenBlock;
+      if constexpr (BITS == 8) {
+        for (int v = 0; v < VECS; ++v) {
+          const __m512i surplus = _mm512_slli_epi32(
+              _mm512_loadu_si512(block_q_sums + lane0 + v * kInt8Lanes), 7);
+          for (int r = 0; r < kGemmRows; ++r) dot[r][v] = _mm512_sub_epi32(dot[r][v], surplus);
+        }
+      }
       for (int r = 0; r < kGemmRows; ++r) {
-        int32_t quad;
-        std::memcpy(&quad, rows + r * w.k + run * kRun + s * kInt8Step, sizeof quad);
-        const __m512i q = _mm512_set1_epi32(quad);
-        for (int v = 0; v < VECS; ++v) dot[r][v] = _mm512_dpbusd_epi32(dot[r][v], q, x[v]);
-      }
-    }
-    if constexpr (BITS == 8) {
-      for (int v = 0; v < VECS; ++v) {
-        const __m512i surplus = _mm512_slli_epi32(
-            _mm512_loadu_si512(block_q_sums + run * kInt8TokenBlock + v * kInt8Lanes), 7);
-        for (int r = 0; r < kGemmRows; ++r) dot[r][v] = _mm512_sub_epi32(dot[r][v], surplus);
-      }
-    }
-    const int64_t g = run * kRun / w.group_size;
-    for (int r = 0; r < kGemmRows; ++r) {
-      // Rows past num_rows multiply zeros; their scales are never read.
-      const bool real = r < num_rows;
-      const __m512 scale = _mm512_set1_ps(real ? w.scales[(n + r) * groups + g] : 0.f);
-      const __m512 min = _mm512_set1_ps(real ? w.mins[(n + r) * groups + g] : 0.f);
-      for (int v = 0; v < VECS; ++v) {
-        const int64_t lane0 = run * kInt8TokenBlock + v * kInt8Lanes;
-        const __m512 x_scale = _mm512_mul_ps(scale, _mm512_loadu_ps(block_scales + lane0));
-        acc[r][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][v]), x_scale, acc[r][v]);
-        acc[r][v] = _mm512_fmadd_ps(min, _mm512_loadu_ps(block_sums + lane0), acc[r][v]);
+        const __m512 scale = _mm512_set1_ps(row_scales[r][g]);
+        const __m512 min = _mm512_set1_ps(row_mins[r][g]);
+        for (int v = 0; v < VECS; ++v) {
+          const int64_t lane = lane0 + v * kInt8Lanes;
+          const __m512 x_scale = _mm512_mul_ps(scale, _mm512_loadu_ps(block_scales + lane));
+          acc[r][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][v]), x_scale, acc[r][v]);
+          acc[r][v] = _mm512_fmadd_ps(min, _mm512_loadu_ps(block_sums + lane), acc[r][v]);
+        }
       }
     }
   }
