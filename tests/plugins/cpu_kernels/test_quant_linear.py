@@ -7,10 +7,12 @@ FLOAT32_TOL of the largest |x| @ |W|^T. A bfloat16 / float16 output is additiona
 once, so it lies within one unit in the last place of the exact value. On CPUs with
 AVX512_BF16 (and VNNI) the "avx512_bf16" ISA multiplies bfloat16 x in its GEMMs (more than
 GEMV_MAX_TOKENS tokens) on int8 dot products where W's groups are whole runs of 32 inputs
-(x quantized to int8 per run of 32: `_int8_exact` is the exact value of that product),
+(x quantized to int8 per run of 32: `_int8_exact` is the exact value of that product) when
+asked,
 else by W rounded to bfloat16 (x times that W is the exact value), to the same tolerances.
-Past BLOCKED_INT8_MAX_TOKENS the int8 GEMM runs where it measured faster than the tiled
-one (`_C.quant_linear_prefill`); tests that pass `prefill` run each.
+The int8 dot products are opt-in (`int8_x`; CORE_CPU_INT8_ACTIVATIONS=1 through the
+registered op). Past BLOCKED_INT8_MAX_TOKENS the int8 GEMM runs where it measured faster
+than the tiled one (`_C.quant_linear_prefill`); tests that pass `prefill` run each.
 """
 
 from __future__ import annotations
@@ -77,7 +79,9 @@ def _activations(t: int, k: int, dtype: torch.dtype, seed: int = 1) -> torch.Ten
     return (torch.randn(t, k, generator=torch.Generator().manual_seed(seed)) * 2).to(dtype)
 
 
-def _path(isa: str, x: torch.Tensor, packed: tuple, bits: int, prefill: str = "") -> str:
+def _path(
+    isa: str, x: torch.Tensor, packed: tuple, bits: int, prefill: str = "", int8: bool = False
+) -> str:
     """How `isa` ("": the default, the widest) multiplies x: "float32" (W as it is),
     "bf16" (W rounded to bfloat16) or "int8" (x quantized per run of 32)."""
     isa = isa or _C.quant_linear_isas()[0]
@@ -86,17 +90,25 @@ def _path(isa: str, x: torch.Tensor, packed: tuple, bits: int, prefill: str = ""
         return "float32"
     qweight, scales, _ = packed
     whole_runs = qweight.shape[1] * 8 // bits // scales.shape[1] % RUN == 0
+    if not (int8 and whole_runs):
+        return "bf16"
     if t > BLOCKED_INT8_MAX_TOKENS and (prefill or _C.quant_linear_prefill(isa)) == "tiled":
         return "bf16"
-    return "int8" if whole_runs else "bf16"
+    return "int8"
 
 
 def _assert_matches(
-    got: torch.Tensor, x: torch.Tensor, packed: tuple, bits: int, isa: str = "", prefill=""
+    got: torch.Tensor,
+    x: torch.Tensor,
+    packed: tuple,
+    bits: int,
+    isa: str = "",
+    prefill: str = "",
+    int8: bool = False,
 ) -> None:
     """got = x W^T up to float32 summation order, rounded once to x's dtype (x and W
     rounded as `isa` rounds them)."""
-    exact, bound = _expected(x, packed, bits, _path(isa, x, packed, bits, prefill))
+    exact, bound = _expected(x, packed, bits, _path(isa, x, packed, bits, prefill, int8))
     assert got.dtype == x.dtype and got.shape == exact.shape
     rtol = 0.0 if x.dtype == torch.float32 else torch.finfo(x.dtype).eps
     torch.testing.assert_close(got.double(), exact, rtol=rtol, atol=FLOAT32_TOL * bound)
@@ -157,15 +169,16 @@ def test_float32_output_matches_the_dequantized_reference(isa, bits, group, n, k
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("t", [1, 3, 7, 33, 300])  # GEMV, blocked and tiled GEMM
-def test_half_outputs_are_the_float32_result_rounded_once(isa, dtype, bits, t):
+@pytest.mark.parametrize("int8", [False, True], ids=["", "int8"])
+def test_half_outputs_are_the_float32_result_rounded_once(isa, dtype, bits, t, int8):
     packed = _packed(bits, 32, 200, 576)
     x = _activations(t, 576, dtype)
-    got = _C.quant_linear(x, *packed, bits, isa)
-    _assert_matches(got, x, packed, bits, isa)
+    got = _C.quant_linear(x, *packed, bits, isa, int8)
+    _assert_matches(got, x, packed, bits, isa, int8=int8)
     # Rounded where the exact value rounds: only float32 sums that fall on the other side
     # of a rounding boundary (measured: under 0.5% of outputs) may differ from it, by 1
     # ulp. (Rounding W to bf16 or not changes some 40% of them: this tells the two apart.)
-    exact, _ = _expected(x, packed, bits, _path(isa, x, packed, bits))
+    exact, _ = _expected(x, packed, bits, _path(isa, x, packed, bits, int8=int8))
     assert (got == exact.to(dtype)).float().mean() > 0.98
 
 
@@ -210,8 +223,8 @@ ON_INT8 = pytest.mark.skipif(
 def test_both_prefill_gemms_match_their_reference(prefill, bits, group, t):
     packed = _packed(bits, group, 200, 576)
     x = _activations(t, 576, torch.bfloat16)
-    got = _C.quant_linear(x, *packed, bits, "avx512_bf16", prefill)
-    _assert_matches(got, x, packed, bits, "avx512_bf16", prefill)
+    got = _C.quant_linear(x, *packed, bits, "avx512_bf16", True, prefill)
+    _assert_matches(got, x, packed, bits, "avx512_bf16", prefill, int8=True)
 
 
 def test_the_prefill_choice_is_a_gemm_the_isa_has():
@@ -223,7 +236,8 @@ def test_the_prefill_choice_is_a_gemm_the_isa_has():
 def test_an_unknown_prefill_gemm_is_refused_by_name():
     qweight, scales, mins = _packed(4, 32, 8, 64)
     with pytest.raises(RuntimeError, match="prefill must be .* got 'amx'"):
-        _C.quant_linear(_activations(1, 64, torch.float32), qweight, scales, mins, 4, "", "amx")
+        x = _activations(1, 64, torch.float32)
+        _C.quant_linear(x, qweight, scales, mins, 4, "", True, "amx")
 
 
 @ON_INT8
@@ -236,7 +250,7 @@ def test_int8_x_rounds_half_to_even_and_an_all_zero_run_gives_zeros(bits):
     x = torch.cat([run0, torch.zeros(RUN)]).bfloat16().expand(9, -1).contiguous()
     qweight = pack(torch.eye(64, dtype=torch.int64), bits)
     ones, zeros = torch.ones(64, 2), torch.zeros(64, 2)
-    got = _C.quant_linear(x, qweight, ones, zeros, bits, "avx512_bf16")
+    got = _C.quant_linear(x, qweight, ones, zeros, bits, "avx512_bf16", True)
     want = torch.tensor([127.0, 0, 2, 2, 0, -2, 4, *range(-12, 13), *[0.0] * RUN])
     assert torch.equal(got.float(), want.expand(9, -1))
 
@@ -248,7 +262,7 @@ def test_int8_x_errs_by_at_most_half_a_step_of_each_run():
     qweight, scales, mins = _packed(4, 32, 200, 576)
     x = _activations(40, 576, torch.bfloat16).clone()
     x[:, 100] = 60.0  # an outlier channel, as LLM activations have
-    got = _C.quant_linear(x, qweight, scales, mins, 4, "avx512_bf16").double()
+    got = _C.quant_linear(x, qweight, scales, mins, 4, "avx512_bf16", True).double()
     weight = dequantize(qweight, scales, mins, 4).double()
     step = x.double().reshape(40, -1, RUN).abs().amax(-1) / 254  # [T, R]
     bound = step @ weight.abs().reshape(200, -1, RUN).sum(-1).T  # [T, N]
@@ -256,6 +270,15 @@ def test_int8_x_errs_by_at_most_half_a_step_of_each_run():
     rounding = exact.abs() * 2**-8 + 1e-5 * (x.double().abs() @ weight.abs().T)
     assert ((got - exact).abs() <= bound + rounding).all()
     assert ((got - exact).abs() > rounding).any()  # the int8 error is there to bound
+
+
+@pytest.mark.parametrize("env", ["", "0", "1"])
+def test_int8_activations_are_opt_in_through_the_environment(env, monkeypatch):
+    monkeypatch.setenv("CORE_CPU_INT8_ACTIVATIONS", env)
+    packed = _packed(4, 32, 200, 576)
+    x = _activations(33, 576, torch.bfloat16)
+    got = ops.quant_linear(x, *packed, 4)
+    _assert_matches(got, x, packed, 4, int8=env == "1")
 
 
 def _untaken():

@@ -36,11 +36,12 @@ void rotary_embedding(const torch::Tensor& positions, torch::Tensor query, torch
 
 // core::quant_linear (layout: core/ops/quant_linear.py) with the kernels of vector ISA `isa`
 // ("" for the widest this CPU runs); x is a contiguous [T, K] float32, bfloat16 or float16.
-// `prefill` picks how an ISA with int8 kernels multiplies prefill-sized bf16 x: "int8",
-// "tiled", or "" for quant_linear_prefill's choice.
+// With `int8_x`, an ISA with int8 kernels multiplies bf16 x's GEMMs on them (x quantized
+// per run of 32: quant_linear.h's Int8Kernels); `prefill` then picks how prefill-sized x
+// is multiplied: "int8", "tiled", or "" for quant_linear_prefill's choice.
 torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
                            const torch::Tensor& scales, const torch::Tensor& mins, int64_t bits,
-                           const std::string& isa, const std::string& prefill);
+                           const std::string& isa, bool int8_x, const std::string& prefill);
 
 // The vector ISAs quant_linear can use on this CPU, widest (the default) first.
 std::vector<std::string> quant_linear_isas();

@@ -302,7 +302,7 @@ const char* prefill_path(const ql::IsaKernels& kernels, const std::string& prefi
 
 torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
                            const torch::Tensor& scales, const torch::Tensor& mins, int64_t bits,
-                           const std::string& isa, const std::string& prefill) {
+                           const std::string& isa, bool int8_x, const std::string& prefill) {
   const ql::IsaKernels& kernels = isas().choose(isa);
   TORCH_CHECK(prefill.empty() || prefill == kInt8 || prefill == kTiled,
               "quant_linear: prefill must be \"int8\", \"tiled\" or \"\", got '", prefill, "'");
@@ -315,12 +315,12 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
   torch::Tensor out = torch::empty({x.size(0), qweight.size(0)}, x.options());
   if (out.numel() == 0) return out;
   const int64_t num_tokens = x.size(0);
-  // bfloat16 x's GEMMs multiply on the ISA's int8 dot products where it has them and W's
-  // groups are whole runs, else on its bf16 dot products where it has them (null: in
-  // float32, as the GEMV always does).
+  // bfloat16 x's GEMMs multiply on the ISA's int8 dot products where asked (`int8_x`), it
+  // has them and W's groups are whole runs, else on its bf16 dot products where it has them
+  // (null: in float32, as the GEMV always does).
   const ql::Bf16Kernels* bf16 = dtype == torch::kBFloat16 ? kernels.bf16 : nullptr;
   const bool whole_runs = w.group_size % 32 == 0;
-  const ql::Int8Kernels* int8 = bf16 != nullptr && whole_runs ? kernels.int8 : nullptr;
+  const ql::Int8Kernels* int8 = int8_x && bf16 != nullptr && whole_runs ? kernels.int8 : nullptr;
   const int64_t blocked_max = int8 != nullptr   ? kBlockedInt8GemmMaxTokens
                               : bf16 != nullptr ? kBlockedBf16GemmMaxTokens
                                                 : kBlockedGemmMaxTokens;
