@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "avx512_vec.h"
 #include "quant_linear.h"
 #include "quant_linear_isa.h"
 
@@ -34,17 +35,11 @@ constexpr int64_t kInt8Vecs = 2;      // token vectors of one register block
 constexpr int64_t kInt8TokenBlock = kInt8Lanes * kInt8Vecs;
 static_assert(kInt8TokenBlock == kInt8Block, "quant_linear.h's token block");
 
-CORE_QL_INLINE __m512 bf16_to_float(const uint16_t* p) {
-  const __m512i wide =
-      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
-
 // One token's run of 32 bf16 inputs: its int8 values into the 8 steps' lanes for token j
 // (packed[s][j][4], a step kInt8TokenBlock * 4 bytes on), its scale and its exact sum.
 CORE_QL_INLINE void quantize_run(const uint16_t* x, int64_t j, int8_t* packed, float* scale,
                                  float* sum, int32_t* q_sum) {
-  const __m512 lo = bf16_to_float(x), hi = bf16_to_float(x + 16);
+  const __m512 lo = Avx512::load_bf16(x), hi = Avx512::load_bf16(x + 16);
   const float max = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
   // 127 / max then a multiply, as the reference does it (a division per input would round
   // differently); an all-zero run has scale 0 and values 0.
