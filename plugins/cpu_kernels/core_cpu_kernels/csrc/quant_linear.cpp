@@ -1,8 +1,9 @@
 // core::quant_linear on the CPU: x [T, K] times a group-quantized W [N, K] (layout in
 // core/ops/quant_linear.py), float32 products and sums, rounded once to x's dtype; on an
-// ISA with int8 and bf16 dot products (AVX512_VNNI and AVX512_BF16), bfloat16 x's GEMMs
-// quantize x to int8 per run of 32 inputs where W's groups are whole runs (quant_linear.h's
-// Int8Kernels), else multiply W rounded to bfloat16, still summing in float32.
+// ISA with bf16 dot products (AVX512_BF16), bfloat16 x's GEMMs multiply W rounded to
+// bfloat16, still summing in float32; asked to (int8_x), on an ISA with int8 dot products
+// (AVX512_VNNI) they quantize x to int8 per run of 32 inputs instead where W's groups are
+// whole runs (quant_linear.h's Int8Kernels).
 //
 // Decode rows (T <= kGemvMaxTokens) take the GEMV: each weight row is read once, its
 // values unpacked in registers and multiplied with every token, so the packed bytes are
@@ -11,7 +12,7 @@
 // every token in register blocks (the int8 GEMM unpacks them to bytes instead). Prefill
 // takes the tiled GEMM: each thread dequantizes a tile of rows (at most kTileBytes) and
 // multiplies it with torch's GEMM; or the int8 GEMM's blocks where they measure faster on
-// this CPU (prefill_path). All of W is never dequantized at once. The vector ISA is probed
+// this CPU (int8_prefills). All of W is never dequantized at once. The vector ISA is probed
 // once (quant_linear_isas lists the ones this CPU runs).
 
 #include <torch/extension.h>
@@ -22,7 +23,6 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "float_rows.h"
@@ -50,7 +50,7 @@ constexpr int64_t kBlockedBf16GemmMaxTokens = 64;
 // The int8 GEMM's blocks beat both bf16 GEMMs up to here (on SmolLM2's layers, 30 of them
 // in turn so that their weights come from memory, as in a model, interleaved runs on an
 // AVX512_BF16 EPYC: 16 tokens 13.0 vs 17.6 ms, 32 tokens 20.1 vs 25.4, 64 tokens 35.3 vs
-// 48.9); past it `prefill_path` chooses between it and the tiled GEMM.
+// 48.9); past it `int8_prefills` chooses between it and the tiled GEMM.
 constexpr int64_t kBlockedInt8GemmMaxTokens = 64;
 // The multiply-adds one GEMV or blocked-GEMM task does at least (~2.5 us on one core): a
 // smaller layer runs on the calling thread rather than pay for waking the others. (At 4x
@@ -169,8 +169,9 @@ void multiply_int8(const ql::Int8Kernels& int8, const ql::PackedWeight& w, const
   const int64_t num_blocks = (num_tokens + ql::kInt8Block - 1) / ql::kInt8Block;
   const int64_t padded = num_blocks * ql::kInt8Block;
   std::vector<int8_t> packed(padded * w.k);
-  std::vector<float> scales(padded * w.k / 32), sums(padded * w.k / 32);
-  std::vector<int32_t> q_sums(padded * w.k / 32);
+  const int64_t runs = padded * w.k / ql::kInt8Run;
+  std::vector<float> scales(runs), sums(runs);
+  std::vector<int32_t> q_sums(runs);
   multiply_blocked<uint8_t>(
       w, num_tokens, ql::kInt8Block,
       [&](int64_t b0, int64_t b1) {
@@ -251,8 +252,8 @@ void tiled_gemm(const ql::IsaKernels& isa, const ql::Bf16Kernels* bf16,
   if (!out_c.is_same(out)) out.copy_(out_c);
 }
 
-constexpr const char* kInt8 = "int8";
-constexpr const char* kTiled = "tiled";
+const std::string kInt8 = "int8";
+const std::string kTiled = "tiled";
 
 // Seconds one run of f takes.
 template <typename F>
@@ -289,13 +290,14 @@ bool int8_measures_faster(const ql::IsaKernels& kernels) {
   return int8_s < tiled_s;
 }
 
-// The GEMM that multiplies more than kBlockedInt8GemmMaxTokens bf16 tokens where `kernels`
-// has int8 kernels: `prefill` ("int8" or "tiled"), or for "" the one measured faster (once).
-const char* prefill_path(const ql::IsaKernels& kernels, const std::string& prefill) {
-  if (!prefill.empty()) return prefill == kInt8 ? kInt8 : kTiled;
+// Whether the int8 GEMM multiplies more than kBlockedInt8GemmMaxTokens bf16 tokens where
+// `kernels` has int8 kernels: as `prefill` says ("int8" or "tiled"), or for "" where it
+// measured faster (once).
+bool int8_prefills(const ql::IsaKernels& kernels, const std::string& prefill) {
+  if (!prefill.empty()) return prefill == kInt8;
   // Only the AVX512_BF16 table has int8 kernels: one measurement serves.
   static const bool int8_faster = int8_measures_faster(kernels);
-  return int8_faster ? kInt8 : kTiled;
+  return int8_faster;
 }
 
 }  // namespace
@@ -319,13 +321,13 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
   // has them and W's groups are whole runs, else on its bf16 dot products where it has them
   // (null: in float32, as the GEMV always does).
   const ql::Bf16Kernels* bf16 = dtype == torch::kBFloat16 ? kernels.bf16 : nullptr;
-  const bool whole_runs = w.group_size % 32 == 0;
+  const bool whole_runs = w.group_size % ql::kInt8Run == 0;
   const ql::Int8Kernels* int8 = int8_x && bf16 != nullptr && whole_runs ? kernels.int8 : nullptr;
   const int64_t blocked_max = int8 != nullptr   ? kBlockedInt8GemmMaxTokens
                               : bf16 != nullptr ? kBlockedBf16GemmMaxTokens
                                                 : kBlockedGemmMaxTokens;
   if (num_tokens > blocked_max &&
-      (int8 == nullptr || prefill_path(kernels, prefill) != std::string(kInt8))) {
+      (int8 == nullptr || !int8_prefills(kernels, prefill))) {
     tiled_gemm(kernels, bf16, w, x, out);
   } else if (num_tokens > kGemvMaxTokens) {
     core_cpu::dispatch_dtype(x, "quant_linear", [&](auto zero) {
@@ -342,5 +344,5 @@ std::vector<std::string> quant_linear_isas() { return isas().names(); }
 
 std::string quant_linear_prefill(const std::string& isa) {
   const ql::IsaKernels& kernels = isas().choose(isa);
-  return kernels.int8 != nullptr ? prefill_path(kernels, "") : kTiled;
+  return kernels.int8 != nullptr && int8_prefills(kernels, "") ? kInt8 : kTiled;
 }

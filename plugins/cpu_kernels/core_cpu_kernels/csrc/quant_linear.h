@@ -60,8 +60,10 @@ struct Bf16Kernels {
                int64_t num_tokens, float* out, int64_t ldo, uint16_t* rows, float* panel);
 };
 
-// Tokens per block of the int8 GEMM's packed x (quant_linear_vnni.h).
+// Tokens per block of the int8 GEMM's packed x (quant_linear_vnni.h), and the inputs that
+// share one int8 scale (a run: W's groups must be whole runs for the int8 kernels).
 constexpr int64_t kInt8Block = 32;
+constexpr int64_t kInt8Run = 32;
 
 // The kernels for bfloat16 activations on CPUs with an int8 dot product (AVX512_VNNI's
 // vpdpbusd), for weights whose groups are whole runs of 32 inputs: x is quantized to int8

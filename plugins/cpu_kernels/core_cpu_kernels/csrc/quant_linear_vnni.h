@@ -11,8 +11,8 @@
 // g the run's group; the mins' share uses x's exact sums, as the float32 kernels do.
 //
 // Included by linear_avx512_bf16.cpp after its `#pragma GCC target` (which names
-// avx512vnni), inside nothing: everything here sits in an unnamed namespace, compiled for
-// that target alone.
+// avx512vnni): everything here sits in an unnamed namespace, compiled for that target
+// alone.
 
 #pragma once
 
@@ -28,7 +28,7 @@
 namespace core_cpu::quant_linear {
 namespace {
 
-constexpr int64_t kRun = 32;          // inputs of one int8 scale (and of one 4-bit run)
+constexpr int64_t kRun = kInt8Run;    // inputs of one int8 scale (and of one 4-bit run)
 constexpr int64_t kInt8Step = 4;      // inputs of one vpdpbusd lane
 constexpr int64_t kInt8Lanes = 16;    // tokens of one vector
 constexpr int64_t kInt8Vecs = 2;      // token vectors of one register block
@@ -97,18 +97,20 @@ void unpack_rows(const PackedWeight& w, int64_t n, int64_t num_rows, uint8_t* ro
   for (int64_t r = 0; r < num_rows; ++r) {
     const uint8_t* packed = w.data + (n + r) * w.row_bytes;
     uint8_t* row = rows + r * w.k;
-    for (int64_t run = 0; run < w.k / kRun && BITS == 8; ++run) {
-      for (int64_t half = 0; half < kRun; half += 16) {
-        const auto* from = reinterpret_cast<const __m128i*>(packed + run * kRun + half);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(row + run * kRun + half),
-                         _mm_xor_si128(_mm_loadu_si128(from), sign));
+    for (int64_t run = 0; run < w.k / kRun; ++run) {
+      if constexpr (BITS == 8) {
+        for (int64_t half = 0; half < kRun; half += 16) {
+          const auto* from = reinterpret_cast<const __m128i*>(packed + run * kRun + half);
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(row + run * kRun + half),
+                           _mm_xor_si128(_mm_loadu_si128(from), sign));
+        }
+      } else {
+        const auto* from = reinterpret_cast<const __m128i*>(packed + run * 16);
+        const __m128i bytes = _mm_loadu_si128(from);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(row + run * kRun), _mm_and_si128(bytes, low));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(row + run * kRun + 16),
+                         _mm_and_si128(_mm_srli_epi16(bytes, 4), low));
       }
-    }
-    for (int64_t run = 0; run < w.k / kRun && BITS == 4; ++run) {
-      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed + run * 16));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(row + run * kRun), _mm_and_si128(bytes, low));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(row + run * kRun + 16),
-                       _mm_and_si128(_mm_srli_epi16(bytes, 4), low));
     }
   }
   std::memset(rows + num_rows * w.k, 0, (kGemmRows - num_rows) * w.k);
