@@ -65,15 +65,29 @@ def test_float32_decode_matches_the_reference(layout, heads, kv_heads, head_size
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(
-    ("heads", "kv_heads", "head_size"), [(9, 3, 64), (4, 4, 128), (8, 2, 16), (6, 1, 80)]
+    ("heads", "kv_heads", "head_size", "window", "layout"),
+    [
+        (9, 3, 64, None, "layer_outermost"),
+        (4, 4, 128, None, "layer_outermost"),
+        (8, 2, 16, None, "layer_outermost"),
+        (6, 1, 80, None, "layer_outermost"),
+        (16, 1, 64, 20, "block_outermost"),
+        (6, 2, 96, 5, "layer_outermost"),
+        (4, 2, 256, None, "block_outermost"),
+        (8, 8, 32, 33, "layer_outermost"),
+    ],
 )
-def test_half_precision_decode_matches_the_reference_in_float32(dtype, heads, kv_heads, head_size):
-    # Head sizes below, at and between whole vectors of bf16 pairs (AVX512_BF16's 32).
-    cache = paged_cache(dtype, kv_heads, head_size, "layer_outermost")
+def test_half_precision_decode_matches_the_reference_in_float32(
+    dtype, heads, kv_heads, head_size, window, layout
+):
+    # Head sizes below, at and between whole vectors of bf16 pairs (AVX512_BF16's 32); GQA
+    # groups smaller and larger than the query heads the bf16 kernel sums in one pass over
+    # the values (6 at D 64, 1 at D 256), and windows that start inside a tile of 16 keys.
+    cache = paged_cache(dtype, kv_heads, head_size, layout)
     batch = decode_batch(SEQ_LENS)
     shape = (len(SEQ_LENS), heads, head_size)
     q = torch.randn(shape, generator=torch.Generator().manual_seed(2)).to(dtype)
-    args = (heads, head_size, head_size**-0.5, kv_heads, None)
+    args = (heads, head_size, head_size**-0.5, kv_heads, window)
     # The kernel accumulates in float32, so compare with the reference run in float32.
     expected = TorchRefImpl(*args).forward_decode(q.float(), cache.float(), batch)
     got = backend.CpuPagedImpl(*args).forward_decode(q, cache, batch)
