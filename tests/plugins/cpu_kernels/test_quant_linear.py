@@ -133,16 +133,20 @@ def _quantized_runs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 @functools.cache
 def _int8_exact(x, qweight, scales, mins, bits) -> tuple[torch.Tensor, float]:
     """x W^T in float64 as the int8 dot products define it: per run, the exact integer dot
-    product of xq and q times scale * dx, plus each group's min times x's exact sum; and
-    the largest sum of those terms' magnitudes (what float32 rounds relative to)."""
+    product of xq and q - c (c = 8 for 4-bit values, 0 for signed 8-bit ones) times scale *
+    dx, plus each group's min + c * scale times x's exact sum; and the largest sum of those
+    terms' magnitudes (what float32 rounds relative to)."""
     xq, dx = _quantized_runs(x)  # [T, R, 32], [T, R]
     n = qweight.shape[0]
-    q = unpack(qweight, bits).double().reshape(n, -1, RUN)  # [N, R, 32]
+    center = 8.0 if bits == 4 else 0.0
+    q = unpack(qweight, bits).double().reshape(n, -1, RUN) - center  # [N, R, 32]
     run_group = torch.arange(q.shape[1]) * RUN // (q.shape[1] * RUN // scales.shape[1])
-    scale, low = scales[:, run_group].double(), mins[:, run_group].double()  # [N, R]
+    scale = scales[:, run_group].double()  # [N, R]
     dots = torch.einsum("trk,nrk->tnr", xq.double(), q)
     scaled = dots * scale[None] * dx.double()[:, None, :]
-    shifted = x.double().reshape(xq.shape).sum(-1)[:, None, :] * low[None]
+    # The kernel forms min + c * scale in float32.
+    shifted_min = (mins[:, run_group] + center * scales[:, run_group]).double()
+    shifted = x.double().reshape(xq.shape).sum(-1)[:, None, :] * shifted_min[None]
     bound = (scaled.abs() + shifted.abs()).sum(-1).max().item()
     return (scaled + shifted).sum(-1), bound
 
@@ -243,14 +247,16 @@ def test_an_unknown_prefill_gemm_is_refused_by_name():
 @ON_INT8
 @pytest.mark.parametrize("bits", [4, 8])
 def test_int8_x_rounds_half_to_even_and_an_all_zero_run_gives_zeros(bits):
-    # W [64, 64] picks input n for output n (q = 1, scale 1, min 0), so each output is
-    # dx * xq of its input, here xq itself: run 0's largest |x| is 127 (dx = 1).
+    # W [64, 64] picks input n for output n (scale 1; q - 8 = 1 and min -8 for 4-bit, which
+    # the kernel counts from 8; q = 1 and min 0 for 8-bit), so each output is dx * xq of
+    # its input, here xq itself: run 0's largest |x| is 127 (dx = 1).
     halves = [0.5, 1.5, 2.5, -0.5, -2.5, 3.5]
     run0 = torch.tensor([127.0, *halves, *range(-12, 13)])
     x = torch.cat([run0, torch.zeros(RUN)]).bfloat16().expand(9, -1).contiguous()
-    qweight = pack(torch.eye(64, dtype=torch.int64), bits)
-    ones, zeros = torch.ones(64, 2), torch.zeros(64, 2)
-    got = _C.quant_linear(x, qweight, ones, zeros, bits, "avx512_bf16", True)
+    center = 8 if bits == 4 else 0
+    qweight = pack(torch.eye(64, dtype=torch.int64) + center, bits)
+    ones, mins = torch.ones(64, 2), torch.full((64, 2), -float(center))
+    got = _C.quant_linear(x, qweight, ones, mins, bits, "avx512_bf16", True)
     want = torch.tensor([127.0, 0, 2, 2, 0, -2, 4, *range(-12, 13), *[0.0] * RUN])
     assert torch.equal(got.float(), want.expand(9, -1))
 
@@ -258,14 +264,16 @@ def test_int8_x_rounds_half_to_even_and_an_all_zero_run_gives_zeros(bits):
 @ON_INT8
 def test_int8_x_errs_by_at_most_half_a_step_of_each_run():
     # The contract's bound (core/ops/quant_linear.py): each x moves by at most
-    # max |x[run]| / 254, so an output by that times sum |W| over the run, summed.
+    # max |x[run]| / 254, so an output by that times sum |scale * (q - 8)| over the run
+    # (4-bit values counted from 8), summed.
     qweight, scales, mins = _packed(4, 32, 200, 576)
     x = _activations(40, 576, torch.bfloat16).clone()
     x[:, 100] = 60.0  # an outlier channel, as LLM activations have
     got = _C.quant_linear(x, qweight, scales, mins, 4, "avx512_bf16", True).double()
     weight = dequantize(qweight, scales, mins, 4).double()
+    centered = dequantize(qweight, scales, -8 * scales, 4).double()  # scale * (q - 8)
     step = x.double().reshape(40, -1, RUN).abs().amax(-1) / 254  # [T, R]
-    bound = step @ weight.abs().reshape(200, -1, RUN).sum(-1).T  # [T, N]
+    bound = step @ centered.abs().reshape(200, -1, RUN).sum(-1).T  # [T, N]
     exact = x.double() @ weight.T
     rounding = exact.abs() * 2**-8 + 1e-5 * (x.double().abs() @ weight.abs().T)
     assert ((got - exact).abs() <= bound + rounding).all()

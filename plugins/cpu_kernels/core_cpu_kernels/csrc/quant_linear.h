@@ -70,7 +70,7 @@ constexpr int64_t kInt8Run = 32;
 // in runs of 32 inputs, per token,
 //   dx = max |x[run]| / 127,  xq[i] = round_to_nearest_even(x[i] * (127 / max |x[run]|))
 // (all zeros where the run is), so each x errs by at most dx / 2; the products of xq and
-// the weights' q are exact int32 sums, scaled in float32.
+// the weights' q (4-bit ones counted from 8) are exact int32 sums, scaled in float32.
 struct Int8Kernels {
   // x (bf16 bits) [T, k] for the gemm, token blocks [b0, b1) of kInt8Block tokens (the last
   // padded with zeros): packed [block][k / 4][kInt8Block][4] int8 (each step of 4 inputs
