@@ -3,8 +3,10 @@
 // The reference backend gathers every sequence's pages into a dense copy and then runs
 // SDPA over it, so each decode step reads the whole context twice and writes it once.
 // Here each sequence's task walks its block table once and reads every key and value from
-// memory once, sharing each between the query heads of its GQA group (a value is re-read
-// from cache per head, whose sums stay in registers).
+// memory once, sharing each between the query heads of its GQA group. A bfloat16 cache on
+// a CPU with AVX512_BF16 takes attend_bf16 (bf16 dot products for the scores, each value
+// widened once a pass); the portable loops (key_scores, weighted_values) serve the rest,
+// re-reading a value from cache per query head, whose sums stay in registers.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
