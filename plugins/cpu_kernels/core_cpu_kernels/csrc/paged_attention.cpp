@@ -102,10 +102,12 @@ CORE_INLINE float lane_sum(F8 v) {
 // ahead gained 20%, 16 ahead 26%, 32 ahead 20%.
 constexpr int64_t kPrefetchAhead = 16;
 
-template <int64_t D, typename T>
+// A row's lines into cache: every level (LOCALITY 3, prefetcht0) or L2 down (2, prefetcht1).
+template <int64_t D, int LOCALITY = 3, typename T>
 CORE_INLINE void prefetch_row(const T* row) {
   const char* p = reinterpret_cast<const char*>(row);
-  for (int64_t b = 0; b < D * static_cast<int64_t>(sizeof(T)); b += 64) __builtin_prefetch(p + b);
+  for (int64_t b = 0; b < D * static_cast<int64_t>(sizeof(T)); b += 64)
+    __builtin_prefetch(p + b, /*rw=*/0, LOCALITY);
 }
 
 // Keys scored together: each query head's dot products with them are independent FMA
@@ -193,6 +195,8 @@ CORE_MULTIVERSION void softmax_rows(float* scores, int64_t num_rows, int64_t n) 
 constexpr int64_t kChunk = 32;      // bf16 values per vdpbf16ps operand
 constexpr int64_t kKeyTile = 16;    // keys scored together: one float32 vector of scores
 constexpr int64_t kFloatLanes = 16;
+template <int64_t D>
+constexpr int64_t kChunks = (D + kChunk - 1) / kChunk;  // vdpbf16ps operands of one row
 
 // Lane j of the result: the sum of v[j]'s 16 lanes.
 CORE_INLINE __m512 sum_each(const __m512 (&v)[kKeyTile]) {
@@ -214,10 +218,10 @@ CORE_INLINE __m512 sum_each(const __m512 (&v)[kKeyTile]) {
 
 template <int64_t D>
 CORE_INLINE __m512i bf16_chunk(const c10::BFloat16* row, int64_t c) {
-  constexpr int64_t kChunks = (D + kChunk - 1) / kChunk;
   constexpr __mmask32 kLastMask =
       D % kChunk == 0 ? ~__mmask32{0} : (__mmask32{1} << (D % kChunk)) - 1;
-  return _mm512_maskz_loadu_epi16(c == kChunks - 1 ? kLastMask : ~__mmask32{0}, row + c * kChunk);
+  return _mm512_maskz_loadu_epi16(c == kChunks<D> - 1 ? kLastMask : ~__mmask32{0},
+                                  row + c * kChunk);
 }
 
 // Tokens' rows for the KV heads [kv0, kv1) into cache: they lie side by side in a token's
@@ -228,14 +232,6 @@ CORE_INLINE void prefetch_heads(const c10::BFloat16* row, int64_t head_stride, i
   for (int64_t kv = kv0; kv < kv1; ++kv) prefetch_row<D>(row + kv * head_stride);
 }
 
-// A value row into L2 (prefetcht1), where the scores pass leaves it for the values pass,
-// whose loads then never wait on memory.
-template <int64_t D>
-CORE_INLINE void prefetch_value(const c10::BFloat16* row) {
-  const char* p = reinterpret_cast<const char*>(row);
-  for (int64_t b = 0; b < D * 2; b += 64) __builtin_prefetch(p + b, /*rw=*/0, /*locality=*/2);
-}
-
 // scores[h * n + i] = scale * q[h] . key(i) for every query head h, keys[i] the row of KV
 // head 0. A tile of keys is scored for every head before the next, while the next tile's
 // keys and this tile's values are fetched.
@@ -243,7 +239,6 @@ template <int64_t D>
 void scores_bf16(const c10::BFloat16* q, const c10::BFloat16* const* keys,
                  const c10::BFloat16* const* values, int64_t n, const Heads& heads,
                  int64_t head_stride, float scale, float* scores) {
-  constexpr int64_t kChunks = (D + kChunk - 1) / kChunk;
   const __m512 scale_v = _mm512_set1_ps(scale);
   for (int64_t j = 0; j < kKeyTile && j < n; ++j)
     prefetch_heads<D>(keys[j], head_stride, 0, heads.num_kv_heads);
@@ -255,17 +250,20 @@ void scores_bf16(const c10::BFloat16* q, const c10::BFloat16* const* keys,
       // than the core has fill buffers for, and it stalled on the prefetches.
       for (int64_t j = i + kKeyTile; j < i + 2 * kKeyTile && j < n; ++j)
         prefetch_heads<D>(keys[j], head_stride, kv_head, kv_head + 1);
-      for (int64_t j = i; j < i + count; ++j) prefetch_value<D>(values[j] + kv_head * head_stride);
+      // Values into L2, where they wait for the values pass, whose loads then never wait
+      // on memory.
+      for (int64_t j = i; j < i + count; ++j)
+        prefetch_row<D, /*LOCALITY=*/2>(values[j] + kv_head * head_stride);
       const c10::BFloat16* rows[kKeyTile];
       for (int64_t j = 0; j < kKeyTile; ++j)  // a short tile repeats its last key
         rows[j] = keys[i + (j < count ? j : count - 1)] + kv_head * head_stride;
       for (int64_t h = kv_head * heads.group; h < (kv_head + 1) * heads.group; ++h) {
-        __m512i qc[kChunks];
-        for (int64_t c = 0; c < kChunks; ++c) qc[c] = bf16_chunk<D>(q + h * D, c);
+        __m512i qc[kChunks<D>];
+        for (int64_t c = 0; c < kChunks<D>; ++c) qc[c] = bf16_chunk<D>(q + h * D, c);
         __m512 dots[kKeyTile];
         for (int64_t j = 0; j < kKeyTile; ++j) {
           dots[j] = _mm512_setzero_ps();
-          for (int64_t c = 0; c < kChunks; ++c)
+          for (int64_t c = 0; c < kChunks<D>; ++c)
             dots[j] = _mm512_dpbf16_ps(dots[j], reinterpret_cast<__m512bh>(qc[c]),
                                        reinterpret_cast<__m512bh>(bf16_chunk<D>(rows[j], c)));
         }
@@ -316,8 +314,7 @@ void values_bf16(const float* weights, const c10::BFloat16* const* values, int64
 
 // Query heads one value pass sums: their sums fill at most 24 of the 32 registers.
 template <int64_t D>
-constexpr int kPassHeads = 24 / (D / kFloatLanes) < 1 ? 1
-                           : (24 / (D / kFloatLanes) > 6 ? 6 : 24 / (D / kFloatLanes));
+constexpr int kPassHeads = std::clamp<int64_t>(24 / (D / kFloatLanes), 1, 6);
 
 template <int64_t D, int HEADS>
 CORE_INLINE void values_pass(const float* weights, const c10::BFloat16* const* values,

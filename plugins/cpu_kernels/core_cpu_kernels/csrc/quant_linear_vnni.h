@@ -1,8 +1,9 @@
 // core::quant_linear's GEMM for bfloat16 x on AVX512_VNNI's vpdpbusd, which multiplies 4
 // unsigned bytes by 4 signed bytes in each of 16 int32 lanes and adds the 4 products: twice
 // the multiply-adds of vdpbf16ps per instruction, on integers that need no conversion (a
-// 4-bit weight's q is 0..15, a byte as it is; an 8-bit one's q + 128 is, and the surplus
-// 128 * sum(xq) is taken off each run's dot product).
+// 4-bit weight's q is 0..15, a byte as it is; an 8-bit one's q + 128 is). Each run's dot
+// product then loses its surplus (offset + c) * sum(xq), offset the bytes' 128 and c the
+// centre below.
 //
 // x is quantized to int8 in runs of 32 inputs (quant_linear.h's Int8Kernels), so a run's
 // dot product sum_i (q[n, i] - c) xq[t, i] is exact in int32, and
@@ -12,7 +13,8 @@
 // centre c is 0 for 8-bit values and 8 for 4-bit ones (0..15): x's rounding then errs
 // along scale * (q - 8), W's distance from its group's middle, where counted from 0 it
 // erred along all of W (SmolLM2's GGUF, held-out perplexity with x in bf16 35.14; int8
-// from 0 35.59, from 8 35.22), at the cost of the 8-bit path's one subtraction.
+// from 0 35.59, from 8 35.22), at the cost of one subtraction a run, which only 8-bit
+// weights paid before.
 //
 // Included by linear_avx512_bf16.cpp after its `#pragma GCC target` (which names
 // avx512vnni): everything here sits in an unnamed namespace, compiled for that target
@@ -22,6 +24,7 @@
 
 #include <immintrin.h>
 
+#include <bit>
 #include <cstdint>
 #include <cstring>
 
@@ -93,13 +96,18 @@ void quantize_tokens(const uint16_t* x, int64_t num_tokens, int64_t k, int64_t b
   }
 }
 
-// The byte value the dot products count from: 8-bit values are stored as q + 128, and
-// 4-bit ones (0..15) are centred on 8 (the scale's share 8 * scale * sum(x) goes to the
-// min's term, which multiplies x's exact sum).
+// What the unpacked bytes add to q (8-bit values are stored as q + 128), and the centre c
+// the dot products count q from: 8 for 4-bit values (0..15), whose scale's share
+// 8 * scale * sum(x) goes to the min's term, which multiplies x's exact sum.
 template <int BITS>
-constexpr int kCenterShift = BITS == 8 ? 7 : 3;
+constexpr int kByteOffset = BITS == 8 ? 128 : 0;
 template <int BITS>
-constexpr float kCenter = BITS == 8 ? 0.f : 8.f;
+constexpr int kCenter = BITS == 8 ? 0 : 8;
+// The multiple of sum(xq) a run's dot product loses, a power of two: taken off by a shift.
+template <int BITS>
+constexpr unsigned kSurplus = kByteOffset<BITS> + kCenter<BITS>;
+static_assert(std::has_single_bit(kSurplus<4>) && std::has_single_bit(kSurplus<8>),
+              "the surplus is a shift of sum(xq)");
 
 // Rows [n, n + num_rows) of W's values as unsigned bytes in input order (4-bit: q; 8-bit:
 // q + 128), into `rows` (kGemmRows rows of k; those past num_rows are zeros).
@@ -170,12 +178,14 @@ CORE_QL_INLINE void int8_block(const PackedWeight& w, int64_t n, const uint8_t* 
       const int64_t lane0 = run * kInt8TokenBlock;
       for (int v = 0; v < VECS; ++v) {
         const __m512i surplus = _mm512_slli_epi32(
-            _mm512_loadu_si512(block_q_sums + lane0 + v * kInt8Lanes), kCenterShift<BITS>);
+            _mm512_loadu_si512(block_q_sums + lane0 + v * kInt8Lanes),
+            std::countr_zero(kSurplus<BITS>));
         for (int r = 0; r < kGemmRows; ++r) dot[r][v] = _mm512_sub_epi32(dot[r][v], surplus);
       }
       for (int r = 0; r < kGemmRows; ++r) {
         const __m512 scale = _mm512_set1_ps(row_scales[r][g]);
-        const __m512 min = _mm512_set1_ps(row_mins[r][g] + kCenter<BITS> * row_scales[r][g]);
+        const __m512 min =
+            _mm512_set1_ps(row_mins[r][g] + static_cast<float>(kCenter<BITS>) * row_scales[r][g]);
         for (int v = 0; v < VECS; ++v) {
           const int64_t lane = lane0 + v * kInt8Lanes;
           const __m512 x_scale = _mm512_mul_ps(scale, _mm512_loadu_ps(block_scales + lane));
