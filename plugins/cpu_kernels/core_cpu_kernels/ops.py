@@ -6,8 +6,9 @@ core::linear (a GEMV that streams each weight row once for few-row activations, 
 torch's BLAS runs a slow path), core::silu_and_mul, core::rotary_embedding (in place, in
 the fused QKV's views) and core::quant_linear (group-quantized 4- and 8-bit weights: a
 GEMV for decode rows that unpacks the weights in registers, a blocked GEMM for decode
-batches, a tiled GEMM for prefill; bfloat16 activations take bf16 dot products on CPUs
-with AVX512_BF16, or with CORE_CPU_INT8_ACTIVATIONS=1 int8 ones: see `int8_activations`);
+batches, for prefill a strip GEMM on bf16 dot products (bfloat16 activations on CPUs with
+AVX512_BF16) or else a tiled one; with CORE_CPU_INT8_ACTIVATIONS=1 bfloat16 activations
+take int8 dot products instead: see `int8_activations`);
 AVX-512, AVX2 or portable kernels, chosen by probing the CPU at load.
 Inputs the C++ kernels do not take (another dtype, a weight of another dtype, a strided
 last dimension, a non-contiguous packed weight) go to core's reference, so the registered

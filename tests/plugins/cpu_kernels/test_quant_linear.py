@@ -1,18 +1,18 @@
 """The C++ core::quant_linear kernels against core's dequantized reference, per vector ISA.
 
-Expected values come from core's `dequantize` and a float64 matmul, never from the
-kernels. A float32 output may differ from them only by float32 summation order (and the
-kernel's grouping of the sum: scale * sum(q x) + min * sum(x) per group): at most
-FLOAT32_TOL of the largest |x| @ |W|^T. A bfloat16 / float16 output is additionally rounded
-once, so it lies within one unit in the last place of the exact value. On CPUs with
-AVX512_BF16 (and VNNI) the "avx512_bf16" ISA multiplies bfloat16 x in its GEMMs (more than
-GEMV_MAX_TOKENS tokens) on int8 dot products where W's groups are whole runs of 32 inputs
-(x quantized to int8 per run of 32: `_int8_exact` is the exact value of that product) when
-asked,
-else by W rounded to bfloat16 (x times that W is the exact value), to the same tolerances.
-The int8 dot products are opt-in (`int8_x`; CORE_CPU_INT8_ACTIVATIONS=1 through the
-registered op). Past BLOCKED_INT8_MAX_TOKENS the int8 GEMM runs where it measured faster
-than the tiled one (`_C.quant_linear_prefill`); tests that pass `prefill` run each.
+Expected values come from the packed values (core's `unpack`), W = q * scale + min rounded
+once to float32, and a float64 matmul, never from the kernels. A float32 output may differ
+from them only by float32 summation order (and the kernel's grouping of the sum: scale *
+sum(q x) + min * sum(x) per group): at most FLOAT32_TOL of the largest |x| @ |W|^T. A
+bfloat16 / float16 output is additionally rounded once, so it lies within one unit in the
+last place of the exact value. On CPUs with AVX512_BF16 (and VNNI) the "avx512_bf16" ISA
+multiplies bfloat16 x in its GEMMs (more than GEMV_MAX_TOKENS tokens) on int8 dot products
+where W's groups are whole runs of 32 inputs (x quantized to int8 per run of 32:
+`_int8_exact` is the exact value of that product) when asked, else by W rounded to bfloat16
+(x times that W is the exact value), to the same tolerances. The int8 dot products are
+opt-in (`int8_x`; CORE_CPU_INT8_ACTIVATIONS=1 through the registered op). Past
+BLOCKED_INT8_MAX_TOKENS the int8 GEMM runs where it measured faster than the strip GEMM
+(`_C.quant_linear_prefill`); tests that pass `prefill` run each.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ GEMV_MAX_TOKENS = 8  # the GEMV's most tokens (quant_linear.cpp): it multiplies 
 BLOCKED_INT8_MAX_TOKENS = 64  # the int8 GEMM's most tokens before the measured choice
 RUN = 32  # inputs of one int8 scale
 # GEMV passes of 4 + remainders (1-7); the blocked GEMM's token blocks, full, partial and
-# one vector wide, up to its last count (9-80); the tiled GEMM from the next (81, 300).
+# one vector wide, up to its last count (9-80); the strip (bf16) or tiled (float32) GEMM
+# from the next (bf16 33-300; float32 81, 300).
 TOKEN_COUNTS = [1, 2, 3, 5, 7, 9, 16, 24, 33, 80, 81, 300]
 # (bits, group size, N, K): every group size each width allows, odd N, K not a power of 2.
 LAYOUTS = [
@@ -51,6 +52,11 @@ LAYOUTS = [
     (8, 64, 200, 576),
     (8, 128, 40, 1536),
 ]
+
+
+ON_BF16 = pytest.mark.skipif(
+    "avx512_bf16" not in _C.quant_linear_isas(), reason="this CPU has no AVX512_BF16/VNNI"
+)
 
 
 def _isa(name: str):
@@ -92,7 +98,7 @@ def _path(
     whole_runs = qweight.shape[1] * 8 // bits // scales.shape[1] % RUN == 0
     if not (int8 and whole_runs):
         return "bf16"
-    if t > BLOCKED_INT8_MAX_TOKENS and (prefill or _C.quant_linear_prefill(isa)) == "tiled":
+    if t > BLOCKED_INT8_MAX_TOKENS and (prefill or _C.quant_linear_prefill(isa)) == "bf16":
         return "bf16"
     return "int8"
 
@@ -153,9 +159,16 @@ def _int8_exact(x, qweight, scales, mins, bits) -> tuple[torch.Tensor, float]:
 
 @functools.cache
 def _exact(x, qweight, scales, mins, bits, weight_dtype) -> tuple[torch.Tensor, float]:
-    """x W^T in float64 from core's dequantized W (rounded to `weight_dtype`), and
-    max(|x| @ |W|^T)."""
-    weight = dequantize(qweight, scales, mins, bits).to(weight_dtype).double()
+    """x W^T in float64, and max(|x| @ |W|^T), from W as the kernels dequantize it: q *
+    scale + min rounded once to float32 (an FMA; core's reference rounds the product and
+    then the sum), then to `weight_dtype`. Rounding W to bfloat16 from the twice-rounded
+    value instead changes some 3% of the weights by an ulp of bf16, more than the float32
+    tolerance allows on the bf16 paths' sums."""
+    q = unpack(qweight, bits).double()
+    group = q.shape[1] // scales.shape[1]
+    scale = scales.double().repeat_interleave(group, 1)
+    weight = (q * scale + mins.double().repeat_interleave(group, 1)).float()
+    weight = weight.to(weight_dtype).double()
     return x.double() @ weight.T, (x.double().abs() @ weight.abs().T).max().item()
 
 
@@ -172,7 +185,7 @@ def test_float32_output_matches_the_dequantized_reference(isa, bits, group, n, k
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("t", [1, 3, 7, 33, 300])  # GEMV, blocked and tiled GEMM
+@pytest.mark.parametrize("t", [1, 3, 7, 33, 300])  # GEMV, blocked and strip / tiled GEMM
 @pytest.mark.parametrize("int8", [False, True], ids=["", "int8"])
 def test_half_outputs_are_the_float32_result_rounded_once(isa, dtype, bits, t, int8):
     packed = _packed(bits, 32, 200, 576)
@@ -184,6 +197,24 @@ def test_half_outputs_are_the_float32_result_rounded_once(isa, dtype, bits, t, i
     # ulp. (Rounding W to bf16 or not changes some 40% of them: this tells the two apart.)
     exact, _ = _expected(x, packed, bits, _path(isa, x, packed, bits, int8=int8))
     assert (got == exact.to(dtype)).float().mean() > 0.98
+
+
+# The strip GEMM's edges: every remainder of its 6-token blocks (33-37: 3, 4, 5, 0, 1; 80:
+# 2), a strip of 1-4 vectors and a partial vector (N 8, 16, 40, 200, 1000, split between
+# threads at whole vectors), k a multiple of 32 or (8-bit) only of 16 (80: a last half run).
+STRIP_TOKEN_COUNTS = [33, 34, 35, 36, 37, 80, 300]
+STRIP_LAYOUTS = [*LAYOUTS, (8, 16, 8, 80), (8, 16, 16, 80), (4, 32, 40, 64)]
+
+
+@ON_BF16
+@pytest.mark.parametrize(("bits", "group", "n", "k"), STRIP_LAYOUTS)
+@pytest.mark.parametrize("t", STRIP_TOKEN_COUNTS)
+def test_the_strip_gemm_matches_the_bf16_reference_at_its_edges(bits, group, n, k, t):
+    packed = _packed(bits, group, n, k)
+    x = _activations(t, k, torch.bfloat16)
+    assert _path("avx512_bf16", x, packed, bits) == "bf16"
+    got = _C.quant_linear(x, *packed, bits, "avx512_bf16")
+    _assert_matches(got, x, packed, bits, "avx512_bf16")
 
 
 @pytest.mark.parametrize("t", [1, 4, 256])
@@ -215,13 +246,8 @@ def test_inference_mode_tensors_are_multiplied_like_any_other(t):
     _assert_matches(got, x, (qweight, scales, mins), 4)
 
 
-ON_INT8 = pytest.mark.skipif(
-    "avx512_bf16" not in _C.quant_linear_isas(), reason="this CPU has no AVX512_BF16/VNNI"
-)
-
-
-@ON_INT8
-@pytest.mark.parametrize("prefill", ["int8", "tiled"])
+@ON_BF16
+@pytest.mark.parametrize("prefill", ["int8", "bf16"])
 @pytest.mark.parametrize(("bits", "group"), [(4, 32), (4, 64), (8, 32), (8, 16)])
 @pytest.mark.parametrize("t", [65, 81, 300])
 def test_both_prefill_gemms_match_their_reference(prefill, bits, group, t):
@@ -233,7 +259,7 @@ def test_both_prefill_gemms_match_their_reference(prefill, bits, group, t):
 
 def test_the_prefill_choice_is_a_gemm_the_isa_has():
     for isa in _C.quant_linear_isas():
-        want = {"int8", "tiled"} if isa == "avx512_bf16" else {"tiled"}
+        want = {"int8", "bf16"} if isa == "avx512_bf16" else {"bf16"}
         assert _C.quant_linear_prefill(isa) in want
 
 
@@ -244,7 +270,7 @@ def test_an_unknown_prefill_gemm_is_refused_by_name():
         _C.quant_linear(x, qweight, scales, mins, 4, "", True, "amx")
 
 
-@ON_INT8
+@ON_BF16
 @pytest.mark.parametrize("bits", [4, 8])
 def test_int8_x_rounds_half_to_even_and_an_all_zero_run_gives_zeros(bits):
     # W [64, 64] picks input n for output n (scale 1; q - 8 = 1 and min -8 for 4-bit, which
@@ -261,7 +287,7 @@ def test_int8_x_rounds_half_to_even_and_an_all_zero_run_gives_zeros(bits):
     assert torch.equal(got.float(), want.expand(9, -1))
 
 
-@ON_INT8
+@ON_BF16
 def test_int8_x_errs_by_at_most_half_a_step_of_each_run():
     # The contract's bound (core/ops/quant_linear.py): each x moves by at most
     # max |x[run]| / 254, so an output by that times sum |scale * (q - 8)| over the run

@@ -20,7 +20,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_linear_isas", &quant_linear_isas,
         "The vector ISAs quant_linear can use on this CPU, widest (the default) first");
   m.def("quant_linear_prefill", &quant_linear_prefill,
-        "How an ISA multiplies prefill-sized bf16 x: \"int8\" (measured faster) or \"tiled\"",
+        "How an ISA multiplies prefill-sized bf16 x: \"int8\" (measured faster) or \"bf16\"",
         py::arg("isa") = "");
   m.def("dense_linear", &dense_linear,
         "core::linear's GEMV with the kernels of one vector ISA (\"\": the widest available)",

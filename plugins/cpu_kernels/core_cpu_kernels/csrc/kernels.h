@@ -38,7 +38,7 @@ void rotary_embedding(const torch::Tensor& positions, torch::Tensor query, torch
 // ("" for the widest this CPU runs); x is a contiguous [T, K] float32, bfloat16 or float16.
 // With `int8_x`, an ISA with int8 kernels multiplies bf16 x's GEMMs on them (x quantized
 // per run of 32: quant_linear.h's Int8Kernels); `prefill` then picks how prefill-sized x
-// is multiplied: "int8", "tiled", or "" for quant_linear_prefill's choice.
+// is multiplied: "int8", "bf16" (the strip GEMM), or "" for quant_linear_prefill's choice.
 torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
                            const torch::Tensor& scales, const torch::Tensor& mins, int64_t bits,
                            const std::string& isa, bool int8_x, const std::string& prefill);
@@ -47,7 +47,7 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
 std::vector<std::string> quant_linear_isas();
 
 // How ISA `isa` multiplies prefill-sized bf16 x: "int8" where it has int8 kernels and they
-// measured faster on this CPU than "tiled" (dequantized tiles through torch's GEMM).
+// measured faster on this CPU than "bf16" (the strip GEMM on the bf16 dot products).
 std::string quant_linear_prefill(const std::string& isa);
 
 // core::linear, x [T, K] @ weight [N, K]^T + bias, with the GEMV of vector ISA `isa` ("" for

@@ -7,10 +7,11 @@
 //
 // Decode rows (T <= kGemvMaxTokens) take the GEMV: each weight row is read once, its
 // values unpacked in registers and multiplied with every token, so the packed bytes are
-// all the memory traffic. Batched decode (T <= kBlockedGemmMaxTokens) takes the blocked
-// GEMM: each thread dequantizes a few rows at a time into L1 and multiplies them with
-// every token in register blocks (the int8 GEMM unpacks them to bytes instead). Prefill
-// takes the tiled GEMM: each thread dequantizes a tile of rows (at most kTileBytes) and
+// all the memory traffic. Batched decode takes the blocked GEMM: each thread dequantizes a
+// few rows at a time into L1 and multiplies them with every token in register blocks (the
+// int8 GEMM unpacks them to bytes instead). Prefill takes, for bfloat16 x on the bf16 dot
+// products, the strip GEMM (64 rows dequantized at a time, multiplied with every token);
+// otherwise the tiled GEMM: each thread dequantizes a tile of rows (at most kTileBytes) and
 // multiplies it with torch's GEMM; or the int8 GEMM's blocks where they measure faster on
 // this CPU (int8_prefills). All of W is never dequantized at once. The vector ISA is probed
 // once (quant_linear_isas lists the ones this CPU runs).
@@ -22,6 +23,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -43,14 +45,17 @@ constexpr int64_t kGemvMaxTokens = 8;
 // threads, blocked vs tiled: 16 tokens 0.79 vs 1.20 ms, 32 tokens 1.40 vs 1.84, 80 tokens
 // 3.24 vs 3.66, 96 tokens 4.21 vs 4.30 (within noise), 128 tokens 5.52 vs 5.41.
 constexpr int64_t kBlockedGemmMaxTokens = 80;
-// The same crossover for bf16 x on the bf16 dot products, whose tiles go to oneDNN's bf16
-// GEMM: AVX512_BF16 EPYC, one layer, blocked vs tiled (two runs): 48 tokens 234-291 vs
-// 146-233 GF/s, 64 tokens 216-252 vs 168-248, 80 tokens 219-254 vs 277-293.
-constexpr int64_t kBlockedBf16GemmMaxTokens = 64;
+// Up to this many bf16 tokens the blocked GEMM on the bf16 dot products beats the strip
+// GEMM, whose dequantization (and transposition into pairs of inputs) is a larger share of
+// a strip's work the fewer tokens there are. SmolLM2's 30 layers in turn, AVX512_BF16 EPYC,
+// 2 threads, strip vs blocked: 16 tokens 19.1 vs 17.2 ms, 24 24.7 vs 24.1, 32 27.7 vs
+// 25.7, 40 33.3 vs 35.1, 48 34.2 vs 36.2, 56 38.3 vs 53.6, 64 42.1 vs 53.1; and vs oneDNN's
+// bf16 GEMM on dequantized tiles: 80 49.7 vs 50.7, 128 72.2 vs 72.6, 256 134 vs 139.
+constexpr int64_t kBlockedBf16GemmMaxTokens = 32;
 // The int8 GEMM's blocks beat both bf16 GEMMs up to here (on SmolLM2's layers, 30 of them
 // in turn so that their weights come from memory, as in a model, interleaved runs on an
 // AVX512_BF16 EPYC: 16 tokens 13.0 vs 17.6 ms, 32 tokens 20.1 vs 25.4, 64 tokens 35.3 vs
-// 48.9); past it `int8_prefills` chooses between it and the tiled GEMM.
+// 48.9); past it `int8_prefills` chooses between it and the strip GEMM.
 constexpr int64_t kBlockedInt8GemmMaxTokens = 64;
 // The multiply-adds one GEMV or blocked-GEMM task does at least (~2.5 us on one core): a
 // smaller layer runs on the calling thread rather than pay for waking the others. (At 4x
@@ -61,7 +66,7 @@ constexpr int64_t kMacsPerTask = 1 << 15;
 constexpr int64_t kPackBlocksPerTask = 2;
 // Tasks split W at multiples of the GEMV's 4-row blocks (quant_linear_isa.h).
 constexpr int64_t kGemvRowsPerBlock = 4;
-// A GEMM tile's dequantized rows (float32 or bf16) fit in this. The GEMM repacks x for
+// A GEMM tile's dequantized rows (float32) fit in this. The GEMM repacks x for
 // every tile, so larger tiles amortize that: 256 KB to 4 MB measured (float32), 1 MB was
 // best or within noise.
 constexpr int64_t kTileBytes = 1024 * 1024;
@@ -207,6 +212,22 @@ void blocked_gemm(const ql::IsaKernels& isa, const ql::Bf16Kernels* bf16,
   core_cpu::store_float_output<T>(out_f, out);
 }
 
+// The strip GEMM (bfloat16 x on `bf16`'s dot products): each thread takes whole vectors of
+// weight rows, evenly split, and multiplies them a strip at a time with every token.
+void strip_gemm(const ql::Bf16Kernels& bf16, const ql::PackedWeight& w, const torch::Tensor& x,
+                torch::Tensor& out) {
+  const int64_t num_tokens = x.size(0), n = out.size(1);
+  const int64_t units = (n + ql::kStripUnitRows - 1) / ql::kStripUnitRows;
+  const int64_t grain = kMacsPerTask / (ql::kStripUnitRows * w.k * num_tokens) + 1;
+  const auto* xb = static_cast<const uint16_t*>(x.data_ptr());
+  auto* ob = static_cast<uint16_t*>(out.data_ptr());
+  at::parallel_for(0, units, grain, [&](int64_t begin, int64_t end) {
+    const std::unique_ptr<uint16_t[]> strip(new uint16_t[ql::kStripRows * w.k]);
+    bf16.strip_gemm(w, begin * ql::kStripUnitRows, std::min(end * ql::kStripUnitRows, n), xb,
+                    num_tokens, ob, n, strip.get());
+  });
+}
+
 // Rows per GEMM tile: a tile fits kTileBytes, and the tiles split evenly between the
 // threads (at 4 tiles for 2 threads where 3.3 would fit, one thread did half more work).
 int64_t tile_rows(int64_t n, int64_t k, int64_t element_size) {
@@ -219,14 +240,12 @@ int64_t tile_rows(int64_t n, int64_t k, int64_t element_size) {
   return (rows + kTileRowMultiple - 1) / kTileRowMultiple * kTileRowMultiple;
 }
 
-// In float32, or where `bf16` is given (bfloat16 x) in bfloat16: tiles of W rounded to
-// bf16 by its dequantize, multiplied by torch's bf16 GEMM (oneDNN's, on the same
-// instructions).
-void tiled_gemm(const ql::IsaKernels& isa, const ql::Bf16Kernels* bf16,
-                const ql::PackedWeight& w, const torch::Tensor& x, torch::Tensor& out) {
-  const auto dtype = bf16 != nullptr ? torch::kBFloat16 : torch::kFloat;
-  const torch::Tensor xc = x.to(dtype);  // x itself when of that dtype
-  torch::Tensor out_c = out.scalar_type() == dtype ? out : torch::empty_like(out, xc.options());
+// In float32: tiles of W multiplied by torch's GEMM.
+void tiled_gemm(const ql::IsaKernels& isa, const ql::PackedWeight& w, const torch::Tensor& x,
+                torch::Tensor& out) {
+  const torch::Tensor xc = x.to(torch::kFloat);  // x itself when float32
+  torch::Tensor out_c =
+      out.scalar_type() == torch::kFloat ? out : torch::empty_like(out, xc.options());
   const int64_t n = out.size(1);
   const int64_t rows_per_tile = tile_rows(n, w.k, static_cast<int64_t>(xc.element_size()));
   const int64_t num_tiles = (n + rows_per_tile - 1) / rows_per_tile;
@@ -240,11 +259,7 @@ void tiled_gemm(const ql::IsaKernels& isa, const ql::Bf16Kernels* bf16,
     for (int64_t i = begin; i < end; ++i) {
       const int64_t n0 = i * rows_per_tile;
       const int64_t rows = n - n0 < rows_per_tile ? n - n0 : rows_per_tile;
-      if (bf16 != nullptr) {
-        bf16->dequantize(w, n0, n0 + rows, static_cast<uint16_t*>(tile.data_ptr()));
-      } else {
-        isa.dequantize(w, n0, n0 + rows, tile.data_ptr<float>());
-      }
+      isa.dequantize(w, n0, n0 + rows, tile.data_ptr<float>());
       torch::Tensor out_tile = out_c.narrow(1, n0, rows);  // [T, rows], row stride n
       at::mm_out(out_tile, xc, tile.narrow(0, 0, rows).t());
     }
@@ -253,7 +268,7 @@ void tiled_gemm(const ql::IsaKernels& isa, const ql::Bf16Kernels* bf16,
 }
 
 const std::string kInt8 = "int8";
-const std::string kTiled = "tiled";
+const std::string kBf16 = "bf16";
 
 // Seconds one run of f takes.
 template <typename F>
@@ -264,10 +279,9 @@ double seconds(F f) {
 }
 
 // Whether the int8 GEMM multiplies a prefill-sized layer (128 bf16 tokens, 576 -> 1536 in
-// 4-bit, SmolLM2's MLP) faster than the tiled GEMM on this CPU: best of 3 runs each, the
-// two interleaved, ~10 ms once. AVX512_BF16 EPYC, SmolLM2's 30 layers at 128 tokens:
-// 68 vs 80 ms, 256 tokens 124 vs 158; where oneDNN's bf16 GEMM has AMX tiles it should
-// win by several times. The data is fixed, not drawn: the caller's random streams stay.
+// 4-bit, SmolLM2's MLP) faster than the strip GEMM on this CPU: best of 3 runs each, the
+// two interleaved, ~10 ms once. The data is fixed, not drawn: the caller's random streams
+// stay.
 bool int8_measures_faster(const ql::IsaKernels& kernels) {
   constexpr int64_t kTokens = 128, kK = 576, kN = 1536, kGroups = kK / 32;
   torch::Tensor qweight = torch::empty({kN, kK / 2}, torch::kByte);
@@ -280,18 +294,18 @@ bool int8_measures_faster(const ql::IsaKernels& kernels) {
   const torch::Tensor xb = x.to(torch::kBFloat16);
   const ql::PackedWeight w = packed_weight(qweight, scales, mins, 4);
   torch::Tensor out = torch::empty({kTokens, kN}, xb.options());
-  double int8_s = 1e30, tiled_s = 1e30;
+  double int8_s = 1e30, bf16_s = 1e30;
   for (int round = 0; round < 3; ++round) {
     int8_s = std::min(int8_s, seconds([&] {
       blocked_gemm<at::BFloat16>(kernels, kernels.bf16, kernels.int8, w, xb, out);
     }));
-    tiled_s = std::min(tiled_s, seconds([&] { tiled_gemm(kernels, kernels.bf16, w, xb, out); }));
+    bf16_s = std::min(bf16_s, seconds([&] { strip_gemm(*kernels.bf16, w, xb, out); }));
   }
-  return int8_s < tiled_s;
+  return int8_s < bf16_s;
 }
 
 // Whether the int8 GEMM multiplies more than kBlockedInt8GemmMaxTokens bf16 tokens where
-// `kernels` has int8 kernels: as `prefill` says ("int8" or "tiled"), or for "" where it
+// `kernels` has int8 kernels: as `prefill` says ("int8" or "bf16"), or for "" where it
 // measured faster (once).
 bool int8_prefills(const ql::IsaKernels& kernels, const std::string& prefill) {
   if (!prefill.empty()) return prefill == kInt8;
@@ -306,8 +320,8 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
                            const torch::Tensor& scales, const torch::Tensor& mins, int64_t bits,
                            const std::string& isa, bool int8_x, const std::string& prefill) {
   const ql::IsaKernels& kernels = isas().choose(isa);
-  TORCH_CHECK(prefill.empty() || prefill == kInt8 || prefill == kTiled,
-              "quant_linear: prefill must be \"int8\", \"tiled\" or \"\", got '", prefill, "'");
+  TORCH_CHECK(prefill.empty() || prefill == kInt8 || prefill == kBf16,
+              "quant_linear: prefill must be \"int8\", \"bf16\" or \"\", got '", prefill, "'");
   const ql::PackedWeight w = packed_weight(qweight, scales, mins, bits);
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.is_contiguous() && x.size(1) == w.k,
               "quant_linear: x must be a contiguous CPU tensor [T, ", w.k, "]");
@@ -326,9 +340,12 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
   const int64_t blocked_max = int8 != nullptr   ? kBlockedInt8GemmMaxTokens
                               : bf16 != nullptr ? kBlockedBf16GemmMaxTokens
                                                 : kBlockedGemmMaxTokens;
-  if (num_tokens > blocked_max &&
-      (int8 == nullptr || !int8_prefills(kernels, prefill))) {
-    tiled_gemm(kernels, bf16, w, x, out);
+  if (num_tokens > blocked_max && (int8 == nullptr || !int8_prefills(kernels, prefill))) {
+    if (bf16 != nullptr) {
+      strip_gemm(*bf16, w, x, out);
+    } else {
+      tiled_gemm(kernels, w, x, out);
+    }
   } else if (num_tokens > kGemvMaxTokens) {
     core_cpu::dispatch_dtype(x, "quant_linear", [&](auto zero) {
       blocked_gemm<decltype(zero)>(kernels, bf16, int8, w, x, out);
@@ -344,5 +361,5 @@ std::vector<std::string> quant_linear_isas() { return isas().names(); }
 
 std::string quant_linear_prefill(const std::string& isa) {
   const ql::IsaKernels& kernels = isas().choose(isa);
-  return kernels.int8 != nullptr && int8_prefills(kernels, "") ? kInt8 : kTiled;
+  return kernels.int8 != nullptr && int8_prefills(kernels, "") ? kInt8 : kBf16;
 }

@@ -49,8 +49,6 @@ struct Activations {
 // and each product of a bf16 weight and a bf16 input is summed in float32. x and the
 // dequantized rows are bfloat16 bit patterns.
 struct Bf16Kernels {
-  // out[(n - n0) * k + i] = W[n, i] rounded to bfloat16 (to nearest even), n in [n0, n1).
-  void (*dequantize)(const PackedWeight& w, int64_t n0, int64_t n1, uint16_t* out);
   // IsaKernels' pack_tokens and gemm for bfloat16 x, in IsaKernels' token blocks; each
   // block's step over k takes two inputs (a pair of bf16 per float32 lane). `rows` holds
   // kGemmRows * k bfloat16 values, `panel` kGemmPanelRows * num_tokens floats.
@@ -58,7 +56,19 @@ struct Bf16Kernels {
                       int64_t b1, uint16_t* packed);
   void (*gemm)(const PackedWeight& w, int64_t n0, int64_t n1, const uint16_t* packed_x,
                int64_t num_tokens, float* out, int64_t ldo, uint16_t* rows, float* panel);
+  // The strip GEMM: out[t * ldo + n] rounded to bfloat16 (bits), for n in [n0, n1) and
+  // every token of x [num_tokens, k] (bf16 bits, row-major, read where it lies). W is
+  // dequantized kStripRows rows at a time into `strip` (kStripRows * k bf16
+  // values), each step over k holding the strip's rows' pairs of inputs side by side, so
+  // the register block loads rows as vectors and broadcasts each token's pair of inputs.
+  void (*strip_gemm)(const PackedWeight& w, int64_t n0, int64_t n1, const uint16_t* x,
+                     int64_t num_tokens, uint16_t* out, int64_t ldo, uint16_t* strip);
 };
+
+// Weight rows one strip of the strip GEMM holds (4 vectors of 16), and the rows a thread's
+// share of W is cut at (one vector).
+constexpr int64_t kStripRows = 64;
+constexpr int64_t kStripUnitRows = 16;
 
 // Tokens per block of the int8 GEMM's packed x (quant_linear_vnni.h), and the inputs that
 // share one int8 scale (a run: W's groups must be whole runs for the int8 kernels).
