@@ -123,6 +123,10 @@ class EngineArgs:
         "scheduler", "max_num_batched_tokens", "--max-num-batched-tokens", "token budget",
         type=int,
     )  # fmt: skip
+    burst_token_budget: int | None = _option(
+        "scheduler", "burst_token_budget", "--burst-token-budget",
+        "token budget of a step admitting a burst of arrivals", type=int,
+    )  # fmt: skip
     long_prefill_token_threshold: int | None = _option(
         "scheduler", "long_prefill_token_threshold", "--long-prefill-token-threshold",
         "chunk prompts longer than this", type=int,
@@ -279,7 +283,8 @@ class EngineArgs:
             resolve_runner(config, pooling)
         if model_max_len is not None:
             budget = platform.default_max_num_batched_tokens(usage)
-            _apply_model_limits(config, model_max_len, budget)
+            burst = platform.default_burst_token_budget(usage)
+            _apply_model_limits(config, model_max_len, budget, burst)
         platform.check_and_update_config(config)
         if hooks is not None:
             hooks.hook.core_adjust_config(config=config)
@@ -383,7 +388,9 @@ def _lora_config(args: EngineArgs, options: dict[str, Any]) -> LoRAConfig | None
     return config
 
 
-def _apply_model_limits(config: EngineConfig, model_max_len: int, budget: int) -> None:
+def _apply_model_limits(
+    config: EngineConfig, model_max_len: int, budget: int, burst: int | None
+) -> None:
     requested = config.model.max_model_len
     if requested is not None and requested > model_max_len:
         raise ValueError(
@@ -393,7 +400,16 @@ def _apply_model_limits(config: EngineConfig, model_max_len: int, budget: int) -
     max_len = config.model.max_model_len
     scheduler = config.scheduler
     default = budget if scheduler.enable_chunked_prefill else max_len
+    # A budget the user set is every step's: the platform's bursts come with its own budget.
+    if burst is not None and not scheduler.is_user_set("max_num_batched_tokens"):
+        scheduler.set_default("burst_token_budget", burst)
     scheduler.set_default("max_num_batched_tokens", max(default, scheduler.max_num_seqs))
+    burst_budget = scheduler.burst_token_budget
+    if burst_budget is not None and burst_budget < scheduler.max_num_batched_tokens:
+        raise ValueError(
+            f"burst_token_budget {burst_budget} must be >= max_num_batched_tokens "
+            f"{scheduler.max_num_batched_tokens}"
+        )
     if not scheduler.enable_chunked_prefill and scheduler.max_num_batched_tokens < max_len:
         raise ValueError(
             f"max_num_batched_tokens {scheduler.max_num_batched_tokens} must be >= "

@@ -58,6 +58,28 @@ def test_serving_on_cpu_defaults_to_a_smaller_token_budget_than_offline():
     assert budget(UsageContext.SERVING, enable_chunked_prefill=False) == 8192
 
 
+def test_serving_on_cpu_admits_bursts_unless_the_user_sets_a_budget():
+    def burst(usage: UsageContext, **kwargs) -> int | None:
+        config = EngineArgs(**kwargs).create_engine_config(
+            CpuPlatform(), model_max_len=8192, usage=usage
+        )
+        return config.scheduler.burst_token_budget
+
+    assert burst(UsageContext.SERVING) == 8192  # the CPU's serving burst, measured on W3
+    assert burst(UsageContext.OFFLINE) is None  # offline steps are large already
+    assert burst(UsageContext.SERVING, max_num_batched_tokens=256) is None  # every step's
+    assert burst(UsageContext.SERVING, burst_token_budget=1024) == 1024
+    both = {"max_num_batched_tokens": 256, "burst_token_budget": 1024}
+    assert burst(UsageContext.SERVING, **both) == 1024
+
+
+def test_a_burst_budget_below_the_step_budget_is_refused_by_name():
+    with pytest.raises(ValueError, match="burst_token_budget 64 must be >= max_num_batched"):
+        EngineArgs(max_num_batched_tokens=128, burst_token_budget=64).create_engine_config(
+            CpuPlatform(), model_max_len=8192, usage=UsageContext.SERVING
+        )
+
+
 def test_adjust_config_hook_fills_defaults_but_not_user_flags(site):
     site.add("tuner", {HOOKS: {"tuner": "tuner.hooks"}}, ADJUSTING_HOOK)
     points = [ep for group in ALL_GROUPS for ep in metadata.entry_points(group=group)]

@@ -93,6 +93,9 @@ CASES = {
     "max_num_batched_tokens": Case(
         ("--max-num-batched-tokens", "512"), sets="config.scheduler.max_num_batched_tokens"
     ),
+    "burst_token_budget": Case(
+        ("--burst-token-budget", "4096"), sets="config.scheduler.burst_token_budget"
+    ),
     "long_prefill_token_threshold": Case(
         ("--long-prefill-token-threshold", "32"),
         sets="config.scheduler.long_prefill_token_threshold",

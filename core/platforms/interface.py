@@ -120,6 +120,12 @@ class Platform(ABC):
         """
         return DEFAULT_MAX_NUM_BATCHED_TOKENS
 
+    def default_burst_token_budget(self, usage: UsageContext) -> int | None:
+        """The budget of steps that admit a burst of arrivals when the user sets no token
+        budget (SchedulerConfig.burst_token_budget), or None: no bursts. At least
+        `default_max_num_batched_tokens(usage)` where not None."""
+        return None
+
     def torch_device(self, local_rank: int = 0) -> torch.device:
         """The torch device a worker of `local_rank` computes on."""
         return torch.device(self.device_type, self.logical_to_visible(local_rank))

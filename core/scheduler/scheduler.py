@@ -1,4 +1,5 @@
-"""The scheduler: one token budget per step, shared by running and waiting requests.
+"""The scheduler: one token budget per step, shared by running and waiting requests (a
+larger one, where configured, for a step that admits a burst of arrivals: `token_budget`).
 
 There are no prefill and decode phases. Each request has num_computed_tokens and
 num_tokens; a step moves the first towards the second for as many requests as the token
@@ -41,6 +42,10 @@ from core.worker.contract import (
     SchedulerOutput,
 )
 
+# A step takes the burst budget while the waiting requests outnumber the running ones this
+# many times over (SchedulerConfig.burst_token_budget).
+BURST_RATIO = 4
+
 
 @dataclass
 class _Step:
@@ -68,6 +73,8 @@ class Scheduler:
         sched = config.scheduler
         self.max_num_seqs = sched.max_num_seqs
         self.max_num_batched_tokens = sched.max_num_batched_tokens or max_model_len
+        self.burst_token_budget = sched.burst_token_budget
+        self.max_step_tokens = sched.max_step_tokens(max_model_len)
         self.long_prefill_threshold = sched.long_prefill_token_threshold
         self.chunked_prefill = sched.enable_chunked_prefill
         self.policy = sched.policy
@@ -138,7 +145,7 @@ class Scheduler:
     # -- schedule -------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        step = _Step(self.max_num_batched_tokens, {}, {}, [], [], [], {})
+        step = _Step(self.token_budget(), {}, {}, [], [], [], {})
         self._schedule_running(step)
         if not step.preempted:
             self._schedule_waiting(step)
@@ -150,6 +157,16 @@ class Scheduler:
         for req_id, count in step.num_scheduled.items():
             self.requests[req_id].num_computed_tokens += count
         return output
+
+    def token_budget(self) -> int:
+        """The next step's token budget: the burst budget (where set) while the running
+        requests number at most 1 / BURST_RATIO of those waiting, else
+        max_num_batched_tokens. A burst step delays each running stream once, so at most a
+        fifth of the streams (those running beside the burst) see one long gap per burst."""
+        waiting = len(self.waiting)
+        if self.burst_token_budget and waiting and len(self.running) * BURST_RATIO <= waiting:
+            return self.max_step_tokens
+        return self.max_num_batched_tokens
 
     def _sampling_grammars(self, step: _Step) -> list[str]:
         """Requests with a grammar that sample this step (they reach their last token)."""

@@ -155,5 +155,14 @@ def test_token_budgets_are_positive(platform: Platform) -> None:
         assert isinstance(budget, int) and budget > 0, f"{usage.value}: {budget!r}"
 
 
+def test_burst_budgets_are_none_or_at_least_the_step_budget(platform: Platform) -> None:
+    for usage in UsageContext:
+        burst = platform.default_burst_token_budget(usage)
+        budget = platform.default_max_num_batched_tokens(usage)
+        assert burst is None or (isinstance(burst, int) and burst >= budget), (
+            f"{usage.value}: burst {burst!r} under the step budget {budget}"
+        )
+
+
 def test_a_plain_start_is_accepted(platform: Platform) -> None:
     platform.check_and_update_config(EngineConfig())

@@ -85,7 +85,7 @@ class Worker:
             device=self.device,
             max_num_reqs=scheduler.max_num_seqs,
             max_model_len=max_model_len,
-            max_num_batched_tokens=scheduler.max_num_batched_tokens or max_model_len,
+            max_num_batched_tokens=scheduler.max_step_tokens(max_model_len),
             vocab_size=self.arch.vocab_size,
             eos_token_id=self.arch.eos_token_id,
             speculator=self.speculator,

@@ -101,6 +101,39 @@ def test_decodes_keep_progressing_while_a_long_prefill_runs():
     assert short.num_output_tokens == 5
 
 
+def test_a_burst_of_arrivals_is_admitted_in_one_step_beside_few_streams():
+    scheduler = make_scheduler(max_num_batched_tokens=8, burst_token_budget=256)
+    first = make_request(scheduler, "first", num_prompt=6, max_tokens=20)
+    step(scheduler)  # alone: a burst of one (6 tokens)
+    burst = [make_request(scheduler, f"b{i}", num_prompt=20) for i in range(4)]
+    so = step(scheduler)  # 1 running, 4 waiting: the burst budget
+    assert so.num_scheduled_tokens == {"first": 1, **{r.request_id: 20 for r in burst}}
+    assert all(r.num_output_tokens == 1 for r in burst)
+    assert step(scheduler).total_num_scheduled_tokens == 5  # then decodes as one wave
+    assert first.num_output_tokens == 3
+
+
+def test_the_step_budget_holds_while_the_streams_are_many_beside_the_arrivals():
+    scheduler = make_scheduler(max_num_batched_tokens=8, burst_token_budget=256)
+    for i in range(2):
+        make_request(scheduler, f"run{i}", num_prompt=3, max_tokens=20)
+    step(scheduler)  # both admitted in a burst (none running)
+    for i in range(7):  # 2 running * 4 > 7 waiting: no burst
+        make_request(scheduler, f"w{i}", num_prompt=20)
+    assert scheduler.token_budget() == 8
+    make_request(scheduler, "w7", num_prompt=20)  # 2 * 4 <= 8 waiting: a burst
+    assert scheduler.token_budget() == 256
+    assert step(scheduler).total_num_scheduled_tokens == 2 + 8 * 20
+
+
+def test_without_a_burst_budget_every_step_keeps_the_step_budget():
+    scheduler = make_scheduler(max_num_batched_tokens=8)
+    for i in range(6):
+        make_request(scheduler, f"r{i}", num_prompt=20)
+    assert scheduler.token_budget() == 8
+    assert step(scheduler).total_num_scheduled_tokens == 8
+
+
 def test_long_prefill_threshold_caps_each_chunk():
     scheduler = make_scheduler(max_num_batched_tokens=32, long_prefill_token_threshold=6)
     make_request(scheduler, "long", num_prompt=20)
