@@ -160,11 +160,13 @@ class Scheduler:
 
     def token_budget(self) -> int:
         """The next step's token budget: the burst budget (where set) while the running
-        requests number at most 1 / BURST_RATIO of those waiting, else
+        requests number at most 1 / BURST_RATIO of the waiting ones the step may admit
+        (max_num_seqs caps them: a saturated server's queue is no burst), else
         max_num_batched_tokens. A burst step delays each running stream once, so at most a
         fifth of the streams (those running beside the burst) see one long gap per burst."""
-        waiting = len(self.waiting)
-        if self.burst_token_budget and waiting and len(self.running) * BURST_RATIO <= waiting:
+        running = len(self.running)
+        admissible = min(len(self.waiting), self.max_num_seqs - running)
+        if self.burst_token_budget and admissible > 0 and running * BURST_RATIO <= admissible:
             return self.max_step_tokens
         return self.max_num_batched_tokens
 

@@ -126,6 +126,16 @@ def test_the_step_budget_holds_while_the_streams_are_many_beside_the_arrivals():
     assert step(scheduler).total_num_scheduled_tokens == 2 + 8 * 20
 
 
+def test_a_queue_behind_a_full_batch_is_no_burst():
+    scheduler = make_scheduler(max_num_batched_tokens=8, burst_token_budget=256, max_num_seqs=2)
+    for i in range(2):
+        make_request(scheduler, f"run{i}", num_prompt=3, max_tokens=20)
+    step(scheduler)  # both running: max_num_seqs reached
+    for i in range(12):  # 2 * 4 <= 12 waiting, but none may be admitted
+        make_request(scheduler, f"w{i}", num_prompt=20)
+    assert scheduler.token_budget() == 8
+
+
 def test_without_a_burst_budget_every_step_keeps_the_step_budget():
     scheduler = make_scheduler(max_num_batched_tokens=8)
     for i in range(6):
