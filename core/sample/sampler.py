@@ -47,12 +47,12 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     if x.device.type != "cpu" or whole == 0:
         return x.argmax(dim=-1)
     blocks = x[:, :whole].reshape(rows, -1, _ARGMAX_BLOCK)
-    block = blocks.amax(dim=-1).argmax(dim=-1)  # [B]: the first block holding the maximum
+    # The blocks' maximum and the first block holding it.
+    best, block = blocks.amax(dim=-1).max(dim=-1)
     index = block * _ARGMAX_BLOCK + blocks[torch.arange(rows), block].argmax(dim=-1)
     if whole == width:
         return index
     tail_max, tail_index = x[:, whole:].max(dim=-1)
-    best = x.gather(1, index[:, None])[:, 0]
     # The tail wins with a larger value, or with a NaN where the blocks hold none.
     tail_wins = (tail_max > best) | (tail_max.isnan() & ~best.isnan())
     return torch.where(tail_wins, whole + tail_index, index)

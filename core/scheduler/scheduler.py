@@ -73,7 +73,7 @@ class Scheduler:
         sched = config.scheduler
         self.max_num_seqs = sched.max_num_seqs
         self.max_num_batched_tokens = sched.max_num_batched_tokens or max_model_len
-        self.burst_token_budget = sched.burst_token_budget
+        # A burst step's budget; max_num_batched_tokens where no burst budget is set.
         self.max_step_tokens = sched.max_step_tokens(max_model_len)
         self.long_prefill_threshold = sched.long_prefill_token_threshold
         self.chunked_prefill = sched.enable_chunked_prefill
@@ -166,7 +166,7 @@ class Scheduler:
         fifth of the streams (those running beside the burst) see one long gap per burst."""
         running = len(self.running)
         admissible = min(len(self.waiting), self.max_num_seqs - running)
-        if self.burst_token_budget and admissible > 0 and running * BURST_RATIO <= admissible:
+        if admissible > 0 and running * BURST_RATIO <= admissible:
             return self.max_step_tokens
         return self.max_num_batched_tokens
 

@@ -58,9 +58,9 @@ struct Bf16Kernels {
                int64_t num_tokens, float* out, int64_t ldo, uint16_t* rows, float* panel);
   // The strip GEMM: out[t * ldo + n] rounded to bfloat16 (bits), for n in [n0, n1) and
   // every token of x [num_tokens, k] (bf16 bits, row-major, read where it lies). W is
-  // dequantized kStripRows rows at a time into `strip` (kStripRows * k bf16
-  // values), each step over k holding the strip's rows' pairs of inputs side by side, so
-  // the register block loads rows as vectors and broadcasts each token's pair of inputs.
+  // dequantized kStripRows rows at a time into `strip` (kStripRows * k bf16 values), each
+  // step over k holding the strip's rows' pairs of inputs side by side, so the register
+  // block loads rows as vectors and broadcasts each token's pair of inputs.
   void (*strip_gemm)(const PackedWeight& w, int64_t n0, int64_t n1, const uint16_t* x,
                      int64_t num_tokens, uint16_t* out, int64_t ldo, uint16_t* strip);
 };
