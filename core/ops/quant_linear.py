@@ -23,7 +23,9 @@ representable; ggml's half-precision block scales are exact in float32 too.
 `core::quant_linear(x, qweight, scales, mins, bits)` computes x W^T with float32
 accumulation and rounds once to x's dtype (float32, bfloat16 or float16). Its reference
 dequantizes W and multiplies in float32; a kernel (core-cpu-kernels registers one for the
-CPU) must equal it up to float32 summation order, and must never materialize all of W.
+CPU) must equal it up to float32 summation order, and must not materialize all of W for a
+call (it may keep a copy of W in its own layout, made once and remade when the packed
+tensors are written, as core-cpu-kernels keeps bfloat16 ones).
 For bfloat16 x a kernel may also round W to bfloat16 (to multiply with native bf16 dot
 products, as a bf16 model's dense weights are stored): each product then errs by at most
 2^-9 of its magnitude. Or, where W's groups are whole runs of 32 inputs, it may quantize x

@@ -31,7 +31,7 @@ from core.ops.quant_linear import dequantize, pack, unpack
 ops = pytest.importorskip(
     "core_cpu_kernels.ops", reason="core-cpu-kernels is not installed (optional plugin)"
 )
-from core_cpu_kernels import _C  # noqa: E402  (after the skip: the module needs the plugin)
+from core_cpu_kernels import _C, weight_copies  # noqa: E402  (after the skip: needs the plugin)
 
 FLOAT32_TOL = 1e-5
 ALL_ISAS = ["avx512_bf16", "avx512", "avx2", "scalar"]
@@ -375,3 +375,136 @@ def test_register_serves_the_core_op_on_the_cpu():
     x = _activations(2, 96, torch.float32)
     got = torch.ops.core.quant_linear(x, qweight, scales, mins, 8)  # through the dispatcher
     _assert_matches(got, x, (qweight, scales, mins), 8)
+
+
+# ---- Strips: W dequantized once to bf16 in the strip GEMM's layout --------------------------
+#
+# The layout is checked against W built here from the packed values (q * scale + min rounded
+# once to float32, then to bfloat16); products against `_exact` with W in bfloat16.
+
+STRIP_ROWS = 64  # rows per strip (quant_linear.h's kStripRows)
+
+
+def _assert_bf16(got: torch.Tensor, x: torch.Tensor, packed: tuple, bits: int) -> None:
+    """got = x W^T with W rounded to bfloat16, up to float32 summation order, rounded once."""
+    exact, bound = _exact(x, *packed, bits, torch.bfloat16)
+    rtol = torch.finfo(torch.bfloat16).eps
+    torch.testing.assert_close(got.double(), exact, rtol=rtol, atol=FLOAT32_TOL * bound)
+
+
+def _weight_bf16(qweight, scales, mins, bits) -> torch.Tensor:
+    q = unpack(qweight, bits).double()
+    group = q.shape[1] // scales.shape[1]
+    weight = q * scales.double().repeat_interleave(group, 1)
+    return (weight + mins.double().repeat_interleave(group, 1)).float().bfloat16()
+
+
+@ON_BF16
+@pytest.mark.parametrize(("bits", "group", "n", "k"), STRIP_LAYOUTS)
+def test_strips_hold_w_in_bf16_a_strip_of_64_rows_at_a_time_in_pairs_of_inputs(bits, group, n, k):
+    packed = _packed(bits, group, n, k)
+    strips = _C.quant_linear_strips(*packed, bits)
+    num_strips = -(-n // STRIP_ROWS)
+    padded = torch.zeros(num_strips * STRIP_ROWS, k, dtype=torch.bfloat16)
+    padded[:n] = _weight_bf16(*packed, bits)
+    # strip s, pair j, row r, input i of the pair: W[64 s + r, 2 j + i]
+    want = padded.view(num_strips, STRIP_ROWS, k // 2, 2).transpose(1, 2)
+    assert strips.dtype == torch.bfloat16
+    assert torch.equal(strips.view(num_strips, k // 2, STRIP_ROWS, 2), want)
+
+
+# Every remainder of the 6-token register blocks (1-7, 33-37), decode and prefill sizes.
+TOKENS = [1, 2, 3, 4, 5, 6, 7, 9, 33, 34, 35, 36, 37, 80, 300]
+
+
+@ON_BF16
+@pytest.mark.parametrize(("bits", "group", "n", "k"), STRIP_LAYOUTS)
+@pytest.mark.parametrize("t", TOKENS)
+@pytest.mark.parametrize("threads", [1, 3])  # 3: shares that start inside a strip
+def test_multiplying_from_strips_matches_the_bf16_reference(bits, group, n, k, t, threads):
+    packed = _packed(bits, group, n, k)
+    strips = _C.quant_linear_strips(*packed, bits)
+    x = _activations(t, k, torch.bfloat16)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = _C.quant_linear(x, *packed, bits, strips=strips)
+    finally:
+        torch.set_num_threads(before)
+    _assert_bf16(got, x, packed, bits)
+
+
+@ON_BF16
+def test_strips_of_another_weight_are_refused():
+    packed = _packed(4, 32, 200, 576)
+    other = _C.quant_linear_strips(*_packed(4, 32, 40, 576), 4)
+    with pytest.raises(RuntimeError, match="strips must be a contiguous bfloat16"):
+        _C.quant_linear(_activations(9, 576, torch.bfloat16), *packed, 4, strips=other)
+
+
+@ON_BF16
+def test_an_isa_without_bf16_dot_products_makes_no_strips():
+    packed = _packed(4, 32, 40, 64)
+    with pytest.raises(RuntimeError, match="ISA avx512 has no bf16 dot products"):
+        _C.quant_linear_strips(*packed, 4, "avx512")
+
+
+def _strip_builds(monkeypatch) -> list[int]:
+    calls = []
+    real = _C.quant_linear_strips
+
+    def spy(qweight, *args):
+        calls.append(qweight.shape[0])
+        return real(qweight, *args)
+
+    monkeypatch.setattr(ops._C, "quant_linear_strips", spy)
+    return calls
+
+
+@ON_BF16
+def test_the_op_builds_a_weights_strips_once_for_its_bf16_batches(monkeypatch):
+    builds = _strip_builds(monkeypatch)
+    qweight, scales, mins = (t.clone() for t in _packed(4, 32, 200, 576))
+    for t in (ops.STRIP_MIN_ROWS, 33, 300):
+        x = _activations(t, 576, torch.bfloat16)
+        _assert_bf16(ops.quant_linear(x, qweight, scales, mins, 4), x, (qweight, scales, mins), 4)
+    assert builds == [200]
+
+
+@pytest.mark.parametrize(
+    ("t", "dtype", "int8"),
+    [
+        (ops.STRIP_MIN_ROWS - 1, torch.bfloat16, ""),
+        (33, torch.float32, ""),
+        (33, torch.bfloat16, "1"),
+    ],
+    ids=["decode rows", "float32 x", "int8 activations"],
+)
+def test_gemv_rows_other_dtypes_and_int8_activations_take_no_strips(t, dtype, int8, monkeypatch):
+    monkeypatch.setenv("CORE_CPU_INT8_ACTIVATIONS", int8)
+    builds = _strip_builds(monkeypatch)
+    packed = tuple(t.clone() for t in _packed(4, 32, 200, 576))
+    x = _activations(t, 576, dtype)
+    _assert_matches(ops.quant_linear(x, *packed, 4), x, packed, 4, int8=bool(int8))
+    assert builds == []
+
+
+@ON_BF16
+@pytest.mark.parametrize("written", ["qweight", "scales", "mins"])
+def test_a_weight_written_in_place_is_multiplied_as_it_is_now(written):
+    qweight, scales, mins = (t.clone() for t in _packed(4, 32, 200, 576))
+    x = _activations(33, 576, torch.bfloat16)
+    ops.quant_linear(x, qweight, scales, mins, 4)
+    tensor = {"qweight": qweight, "scales": scales, "mins": mins}[written]
+    tensor.copy_(tensor.flip(0))  # another row's values (qweight: still in range)
+    _assert_matches(ops.quant_linear(x, qweight, scales, mins, 4), x, (qweight, scales, mins), 4)
+
+
+@ON_BF16
+def test_past_the_memory_budget_the_op_dequantizes_as_it_multiplies(monkeypatch):
+    builds = _strip_builds(monkeypatch)
+    monkeypatch.setattr(weight_copies, "max_bytes", lambda: weight_copies.copied_bytes())
+    packed = tuple(t.clone() for t in _packed(4, 32, 200, 576))
+    x = _activations(33, 576, torch.bfloat16)
+    _assert_matches(ops.quant_linear(x, *packed, 4), x, packed, 4)
+    assert builds == []

@@ -16,7 +16,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_linear", &quant_linear,
         "core::quant_linear with the kernels of one vector ISA (\"\": the widest available)",
         py::arg("x"), py::arg("qweight"), py::arg("scales"), py::arg("mins"), py::arg("bits"),
-        py::arg("isa") = "", py::arg("int8_x") = false, py::arg("prefill") = "");
+        py::arg("isa") = "", py::arg("int8_x") = false, py::arg("prefill") = "",
+        py::arg("strips") = py::none());
+  m.def("quant_linear_strips", &quant_linear_strips,
+        "A quantized weight dequantized once to bf16 strips, for quant_linear's strips",
+        py::arg("qweight"), py::arg("scales"), py::arg("mins"), py::arg("bits"),
+        py::arg("isa") = "");
+  m.def("quant_linear_has_strips", &quant_linear_has_strips,
+        "Whether an ISA multiplies quant_linear's strips (has bf16 dot products)",
+        py::arg("isa") = "");
   m.def("quant_linear_isas", &quant_linear_isas,
         "The vector ISAs quant_linear can use on this CPU, widest (the default) first");
   m.def("quant_linear_prefill", &quant_linear_prefill,

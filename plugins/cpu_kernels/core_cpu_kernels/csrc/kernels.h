@@ -41,7 +41,18 @@ void rotary_embedding(const torch::Tensor& positions, torch::Tensor query, torch
 // is multiplied: "int8", "bf16" (the strip GEMM), or "" for quant_linear_prefill's choice.
 torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
                            const torch::Tensor& scales, const torch::Tensor& mins, int64_t bits,
-                           const std::string& isa, bool int8_x, const std::string& prefill);
+                           const std::string& isa, bool int8_x, const std::string& prefill,
+                           const c10::optional<torch::Tensor>& strips);
+
+// W dequantized once to bfloat16 in the strip GEMM's layout (quant_linear.h's pack_strips)
+// for quant_linear's `strips`: where given, bf16 x is multiplied from them by the strip
+// GEMM (unless int8_x takes it), which skips the dequantization. ISA `isa` must have the
+// bf16 dot products (RuntimeError otherwise).
+torch::Tensor quant_linear_strips(const torch::Tensor& qweight, const torch::Tensor& scales,
+                                  const torch::Tensor& mins, int64_t bits, const std::string& isa);
+
+// Whether ISA `isa` multiplies strips (has the bf16 dot products).
+bool quant_linear_has_strips(const std::string& isa);
 
 // The vector ISAs quant_linear can use on this CPU, widest (the default) first.
 std::vector<std::string> quant_linear_isas();

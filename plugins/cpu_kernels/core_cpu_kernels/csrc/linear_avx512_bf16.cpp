@@ -177,26 +177,53 @@ void strip_tokens(const uint16_t* strip, int64_t k, const uint16_t* x, int64_t n
   }
 }
 
+// out[t * ldo + r] for r < num_rows and every token, from W's rows in strip layout at
+// `strip` (pairs a kStripRows * 2 apart, so a strip entered a few vectors in serves).
+void multiply_strip(const uint16_t* strip, int64_t k, int64_t num_rows, const uint16_t* x,
+                    int64_t num_tokens, uint16_t* out, int64_t ldo) {
+  switch ((num_rows + Avx512::kLanes - 1) / Avx512::kLanes) {
+    case 1: return strip_tokens<1>(strip, k, x, num_tokens, num_rows, out, ldo);
+    case 2: return strip_tokens<2>(strip, k, x, num_tokens, num_rows, out, ldo);
+    case 3: return strip_tokens<3>(strip, k, x, num_tokens, num_rows, out, ldo);
+    default: return strip_tokens<kStripVecs>(strip, k, x, num_tokens, num_rows, out, ldo);
+  }
+}
+
+void dequantize_any_strip(const PackedWeight& w, int64_t n0, int64_t n1, uint16_t* strip) {
+  if (w.bits == 4) {
+    dequantize_strip<4>(w, n0, n1, strip);
+  } else {
+    dequantize_strip<8>(w, n0, n1, strip);
+  }
+}
+
 void strip_gemm(const PackedWeight& w, int64_t n0, int64_t n1, const uint16_t* x,
                 int64_t num_tokens, uint16_t* out, int64_t ldo, uint16_t* strip) {
   for (int64_t s0 = n0; s0 < n1; s0 += kStripRows) {
     const int64_t rows = std::min(kStripRows, n1 - s0);
-    if (w.bits == 4) {
-      dequantize_strip<4>(w, s0, s0 + rows, strip);
-    } else {
-      dequantize_strip<8>(w, s0, s0 + rows, strip);
-    }
-    uint16_t* o = out + s0;
-    switch ((rows + Avx512::kLanes - 1) / Avx512::kLanes) {
-      case 1: strip_tokens<1>(strip, w.k, x, num_tokens, rows, o, ldo); break;
-      case 2: strip_tokens<2>(strip, w.k, x, num_tokens, rows, o, ldo); break;
-      case 3: strip_tokens<3>(strip, w.k, x, num_tokens, rows, o, ldo); break;
-      default: strip_tokens<kStripVecs>(strip, w.k, x, num_tokens, rows, o, ldo);
-    }
+    dequantize_any_strip(w, s0, s0 + rows, strip);
+    multiply_strip(strip, w.k, rows, x, num_tokens, out + s0, ldo);
   }
 }
 
-const Bf16Kernels kBf16{&pack_tokens<Avx512, Bf16Dot>, &gemm<Avx512, Bf16Dot>, &strip_gemm};
+void pack_strips(const PackedWeight& w, int64_t n0, int64_t n1, uint16_t* strips) {
+  for (int64_t s0 = n0; s0 < n1; s0 += kStripRows)
+    dequantize_any_strip(w, s0, std::min(kStripRows, n1 - s0) + s0, strips + s0 * w.k);
+}
+
+void packed_strip_gemm(const uint16_t* strips, int64_t k, int64_t n0, int64_t n1,
+                       const uint16_t* x, int64_t num_tokens, uint16_t* out, int64_t ldo) {
+  for (int64_t r0 = n0; r0 < n1;) {  // to the end of r0's strip, or n1
+    const int64_t in_strip = r0 % kStripRows;
+    const int64_t rows = std::min(kStripRows - in_strip, n1 - r0);
+    const uint16_t* strip = strips + (r0 - in_strip) * k + in_strip * 2;
+    multiply_strip(strip, k, rows, x, num_tokens, out + r0, ldo);
+    r0 += rows;
+  }
+}
+
+const Bf16Kernels kBf16{&pack_tokens<Avx512, Bf16Dot>, &gemm<Avx512, Bf16Dot>, &strip_gemm,
+                        &pack_strips, &packed_strip_gemm};
 
 const Int8Kernels kInt8{&quantize_tokens, &int8_gemm};
 

@@ -13,8 +13,10 @@
 // products, the strip GEMM (64 rows dequantized at a time, multiplied with every token);
 // otherwise the tiled GEMM: each thread dequantizes a tile of rows (at most kTileBytes) and
 // multiplies it with torch's GEMM; or the int8 GEMM's blocks where they measure faster on
-// this CPU (int8_prefills). All of W is never dequantized at once. The vector ISA is probed
-// once (quant_linear_isas lists the ones this CPU runs).
+// this CPU (int8_prefills). A call never dequantizes all of W; the caller may keep W
+// dequantized once in the strip GEMM's layout (quant_linear_strips), and bfloat16 x given
+// those strips takes the strip GEMM from them, whatever its token count. The vector ISA is
+// probed once (quant_linear_isas lists the ones this CPU runs).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -213,18 +215,23 @@ void blocked_gemm(const ql::IsaKernels& isa, const ql::Bf16Kernels* bf16,
 }
 
 // The strip GEMM (bfloat16 x on `bf16`'s dot products): each thread takes whole vectors of
-// weight rows, evenly split, and multiplies them a strip at a time with every token.
+// weight rows, evenly split, and multiplies them a strip at a time with every token; from
+// W's strips where given (`strips`, pack_strips' layout), else dequantizing each in turn.
 void strip_gemm(const ql::Bf16Kernels& bf16, const ql::PackedWeight& w, const torch::Tensor& x,
-                torch::Tensor& out) {
+                torch::Tensor& out, const uint16_t* strips = nullptr) {
   const int64_t num_tokens = x.size(0), n = out.size(1);
   const int64_t units = (n + ql::kStripUnitRows - 1) / ql::kStripUnitRows;
   const int64_t grain = kMacsPerTask / (ql::kStripUnitRows * w.k * num_tokens) + 1;
   const auto* xb = static_cast<const uint16_t*>(x.data_ptr());
   auto* ob = static_cast<uint16_t*>(out.data_ptr());
   at::parallel_for(0, units, grain, [&](int64_t begin, int64_t end) {
-    const std::unique_ptr<uint16_t[]> strip(new uint16_t[ql::kStripRows * w.k]);
-    bf16.strip_gemm(w, begin * ql::kStripUnitRows, std::min(end * ql::kStripUnitRows, n), xb,
-                    num_tokens, ob, n, strip.get());
+    const int64_t n0 = begin * ql::kStripUnitRows, n1 = std::min(end * ql::kStripUnitRows, n);
+    if (strips != nullptr) {
+      bf16.packed_strip_gemm(strips, w.k, n0, n1, xb, num_tokens, ob, n);
+    } else {
+      const std::unique_ptr<uint16_t[]> strip(new uint16_t[ql::kStripRows * w.k]);
+      bf16.strip_gemm(w, n0, n1, xb, num_tokens, ob, n, strip.get());
+    }
   });
 }
 
@@ -314,11 +321,43 @@ bool int8_prefills(const ql::IsaKernels& kernels, const std::string& prefill) {
   return int8_faster;
 }
 
+// Values W's strips hold: N rounded up to whole strips, times k.
+int64_t strips_numel(const ql::PackedWeight& w, int64_t n) {
+  return (n + ql::kStripRows - 1) / ql::kStripRows * ql::kStripRows * w.k;
+}
+
+const uint16_t* checked_strips(const torch::Tensor& strips, const ql::PackedWeight& w,
+                               int64_t n) {
+  TORCH_CHECK(strips.device().is_cpu() && strips.scalar_type() == torch::kBFloat16 &&
+                  strips.is_contiguous() && strips.numel() == strips_numel(w, n),
+              "quant_linear: strips must be a contiguous bfloat16 CPU tensor of ",
+              strips_numel(w, n), " values (quant_linear_strips of this weight)");
+  return static_cast<const uint16_t*>(strips.data_ptr());
+}
+
 }  // namespace
+
+torch::Tensor quant_linear_strips(const torch::Tensor& qweight, const torch::Tensor& scales,
+                                  const torch::Tensor& mins, int64_t bits,
+                                  const std::string& isa) {
+  const ql::IsaKernels& kernels = isas().choose(isa);
+  TORCH_CHECK(kernels.bf16 != nullptr, "quant_linear_strips: ISA ", kernels.name,
+              " has no bf16 dot products to multiply strips with");
+  const ql::PackedWeight w = packed_weight(qweight, scales, mins, bits);
+  const int64_t n = qweight.size(0);
+  torch::Tensor strips = torch::zeros({strips_numel(w, n)}, torch::kBFloat16);
+  auto* out = static_cast<uint16_t*>(strips.data_ptr());
+  const int64_t num_strips = (n + ql::kStripRows - 1) / ql::kStripRows;
+  at::parallel_for(0, num_strips, 1, [&](int64_t begin, int64_t end) {
+    kernels.bf16->pack_strips(w, begin * ql::kStripRows, std::min(end * ql::kStripRows, n), out);
+  });
+  return strips;
+}
 
 torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
                            const torch::Tensor& scales, const torch::Tensor& mins, int64_t bits,
-                           const std::string& isa, bool int8_x, const std::string& prefill) {
+                           const std::string& isa, bool int8_x, const std::string& prefill,
+                           const c10::optional<torch::Tensor>& strips) {
   const ql::IsaKernels& kernels = isas().choose(isa);
   TORCH_CHECK(prefill.empty() || prefill == kInt8 || prefill == kBf16,
               "quant_linear: prefill must be \"int8\", \"bf16\" or \"\", got '", prefill, "'");
@@ -340,7 +379,9 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
   const int64_t blocked_max = int8 != nullptr   ? kBlockedInt8GemmMaxTokens
                               : bf16 != nullptr ? kBlockedBf16GemmMaxTokens
                                                 : kBlockedGemmMaxTokens;
-  if (num_tokens > blocked_max && (int8 == nullptr || !int8_prefills(kernels, prefill))) {
+  if (strips.has_value() && bf16 != nullptr && int8 == nullptr) {
+    strip_gemm(*bf16, w, x, out, checked_strips(*strips, w, out.size(1)));
+  } else if (num_tokens > blocked_max && (int8 == nullptr || !int8_prefills(kernels, prefill))) {
     if (bf16 != nullptr) {
       strip_gemm(*bf16, w, x, out);
     } else {
@@ -363,3 +404,5 @@ std::string quant_linear_prefill(const std::string& isa) {
   const ql::IsaKernels& kernels = isas().choose(isa);
   return kernels.int8 != nullptr && int8_prefills(kernels, "") ? kInt8 : kBf16;
 }
+
+bool quant_linear_has_strips(const std::string& isa) { return isas().choose(isa).bf16 != nullptr; }

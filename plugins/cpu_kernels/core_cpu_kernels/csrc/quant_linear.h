@@ -63,6 +63,13 @@ struct Bf16Kernels {
   // block loads rows as vectors and broadcasts each token's pair of inputs.
   void (*strip_gemm)(const PackedWeight& w, int64_t n0, int64_t n1, const uint16_t* x,
                      int64_t num_tokens, uint16_t* out, int64_t ldo, uint16_t* strip);
+  // W's rows [n0, n1) (n0 a multiple of kStripRows) dequantized once into `strips`, the
+  // strip GEMM's layout: the strip of rows [s0, s0 + kStripRows) at strips + s0 * k, its
+  // rows past N (zeros) included. Whole, it holds N rounded up to kStripRows times k values.
+  void (*pack_strips)(const PackedWeight& w, int64_t n0, int64_t n1, uint16_t* strips);
+  // strip_gemm on W already in pack_strips' layout, for any rows [n0, n1).
+  void (*packed_strip_gemm)(const uint16_t* strips, int64_t k, int64_t n0, int64_t n1,
+                            const uint16_t* x, int64_t num_tokens, uint16_t* out, int64_t ldo);
 };
 
 // Weight rows one strip of the strip GEMM holds (4 vectors of 16), and the rows a thread's
