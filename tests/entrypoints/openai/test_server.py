@@ -307,7 +307,13 @@ def test_tokenize_detokenize_version_health(server):
     ],
 )
 def test_guided_decoding_constrains_the_output(client, extra, check):
-    ask = [{"role": "user", "content": "Answer briefly: what is the capital of France?"}]
+    # A question whose answer fits the grammar: asked for "Answer briefly", the model opens
+    # a JSON string and rambles in it to max_tokens on some GEMM paths (which depend on how
+    # much of the prompt the prefix cache holds), so whether the grammar ends would be luck.
+    question = "Answer briefly: what is the capital of France?"
+    if "response_format" in extra:
+        question = 'Reply with a JSON object whose key "capital" holds the capital of France.'
+    ask = [{"role": "user", "content": question}]
     out = client.chat.completions.create(
         model=MODEL, messages=ask, max_tokens=128, temperature=0, extra_body=extra
     )
