@@ -32,6 +32,7 @@ from core.ops import (
     rotary_embedding_reference,
     silu_and_mul_reference,
 )
+from core.ops.quant_linear import num_inputs
 from core.platforms.cpu import cpu_flags
 from core_cpu_kernels import (
     _C,  # import after torch: the module links against libtorch
@@ -220,7 +221,7 @@ def quant_strips(
     streams' decode steps 12% shorter. The copy takes 2 bytes a weight (4-bit values ~0.6)."""
     if not strips_available():
         return None
-    n, k = qweight.shape[0], qweight.shape[1] * 8 // bits
+    n, k = qweight.shape[0], num_inputs(qweight, bits)
     num_bytes = -(-n // _STRIP_ROWS) * _STRIP_ROWS * k * 2
     return weight_copies.copy_of(
         "bf16-strips",
