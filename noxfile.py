@@ -153,6 +153,13 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")
 
 
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the documentation (mkdocs.yml) with warnings as errors, into site/."""
+    session.install("mkdocs-material==9.8.1", "mkdocs==1.6.1")
+    session.run("mkdocs", "build", "--strict", "--site-dir", "site")
+
+
 @nox.session(venv_backend="none")
 def bench(session: nox.Session) -> None:
     """Side-by-side benchmarks against peers (not part of CI)."""
