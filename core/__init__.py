@@ -1,6 +1,7 @@
 """core: an LLM inference and serving engine.
 
-    from core import LLM, SamplingParams
+    from core import LLM, SamplingParams      # offline
+    from core import AsyncLLM                 # asyncio apps and servers
 
 Public names are imported on first use, so `core --version` stays fast.
 """
@@ -22,10 +23,12 @@ _PUBLIC = {
     "EmbeddingRequestOutput": "core.outputs",
     "PoolingParams": "core.pooling.params",
     "LLMEngine": "core.engine.llm_engine",
+    "AsyncLLM": "core.engine.async_llm",
     "LoRARequest": "core.lora.request",
 }
 
 __all__ = [
+    "AsyncLLM",
     "CompletionOutput",
     "EmbeddingOutput",
     "EmbeddingRequestOutput",
@@ -40,6 +43,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from core.engine.async_llm import AsyncLLM
     from core.engine.llm_engine import LLMEngine
     from core.engine_args import EngineArgs
     from core.entrypoints.llm import LLM
