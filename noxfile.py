@@ -8,7 +8,7 @@ from pathlib import Path
 
 import nox
 
-nox.options.sessions = ["lint", "tests", "slow", "conformance"]
+nox.options.sessions = ["lint", "docs", "tests", "slow", "conformance"]
 nox.options.reuse_existing_virtualenvs = True
 
 TORCH = "torch==2.13.0"
