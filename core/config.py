@@ -2,8 +2,9 @@
 
 Each sub-config records which fields the user set explicitly (pydantic's
 `model_fields_set`); defaults from optimization levels and platforms fill only the rest,
-so explicit user flags always win. The EngineConfig is adjusted by the platform and the
-`core_adjust_config` hook, then validated again and frozen.
+so explicit user flags always win. EngineArgs.create_engine_config fills the defaults in
+one pass (the platform's, the `core_adjust_config` hooks', then what derives from them),
+validates once (core.config_rules and the platform) and freezes the result.
 """
 
 from __future__ import annotations
@@ -54,6 +55,12 @@ class _Config(BaseModel):
         if not self.is_user_set(field):
             super().__setattr__(field, value)
             self.model_fields_set.discard(field)
+
+    def fill(self, field: str, value: Any) -> None:
+        """Set `field` when nobody chose it yet (it is still None): a value derived from
+        others, which leaves what the user, the platform or a hook set alone."""
+        if getattr(self, field) is None:
+            self.set_default(field, value)
 
 
 QUANTIZATION_NONE = "none"
@@ -183,8 +190,8 @@ class CompilationConfig(_Config):
     """-O levels (DESIGN.md section 6) and `--compilation-config` (vLLM's keys).
 
     `level` 0 eager, 1 torch.compile of the model, 2 adds graph capture of decode batches,
-    3 reserved; None means "the platform's default", filled in by `apply_level` before the
-    platform checks what it can honour. compile_model / capture_graphs (and the JSON keys)
+    3 reserved; None means "the platform's default", which the platform fills in
+    (Platform.apply_config_defaults). compile_model / capture_graphs (and the JSON keys)
     the user sets win over the level's defaults.
     """
 
@@ -208,14 +215,20 @@ class CompilationConfig(_Config):
         return None if sizes is None else sorted(set(sizes))
 
     def apply_level(self, default_level: int) -> None:
-        """Fill the level, then compile_model / capture_graphs from it, where the user left them."""
+        """`default_level` where the user set no level, then what the level turns on: a
+        platform's default as create_engine_config applies it (for configs built without
+        EngineArgs, e.g. a worker's in tests)."""
         self.set_default("level", default_level)
-        self.set_default("compile_model", self.level >= COMPILE_LEVEL)
+        self.fill_from_level()
+
+    def fill_from_level(self) -> None:
+        """Fill compile_model / capture_graphs from the level where nobody chose them."""
+        self.fill("compile_model", self.level >= COMPILE_LEVEL)
         # Naming a graph mode asks for graphs whatever the level.
         asks_graphs = self.cudagraph_mode not in (None, CUDAGraphMode.NONE)
-        self.set_default("capture_graphs", asks_graphs or self.level >= GRAPH_CAPTURE_LEVEL)
+        self.fill("capture_graphs", asks_graphs or self.level >= GRAPH_CAPTURE_LEVEL)
         if not self.capture_graphs:
-            self.set_default("cudagraph_mode", CUDAGraphMode.NONE)
+            self.fill("cudagraph_mode", CUDAGraphMode.NONE)
 
     def resolve_capture_sizes(self, max_num_seqs: int) -> None:
         """Fill cudagraph_capture_sizes from max_cudagraph_capture_size, itself
@@ -227,7 +240,7 @@ class CompilationConfig(_Config):
         sizes += list(range(_CAPTURE_SIZE_STEP, largest + 1, _CAPTURE_SIZE_STEP))
         if largest not in sizes:
             sizes.append(largest)
-        self.set_default("cudagraph_capture_sizes", sizes)
+        self.fill("cudagraph_capture_sizes", sizes)
 
 
 class ComponentConfig(_Config):
@@ -291,13 +304,9 @@ class LoRAConfig(_Config):
     max_cpu_loras: int | None = Field(default=None, ge=1)
     implementation: str = "default"
 
-    def resolve(self) -> None:
-        """Fill max_cpu_loras; ValueError naming it when it cannot hold the active slots."""
-        self.set_default("max_cpu_loras", self.max_loras)
-        if self.max_cpu_loras < self.max_loras:
-            raise ValueError(
-                f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})"
-            )
+    def fill_defaults(self) -> None:
+        """Fill max_cpu_loras: as many adapters in host memory as in the weight buffers."""
+        self.fill("max_cpu_loras", self.max_loras)
 
 
 class PoolerConfig(_Config):

@@ -1,12 +1,12 @@
 """EngineArgs: the user's engine options, from Python keywords or CLI flags named as in vLLM.
 
 Every option defaults to None, meaning "not given": only given options reach the config
-as explicit values, so levels and platforms never override them.
+as explicit values, so levels and platforms never override them; where a default
+conflicts with one of them, the default yields (core.config_rules).
 """
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
@@ -15,7 +15,6 @@ import click
 
 from core.config import (
     LOAD_FORMATS,
-    CUDAGraphMode,
     EngineConfig,
     LoRAConfig,
     PoolerConfig,
@@ -23,8 +22,10 @@ from core.config import (
     UsageContext,
     parse_size,
 )
+from core.config_rule import ConfigFacts
+from core.config_rules import validate, yield_defaults
 from core.plugins.components import parse_json_object
-from core.pooling.runner import CheckpointPooling, resolve_runner, settle_pooling_compilation
+from core.pooling.runner import CheckpointPooling, resolve_runner
 from core.quantization.selector import (
     StoredQuantization,
     packed_weights_pay_off,
@@ -232,6 +233,14 @@ class EngineArgs:
                 _CONVERTERS.get(f.name, _assign)(sections, f.metadata, value)
         return sections
 
+    def given_flags(self) -> dict[str, str]:
+        """{flag: its config section} of the options the user gave, in declaration order."""
+        return {
+            f.metadata["flag"].split("/")[0]: f.metadata["section"]
+            for f in fields(self)
+            if getattr(self, f.name) is not None
+        }
+
     def create_engine_config(
         self,
         platform: Platform,
@@ -240,21 +249,41 @@ class EngineArgs:
         usage: UsageContext = UsageContext.OFFLINE,
         stored_quantization: StoredQuantization | None = None,
         pooling: CheckpointPooling | None = None,
+        num_layers: int | None = None,
     ) -> EngineConfig:
-        """Explicit options, then the model, the platform (with its -O level) and hooks fill
-        the rest; a flag this build or platform cannot honour is a ValueError naming it.
+        """The EngineConfig of these options, in phases that each run once: the sections of
+        the flags given; the defaults (the platform's with its -O level, the plugins'
+        `core_adjust_config` hooks, then what derives from them, where a default that
+        conflicts with an explicit choice yields); validation (the platform's
+        `check_config`, then core.config_rules), which refuses with a ValueError naming
+        the flags; freezing.
 
         `model_max_len` is the checkpoint's context length: the default max_model_len and
-        the most a user may ask for. `usage` picks the platform's default token budget.
+        the most a user may ask for; `num_layers` its decoder layers (at least one per
+        pipeline stage). `usage` picks the platform's default token budget.
         `stored_quantization` (how the checkpoint stores its weights) turns --quantization
         into the method the model runs with (None: float weights). `pooling` (what the
         checkpoint says about pooling) resolves --runner and the pooler config.
         """
+        config = self._explicit_config()
+        facts = ConfigFacts(self.given_flags(), model_max_len, num_layers, pooling)
+        platform.apply_config_defaults(config)
+        if hooks is not None:
+            hooks.hook.core_adjust_config(config=config)
+        _derive_defaults(config, platform, facts, usage, stored_quantization)
+        platform.check_config(config)
+        validate(config, facts)
+        if config.speculative is not None:
+            check_speculative_config(config.speculative)
+        return config.freeze()
+
+    def _explicit_config(self) -> EngineConfig:
+        """An EngineConfig holding the options given and nothing derived."""
         sections = self.config_sections()
         speculative = sections.pop("speculative")
         pooler = sections.pop("pooler")
-        lora = _lora_config(self, sections.pop("lora"))
-        config = EngineConfig(
+        lora = sections.pop("lora")
+        return EngineConfig(
             **{
                 name: info.annotation.model_validate(sections[name])  # type: ignore[union-attr]
                 for name, info in EngineConfig.model_fields.items()
@@ -265,37 +294,9 @@ class EngineArgs:
                 if self.speculative_config is None
                 else SpeculativeConfig.from_json(speculative)
             ),
-            lora=lora,
+            lora=LoRAConfig.model_validate(lora) if self.enable_lora else None,
             pooler=None if self.pooler_config is None else PoolerConfig.model_validate(pooler),
         )
-        _refuse_unbuilt(config)
-        tp_size = config.parallel.tensor_parallel_size
-        if stored_quantization is not None:
-            dtype = config.model.torch_dtype(platform)
-            config.model.quantization = resolve_quantization(
-                config.model.quantization,
-                stored_quantization,
-                # Packed blocks cannot be split across ranks yet: dequantize under TP.
-                keep_blocks=packed_weights_pay_off(platform.device_type, dtype) and tp_size == 1,
-            )
-
-        if pooling is not None:
-            resolve_runner(config, pooling)
-        if model_max_len is not None:
-            budget = platform.default_max_num_batched_tokens(usage)
-            burst = platform.default_burst_token_budget(usage)
-            _apply_model_limits(config, model_max_len, budget, burst)
-        platform.check_and_update_config(config)
-        if hooks is not None:
-            hooks.hook.core_adjust_config(config=config)
-            # A hook may change anything; what it leaves must pass the same checks as flags.
-            _refuse_unbuilt(config)
-            platform.check_and_update_config(config)
-        if config.speculative is not None:
-            check_speculative_config(config.speculative)
-        settle_pooling_compilation(config)
-        _refuse_compiled_combinations(config)
-        return config.freeze()
 
     @classmethod
     def from_cli(cls, options: dict[str, Any]) -> EngineArgs:
@@ -304,117 +305,66 @@ class EngineArgs:
         return cls(**{k: v for k, v in options.items() if k in names})
 
 
-def _refuse_compiled_combinations(config: EngineConfig) -> None:
-    """Compiled or captured runs that were never built: the LoRA layers and pipeline stages
-    read per-step state that a compiled graph would freeze; FULL graphs of mixed batches
-    are not captured; PIECEWISE graphs are pieces of the compiled forward."""
-    compilation = config.compilation
-    mode = compilation.cudagraph_mode
-    if mode is CUDAGraphMode.FULL:
-        raise ValueError(
-            "compilation_config.cudagraph_mode FULL (mixed batches in full graphs) is not "
-            "implemented yet: use FULL_AND_PIECEWISE, FULL_DECODE_ONLY or PIECEWISE"
-        )
-    if mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL_AND_PIECEWISE) and not (
-        compilation.compile_model
-    ):
-        raise ValueError(
-            f"compilation_config.cudagraph_mode {mode.value} captures pieces of the compiled "
-            "model, but compilation is off: use -O2 or FULL_DECODE_ONLY"
-        )
-    if compilation.capture_graphs:
-        compilation.resolve_capture_sizes(config.scheduler.max_num_seqs)
-    if not (compilation.compile_model or compilation.capture_graphs):
-        return
-    for flag, enabled in (
-        ("--enable-lora", config.lora is not None),
-        ("--pipeline-parallel-size > 1", config.parallel.pipeline_parallel_size > 1),
-    ):
-        if enabled:
-            raise ValueError(
-                f"-O{compilation.level} compiles the model or captures graphs, which {flag} "
-                "does not support yet: use -O0 or --enforce-eager"
-            )
-
-
-def _refuse_unbuilt(config: EngineConfig) -> None:
-    """Refuse, naming the flag, what vLLM users may ask for but this build does not have;
-    fill the executor backend (uni for one rank, mp for more)."""
+def _derive_defaults(
+    config: EngineConfig,
+    platform: Platform,
+    facts: ConfigFacts,
+    usage: UsageContext,
+    stored_quantization: StoredQuantization | None,
+) -> None:
+    """Fill what derives from the flags, the platform's defaults and the hooks, where
+    nobody chose it, in dependency order: the quantization method, the runner, what the
+    -O level turns on, the defaults that yield to explicit choices (config_rules), the
+    model's limits and token budgets, the executor, the graph capture sizes, LoRA's."""
+    if stored_quantization is not None:
+        _resolve_quantization(config, platform, stored_quantization)
+    if facts.pooling is not None:
+        resolve_runner(config, facts.pooling)
+    config.compilation.fill_from_level()
+    yield_defaults(config, facts)
+    if facts.model_max_len is not None:
+        budget = platform.default_max_num_batched_tokens(usage)
+        burst = platform.default_burst_token_budget(usage)
+        _fill_model_limits(config, facts.model_max_len, budget, burst)
     parallel = config.parallel
-    world_size = parallel.tensor_parallel_size * parallel.pipeline_parallel_size
-    parallel.set_default("distributed_executor_backend", "uni" if world_size == 1 else "mp")
-    if parallel.pipeline_parallel_size > 1:
-        for flag, enabled in (
-            ("--speculative-config", config.speculative is not None),
-            ("--enable-lora", config.lora is not None),
-        ):
-            if enabled:
-                raise ValueError(f"{flag} with pipeline parallelism is not built yet; use 1 stage")
-    local = parallel.local_data_parallel_ranks
-    if local.stop > parallel.data_parallel_size:
-        raise ValueError(
-            f"--data-parallel-start-rank {local.start} + --data-parallel-size-local "
-            f"{len(local)} exceeds --data-parallel-size {parallel.data_parallel_size}"
-        )
-    backend = parallel.distributed_executor_backend
-    if backend == "ray" and importlib.util.find_spec("ray") is None:
-        raise ValueError("--distributed-executor-backend ray needs Ray: pip install 'core[ray]'")
-    if backend == "uni" and world_size > 1:
-        raise ValueError(
-            f"--distributed-executor-backend uni runs one worker, but --tensor-parallel-size "
-            f"{parallel.tensor_parallel_size} x --pipeline-parallel-size "
-            f"{parallel.pipeline_parallel_size} needs {world_size}; use mp"
-        )
-    if config.kv_transfer.model_fields_set:
-        raise ValueError(
-            "--kv-transfer-config: no KV connector is wired into the scheduler and worker yet"
-        )
+    parallel.fill("distributed_executor_backend", "uni" if parallel.world_size == 1 else "mp")
+    if config.compilation.capture_graphs:
+        config.compilation.resolve_capture_sizes(config.scheduler.max_num_seqs)
+    if config.lora is not None:
+        config.lora.fill_defaults()
 
 
-def _lora_config(args: EngineArgs, options: dict[str, Any]) -> LoRAConfig | None:
-    """The LoRA section when --enable-lora is given; its limits alone are refused (they
-    would be ignored)."""
-    if not args.enable_lora:
-        if options:
-            flags = [
-                f.metadata["flag"]
-                for f in fields(args)
-                if f.metadata["section"] == "lora" and getattr(args, f.name) is not None
-            ]
-            raise ValueError(f"{', '.join(flags)}: LoRA options need --enable-lora")
-        return None
-    config = LoRAConfig.model_validate(options)
-    config.resolve()
-    return config
+def _resolve_quantization(
+    config: EngineConfig, platform: Platform, stored: StoredQuantization
+) -> None:
+    """--quantization and the checkpoint's storage -> the method the model runs with."""
+    dtype = config.model.torch_dtype(platform)
+    config.model.quantization = resolve_quantization(
+        config.model.quantization,
+        stored,
+        # Packed blocks cannot be split across ranks yet: dequantize under TP.
+        keep_blocks=packed_weights_pay_off(platform.device_type, dtype)
+        and config.parallel.tensor_parallel_size == 1,
+    )
 
 
-def _apply_model_limits(
+def _fill_model_limits(
     config: EngineConfig, model_max_len: int, budget: int, burst: int | None
 ) -> None:
-    requested = config.model.max_model_len
-    if requested is not None and requested > model_max_len:
-        raise ValueError(
-            f"max_model_len {requested} exceeds the model's context length {model_max_len}"
-        )
-    config.model.set_default("max_model_len", model_max_len)
-    max_len = config.model.max_model_len
+    """max_model_len from the model; the step budget: the platform's `budget` with chunked
+    prefill, else a whole context, at least max_num_seqs; the platform's `burst` budget."""
+    config.model.fill("max_model_len", model_max_len)
     scheduler = config.scheduler
-    default = budget if scheduler.enable_chunked_prefill else max_len
-    # A budget the user set is every step's: the platform's bursts come with its own budget.
+    default = budget if scheduler.enable_chunked_prefill else config.model.max_model_len
+    if scheduler.enable_chunked_prefill and scheduler.burst_token_budget is not None:
+        # The default yields to a burst budget the user set (rule burst-covers-budget).
+        default = min(default, scheduler.burst_token_budget)
+    scheduler.fill("max_num_batched_tokens", max(default, scheduler.max_num_seqs))
+    # A budget the user set is every step's: the platform's bursts come with its own budget,
+    # and only where they are bursts (above the step budget).
     if burst is not None and not scheduler.is_user_set("max_num_batched_tokens"):
-        scheduler.set_default("burst_token_budget", burst)
-    scheduler.set_default("max_num_batched_tokens", max(default, scheduler.max_num_seqs))
-    burst_budget = scheduler.burst_token_budget
-    if burst_budget is not None and burst_budget < scheduler.max_num_batched_tokens:
-        raise ValueError(
-            f"burst_token_budget {burst_budget} must be >= max_num_batched_tokens "
-            f"{scheduler.max_num_batched_tokens}"
-        )
-    if not scheduler.enable_chunked_prefill and scheduler.max_num_batched_tokens < max_len:
-        raise ValueError(
-            f"max_num_batched_tokens {scheduler.max_num_batched_tokens} must be >= "
-            f"max_model_len {max_len} when chunked prefill is disabled"
-        )
+        if burst >= scheduler.max_num_batched_tokens:
+            scheduler.fill("burst_token_budget", burst)
 
 
 def _assign(sections: dict[str, dict[str, Any]], meta: Any, value: Any) -> None:
@@ -455,12 +405,9 @@ def _set_size(sections: dict[str, dict[str, Any]], meta: Any, value: Any) -> Non
 
 def _set_bytes(sections: dict[str, dict[str, Any]], meta: Any, value: Any) -> None:
     """--kv-cache-memory-bytes: a bare number counts bytes (vLLM's unit), not GiB. It sets
-    --kv-cache-memory's field, so giving both is refused rather than one silently winning."""
-    cache = sections[meta["section"]]
-    if meta["key"] in cache:
-        raise ValueError(f"{meta['flag']} and --kv-cache-memory set the same budget: give one")
+    --kv-cache-memory's field; giving both is refused (rule one-kv-budget-flag)."""
     bare = isinstance(value, int) or str(value).strip().isdigit()
-    cache[meta["key"]] = int(value) if bare else parse_size(value)
+    sections[meta["section"]][meta["key"]] = int(value) if bare else parse_size(value)
 
 
 def _set_load_format(sections: dict[str, dict[str, Any]], meta: Any, value: str) -> None:

@@ -4,7 +4,8 @@ It resolves the model and the configuration, loads the tokenizer, renders chat
 conversations, and turns a prompt and SamplingParams into a validated request — so bad
 input is a ValueError in the frontend and never reaches the engine core. Each ValueError's
 message starts with the input field it names (`prompt`, `messages`, a SamplingParams
-field), which the OpenAI server turns into the error's `param`.
+field), which the OpenAI server turns into the error's `param`; a chat render error also
+carries its field as data (ChatRenderError.field).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import torch
@@ -29,7 +30,6 @@ from core.model_loader import Checkpoint, resolve_model
 from core.model_loader.gguf_loader import GGUFCheckpoint
 from core.model_loader.load_checks import check_load_options
 from core.models.arch_config import ArchConfig
-from core.models.pipeline import stage_layers
 from core.models.registry import resolve_model_class
 from core.platforms.interface import Platform
 from core.platforms.selection import select_platform
@@ -51,6 +51,16 @@ _GENERATION_KEYS = {
     "repetition_penalty": "repetition_penalty",
     "max_new_tokens": "max_tokens",
 }
+
+
+class ChatRenderError(ValueError):
+    """A conversation `InputProcessor.render_chat` cannot render. `field` is the input at
+    fault, as data for callers that report it (the OpenAI server's `param`): the
+    `chat_template_kwargs` it refused, or the `messages` the template failed on."""
+
+    def __init__(self, message: str, field: Literal["chat_template_kwargs", "messages"]):
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass
@@ -94,6 +104,7 @@ class EngineSetup:
             usage=usage,
             stored_quantization=checkpoint.stored_quantization,
             pooling=CheckpointPooling.read(checkpoint, model_cls, engine_args.runner),
+            num_layers=arch.num_hidden_layers,
         )
         tp_size = config.parallel.tensor_parallel_size
         if config.model.quantization is not None:
@@ -109,7 +120,6 @@ class EngineSetup:
         if config.lora is not None:
             lora_manager_class(config.lora, registry)  # installed, or the package to install
         arch.check_tensor_parallel(tp_size)
-        stage_layers(arch.num_hidden_layers, 0, config.parallel.pipeline_parallel_size)
         return cls(config, choice.platform, checkpoint, hooks)
 
 
@@ -222,11 +232,14 @@ class InputProcessor:
         model's); `continue_final_message` ends the prompt right after the last message's
         content, so the model continues it instead of starting a new turn; `tools` (OpenAI
         function tools) are the template's `tools`. Bad `chat_template_kwargs` (a reserved
-        name, data that is not JSON) are a ValueError naming them; a template that cannot
-        render the conversation, or renders text that is not valid Unicode, one naming
-        messages.
+        name, data that is not JSON) are a ChatRenderError naming them; a template that
+        cannot render the conversation, or renders text that is not valid Unicode, one
+        naming messages.
         """
-        check_template_kwargs(chat_template_kwargs or {})
+        try:
+            check_template_kwargs(chat_template_kwargs or {})
+        except ValueError as exc:
+            raise ChatRenderError(str(exc), "chat_template_kwargs") from exc
         try:
             text = self.tokenizer.apply_chat_template(
                 list(messages),
@@ -237,7 +250,8 @@ class InputProcessor:
             )
             check_text(text, "the rendered prompt")
         except ValueError as exc:
-            raise ValueError(f"messages cannot be rendered with the chat template: {exc}") from exc
+            message = f"messages cannot be rendered with the chat template: {exc}"
+            raise ChatRenderError(message, "messages") from exc
         if continue_final_message and messages:
             last = str(messages[-1].get("content") or "")
             text = text[: text.rfind(last) + len(last)]

@@ -65,9 +65,11 @@ class Platform(ABC):
       6; cumulative: a level includes what every lower level turns on);
       `default_optimization_level`, one of them, is what a start without -O gets, so a
       plain start is never refused.
-    - `check_and_update_config` validates and adjusts the EngineConfig before it is
-      frozen (block size, dtype, optimization level); it raises ValueError naming the flag
-      for what this platform cannot run and never overrides an explicit user flag.
+    - `apply_config_defaults` fills this platform's defaults in the EngineConfig (the -O
+      level; `set_default`, so an explicit user flag stays), once, before the plugins'
+      `core_adjust_config` hooks; `check_config` then refuses, once every default is
+      filled and with no side effects, what this platform cannot run (ValueError naming
+      the flag).
     - Device ids have three namespaces: logical (the engine's local rank), physical
       (the id the driver and topology tools use) and visible (the index torch sees
       after `device_control_env_var`, e.g. CUDA_VISIBLE_DEVICES, remapped them).
@@ -97,6 +99,16 @@ class Platform(ABC):
     # `capture_graph`).
     supported_optimization_levels: ClassVar[tuple[int, ...]] = (0,)
     default_optimization_level: ClassVar[int] = 0
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # check_and_update_config was split in two: an override of it would never be
+        # called, so a platform written for it fails loudly instead of running unchecked.
+        if "check_and_update_config" in vars(cls):
+            raise TypeError(
+                f"{cls.__qualname__}.check_and_update_config is no longer called: fill "
+                "defaults in apply_config_defaults and refuse in check_config"
+            )
 
     def __init__(self) -> None:
         self._assigned_physical_ids: tuple[int, ...] | None = None
@@ -154,8 +166,16 @@ class Platform(ABC):
     def set_device(self, device: torch.device) -> None:
         """Make `device` the current device of this process."""
 
-    def check_and_update_config(self, config: Any) -> None:
-        """Validate `config` (an EngineConfig) for this platform and fill its defaults."""
+    def apply_config_defaults(self, config: Any) -> None:
+        """Fill this platform's defaults in `config` (an EngineConfig) where the user set
+        nothing: the -O level. An override calls super() and uses `set_default`."""
+        config.compilation.set_default("level", self.default_optimization_level)
+
+    def check_config(self, config: Any) -> None:
+        """Refuse, naming the flag, what this platform cannot run in `config` (an
+        EngineConfig whose defaults are all filled): dtype, quantization method, -O level,
+        compilation, device count, --gpu-memory-utilization. Changes nothing. An override
+        calls super()."""
         dtype = config.model.torch_dtype(self)
         if dtype not in self.supported_dtypes:
             supported = ", ".join(_dtype_name(d) for d in self.supported_dtypes)
@@ -168,25 +188,16 @@ class Platform(ABC):
             raise ValueError(
                 f"--quantization {method} is not supported on the {self.name} platform"
             )
-        config.compilation.apply_level(self.default_optimization_level)
         self._check_compilation(config.compilation)
         self._check_device_count(config.parallel)
-        self._check_kv_cache_budget(config.cache)
+        self._check_memory_profiling(config.cache)
 
-    def _check_kv_cache_budget(self, cache: CacheConfig) -> None:
-        """--gpu-memory-utilization needs a profiling platform and is the one way to ask
-        for the budget: with --kv-cache-memory as well, one of them would be ignored."""
-        if not cache.is_user_set("gpu_memory_utilization"):
-            return
-        if not self.memory_profiling:
+    def _check_memory_profiling(self, cache: CacheConfig) -> None:
+        """--gpu-memory-utilization is a share of a device this platform profiles."""
+        if cache.is_user_set("gpu_memory_utilization") and not self.memory_profiling:
             raise ValueError(
                 f"--gpu-memory-utilization: the {self.name} platform shares memory with the "
                 "host and does not profile it; size the KV cache with --kv-cache-memory"
-            )
-        if cache.kv_cache_memory_bytes is not None:
-            raise ValueError(
-                "--gpu-memory-utilization and --kv-cache-memory both size the KV cache; "
-                "give one of them"
             )
 
     def _check_device_count(self, parallel: Any) -> None:

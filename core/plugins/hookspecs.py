@@ -35,8 +35,11 @@ def core_adjust_config(config: Any) -> None:
     """Adjust the EngineConfig `config` in place before it is frozen.
 
     Runs once per engine in the frontend process (API server or the process that builds
-    `LLM`), after user flags and the platform's defaults are applied. Explicit user flags
-    should be respected. Returns nothing; raise ValueError to reject the configuration.
+    `LLM`), after user flags and the platform's defaults (its -O level) are applied; what
+    derives from them (token budgets, the executor, what the level turns on) is filled
+    afterwards from what the hook leaves, and the result is validated as flags are.
+    Explicit user flags should be respected. Returns nothing; raise ValueError to reject
+    the configuration.
     """
 
 

@@ -8,11 +8,12 @@ explicit `--runner` wins. The pooler config (`--pooler-config`) is filled from t
 sentence-transformers config, else from the architecture's `default_pooling_type` (CLS
 for BERT, LAST for the decoders) with normalization on, as vLLM embeds.
 
-What pooling changes in the engine: a pooled request samples nothing, so there is no
-speculative decoding; LoRA and pipeline stages are not built for it yet. CLS and MEAN
-pooling, and bidirectional attention, need every prompt token computed in the forward that
-pools it: for them prefix caching and chunked prefill are off (refused when asked for).
-LAST pooling over a causal decoder keeps both: the last token is always computed.
+What pooling changes in the engine (rules of core.config_rules): a pooled request samples
+nothing, so there is no speculative decoding; LoRA, pipeline stages and compilation are not
+built for it yet. CLS and MEAN pooling, and bidirectional attention, need every prompt token
+computed in the forward that pools it (`whole_prompt_reason`): for them prefix caching and
+chunked prefill are off (refused when asked for). LAST pooling over a causal decoder keeps
+both: the last token is always computed.
 """
 
 from __future__ import annotations
@@ -20,14 +21,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from core.config import CUDAGraphMode, EngineConfig, PoolerConfig
+from core.config import EngineConfig, PoolerConfig
 from core.pooling.interface import PoolingType
 from core.pooling.st_config import SentenceTransformersConfig, read_sentence_transformers_config
 
 if TYPE_CHECKING:
     from core.model_loader.checkpoint import Checkpoint
 
-__all__ = ["CheckpointPooling", "resolve_runner", "settle_pooling_compilation"]
+__all__ = ["CheckpointPooling", "resolve_runner", "whole_prompt_reason"]
 
 Runner = Literal["generate", "pooling"]
 
@@ -74,28 +75,24 @@ class CheckpointPooling:
 
 
 def resolve_runner(config: EngineConfig, pooling: CheckpointPooling) -> None:
-    """Resolve `--runner auto` from the checkpoint; for the pooling runner, fill the pooler
-    config and turn off what pooling cannot use. ValueError naming the flag that conflicts
-    with the runner. Runs before the scheduler's limits are derived from the config."""
+    """Resolve `--runner auto` from the checkpoint and, for the pooling runner, fill the
+    pooler config from it. What conflicts with the runner is refused by core.config_rules."""
     model = config.model
     if model.runner == "auto":
         model.runner = pooling.runner
-    if model.runner == "generate":
-        if pooling.pooling_only:
-            raise ValueError(
-                f"--runner generate: {pooling.architecture} has no language-model head; "
-                "it can only embed (--runner pooling)"
-            )
-        if config.pooler is not None:
-            raise ValueError("--pooler-config applies to --runner pooling only")
-        return
-    _refuse_unbuilt(config)
-    config.pooler = _pooler_config(config.pooler or PoolerConfig(), pooling)
-    pooling_type = PoolingType(config.pooler.pooling_type)
+    if model.runner == "pooling":
+        config.pooler = _pooler_config(config.pooler or PoolerConfig(), pooling)
+
+
+def whole_prompt_reason(config: EngineConfig, pooling: CheckpointPooling | None) -> str | None:
+    """Why the pooling runner needs every prompt token's hidden state from the forward that
+    pools it (so no prefix caching, no chunked prefill), or None when it does not."""
+    if config.model.runner != "pooling" or config.pooler is None or pooling is None:
+        return None
     if pooling.bidirectional:
-        _compute_whole_prompts(config, f"{pooling.architecture}'s bidirectional attention")
-    elif pooling_type.needs_whole_prompt:
-        _compute_whole_prompts(config, f"{pooling_type.value} pooling")
+        return f"{pooling.architecture}'s bidirectional attention"
+    pooling_type = PoolingType(config.pooler.pooling_type)
+    return f"{pooling_type.value} pooling" if pooling_type.needs_whole_prompt else None
 
 
 def _pooler_config(pooler: PoolerConfig, pooling: CheckpointPooling) -> PoolerConfig:
@@ -105,47 +102,3 @@ def _pooler_config(pooler: PoolerConfig, pooling: CheckpointPooling) -> PoolerCo
     pooler.set_default("pooling_type", pooling_type.value)
     pooler.set_default("normalize", True if st is None else st.normalize)
     return pooler
-
-
-def _refuse_unbuilt(config: EngineConfig) -> None:
-    for flag, enabled in (
-        ("--speculative-config", config.speculative is not None),
-        ("--enable-lora", config.lora is not None),
-        ("--pipeline-parallel-size > 1", config.parallel.pipeline_parallel_size > 1),
-    ):
-        if enabled:
-            raise ValueError(f"{flag} with --runner pooling is not built yet")
-
-
-def _compute_whole_prompts(config: EngineConfig, reason: str) -> None:
-    """Prefix caching and chunked prefill off: `reason` needs every prompt token's hidden
-    state from the forward that pools it."""
-    for section, name in (
-        (config.cache, "enable_prefix_caching"),
-        (config.scheduler, "enable_chunked_prefill"),
-    ):
-        flag = f"--{name.replace('_', '-')}"
-        if section.is_user_set(name) and getattr(section, name):
-            raise ValueError(
-                f"{flag}: {reason} needs every prompt token computed in one forward; "
-                f"use --no-{flag[2:]}"
-            )
-        section.set_default(name, False)
-
-
-def settle_pooling_compilation(config: EngineConfig) -> None:
-    """Pooling models run eagerly (compiling and capturing them is not built yet): a
-    platform's default -O level is dropped for them; compilation asked for explicitly is a
-    ValueError naming the level. Runs after the platform filled the level's defaults."""
-    compilation = config.compilation
-    if config.pooler is None or not (compilation.compile_model or compilation.capture_graphs):
-        return
-    asked = ("level", "compile_model", "capture_graphs", "cudagraph_mode")
-    if any(compilation.is_user_set(key) for key in asked):
-        raise ValueError(
-            f"-O{compilation.level}: pooling models (--runner pooling) run eagerly; "
-            "use -O0 or --enforce-eager"
-        )
-    compilation.set_default("compile_model", False)
-    compilation.set_default("capture_graphs", False)
-    compilation.set_default("cudagraph_mode", CUDAGraphMode.NONE)

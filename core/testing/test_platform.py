@@ -8,7 +8,7 @@ Platform, constructs without arguments and keeps the Platform contract: identity
 attributes, dtypes, preferred components that are installed, positive memory figures, a
 peak-memory counter that sees an allocation (platforms that profile memory), graphs that
 replay on new inputs (platforms offering -O2), a usable
-torch device, and a plain start (the default EngineConfig) that it accepts. When
+torch device, and a plain start (EngineArgs with no option) that it accepts. When
 it does not, the class checks are skipped with the probe's reason.
 """
 
@@ -25,7 +25,8 @@ from typing import Any
 import pytest
 import torch
 
-from core.config import GRAPH_CAPTURE_LEVEL, EngineConfig, UsageContext
+from core.config import GRAPH_CAPTURE_LEVEL, UsageContext
+from core.engine_args import EngineArgs
 from core.platforms.interface import Platform
 from core.plugins import get_registry
 from core.plugins.groups import ATTENTION_BACKENDS, SAMPLERS
@@ -165,4 +166,4 @@ def test_burst_budgets_are_none_or_at_least_the_step_budget(platform: Platform) 
 
 
 def test_a_plain_start_is_accepted(platform: Platform) -> None:
-    platform.check_and_update_config(EngineConfig())
+    EngineArgs().create_engine_config(platform)
