@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from core.pooling.params import PoolingParams
 
 __all__ = [
+    "Drafts",
     "EngineCoreEvent",
     "EngineCoreEventType",
     "FinishReason",
@@ -92,6 +94,29 @@ _FINISH_REASONS = {
 }
 
 
+@dataclass
+class Drafts:
+    """A request's speculative drafts: proposed after one step, verified by the next.
+
+    They are not part of the request's tokens (nor of its block hashes) until the target
+    accepts them. The scheduler sets the proposer's drafts that the next step may verify,
+    cuts them when it schedules that step to those the step's tokens reach (`cut`), and
+    drops them when the request is preempted or finishes (`clear`).
+    """
+
+    token_ids: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def cut(self, num_reached: int) -> None:
+        """Keep the first `num_reached` drafts (none when it is not positive)."""
+        del self.token_ids[max(num_reached, 0) :]
+
+    def clear(self) -> None:
+        self.token_ids = []
+
+
 class Request:
     """A request as the scheduler and the KV-cache manager see it.
 
@@ -148,9 +173,7 @@ class Request:
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.num_computed_tokens = 0
-        # Drafts of speculative decoding, proposed after the last step, verified in the
-        # next: not part of all_token_ids (nor of block hashes) until the target accepts them.
-        self.spec_token_ids: list[int] = []
+        self.drafts = Drafts()
         self.num_cached_tokens = -1
         self.num_preemptions = 0
         self._events: list[EngineCoreEvent] = []
@@ -196,7 +219,7 @@ class Request:
     @property
     def num_tokens_with_spec(self) -> int:
         """Tokens the next step may compute: the known ones and the drafts."""
-        return len(self.all_token_ids) + len(self.spec_token_ids)
+        return len(self.all_token_ids) + len(self.drafts)
 
     @property
     def num_output_tokens(self) -> int:

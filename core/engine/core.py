@@ -180,6 +180,15 @@ class EngineCore:
         return self.scheduler.has_unfinished_requests()
 
     def step(self) -> EngineCoreOutputs:
+        """Advance every unfinished request by one step: schedule, execute, update.
+
+        Call it in a loop from one thread while `has_unfinished_requests()`; with none it
+        returns empty outputs at once. The outputs carry, per request that produced any,
+        its new token ids (or its pooled vector), logprobs, and its finish reason once it
+        is done; a finished request's resources are freed before this returns. Under
+        pipeline parallelism a call may only start a step and return empty outputs; the
+        step's tokens come with a later call. Token ids only: the frontend detokenizes.
+        """
         if not self.scheduler.has_unfinished_requests():
             return EngineCoreOutputs()
         if self.batch_queue is not None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from core.config import EngineConfig
 from core.kv_cache.kv_cache_manager import KVCacheBlocks, KVCacheManager
@@ -33,6 +33,7 @@ from core.scheduler.output import (
     SpecDecodingStats,
 )
 from core.scheduler.request_queue import RequestQueue
+from core.spec_decode.verification import num_accepted, num_drafts_within
 from core.structured_output.manager import StructuredOutputManager
 from core.worker.contract import (
     CachedRequestData,
@@ -52,12 +53,13 @@ class _Step:
     """What one schedule() call has decided so far."""
 
     token_budget: int
-    num_scheduled: dict[str, int]
-    new_blocks: dict[str, KVCacheBlocks]
-    new_reqs: list[Request]
-    resumed_reqs: list[Request]
-    running_reqs: list[Request]
-    spec_tokens: dict[str, list[int]]
+    num_scheduled: dict[str, int] = field(default_factory=dict)
+    new_blocks: dict[str, KVCacheBlocks] = field(default_factory=dict)
+    new_reqs: list[Request] = field(default_factory=list)
+    resumed_reqs: list[Request] = field(default_factory=list)
+    # Running requests scheduled: they alone can have drafts (a request that waited has
+    # none), cut to those their scheduled tokens reach.
+    running_reqs: list[Request] = field(default_factory=list)
     preempted: bool = False
 
 
@@ -145,14 +147,14 @@ class Scheduler:
     # -- schedule -------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        step = _Step(self.token_budget(), {}, {}, [], [], [], {})
+        step = _Step(token_budget=self.token_budget())
         self._schedule_running(step)
         if not step.preempted:
             self._schedule_waiting(step)
         output = self._make_output(step)
         if self.grammars is not None:
             output.grammar_bitmask = self.grammars.build_bitmask(
-                self._sampling_grammars(step), step.spec_tokens
+                self._sampling_grammars(step), output.scheduled_spec_decode_tokens
             )
         for req_id, count in step.num_scheduled.items():
             self.requests[req_id].num_computed_tokens += count
@@ -201,7 +203,8 @@ class Scheduler:
             index = self.running.index(request) + 1
             step.running_reqs.append(request)
             self._take(step, request, count, blocks)
-            self._take_drafts(step, request, count)
+            # The budget may have cut the request's drafts off: it verifies those reached.
+            request.drafts.cut(request.num_computed_tokens + count - request.num_tokens)
 
     def _allocate_or_preempt(
         self, request: Request, count: int, step: _Step
@@ -230,12 +233,11 @@ class Scheduler:
         if request.request_id in step.num_scheduled:  # undo what this step gave it
             step.token_budget += step.num_scheduled.pop(request.request_id)
             step.new_blocks.pop(request.request_id)
-            step.spec_tokens.pop(request.request_id, None)
             step.running_reqs.remove(request)
         self.kv.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
-        request.spec_token_ids = []
+        request.drafts.clear()
         request.num_preemptions += 1
         self.num_preemptions += 1
         request.record_event(EngineCoreEventType.PREEMPTED)
@@ -310,14 +312,6 @@ class Scheduler:
         step.new_blocks[request.request_id] = blocks
         step.token_budget -= count
 
-    @staticmethod
-    def _take_drafts(step: _Step, request: Request, count: int) -> None:
-        """Schedule the drafts `count` reaches; the budget may have cut the others off."""
-        num_drafts = request.num_computed_tokens + count - request.num_tokens
-        del request.spec_token_ids[max(num_drafts, 0) :]
-        if request.spec_token_ids:
-            step.spec_tokens[request.request_id] = list(request.spec_token_ids)
-
     def _make_output(self, step: _Step) -> SchedulerOutput:
         new = [
             NewRequestData(
@@ -345,12 +339,14 @@ class Scheduler:
             if self._unsent_tokens is not None:
                 cached.new_token_ids.append(self._unsent_tokens.pop(request.request_id, []))
         finished, self.finished_req_ids = self.finished_req_ids, set()
+        # Copies: a request's drafts change after the step, its output must not.
+        drafts = {r.request_id: list(r.drafts.token_ids) for r in step.running_reqs if r.drafts}
         return SchedulerOutput(
             scheduled_new_reqs=new,
             scheduled_cached_reqs=cached,
             num_scheduled_tokens=dict(step.num_scheduled),
             total_num_scheduled_tokens=sum(step.num_scheduled.values()),
-            scheduled_spec_decode_tokens=step.spec_tokens,
+            scheduled_spec_decode_tokens=drafts,
             finished_req_ids=finished,
         )
 
@@ -371,15 +367,13 @@ class Scheduler:
             if pooled is not None:
                 outputs.append(self._finish_pooled(request, pooled))
                 continue
-            scheduled_drafts = scheduler_output.scheduled_spec_decode_tokens.get(req_id, [])
-            if scheduled_drafts:
-                self._roll_back_rejected(request, len(scheduled_drafts), len(sampled) - 1)
+            verified = scheduler_output.scheduled_spec_decode_tokens.get(req_id, [])
+            if verified:
+                self._roll_back_rejected(request, len(verified), num_accepted(len(sampled)))
             new_token_ids = self._append_until_stop(request, sampled)
             if self._unsent_tokens is not None and not request.is_finished:
                 self._unsent_tokens.setdefault(req_id, []).extend(new_token_ids)
-            request.spec_token_ids = (
-                [] if request.is_finished else self._fit_drafts(request, next_drafts)
-            )
+            request.drafts.token_ids = self._next_drafts(request, next_drafts)
             prompt_logprobs = runner_output.prompt_logprobs.get(req_id)
             if new_token_ids or prompt_logprobs is not None or request.is_finished:
                 logprobs = runner_output.logprobs.get(req_id)
@@ -398,21 +392,23 @@ class Scheduler:
         self._free(request)
         return output
 
-    def _roll_back_rejected(self, request: Request, num_drafts: int, num_accepted: int) -> None:
+    def _roll_back_rejected(self, request: Request, num_drafts: int, accepted: int) -> None:
         """Forget the KV of rejected drafts (the slots get overwritten) and count the result."""
-        request.num_computed_tokens -= num_drafts - num_accepted
+        request.num_computed_tokens -= num_drafts - accepted
         assert self.spec_stats is not None  # drafts are only scheduled with speculation on
-        self.spec_stats.observe(num_drafts, num_accepted)
+        self.spec_stats.observe(num_drafts, accepted)
 
-    def _fit_drafts(self, request: Request, drafts: list[int]) -> list[int]:
-        """The drafts the next step may verify: verifying n drafts can emit n + 1 tokens,
-        which must fit under max_tokens and max_model_len; under a grammar, only the prefix
-        the grammar allows."""
+    def _next_drafts(self, request: Request, drafts: list[int]) -> list[int]:
+        """The drafts the next step may verify: those whose verification's tokens fit
+        under max_tokens and max_model_len; under a grammar, only the prefix the grammar
+        allows; none for a finished request."""
+        if request.is_finished:
+            return []
         room = min(
             request.max_tokens - request.num_output_tokens,
             self.max_model_len - request.num_tokens,
         )
-        drafts = drafts[: max(room - 1, 0)]
+        drafts = drafts[: num_drafts_within(room)]
         if drafts and self.grammars is not None and request.request_id in self.grammars:
             drafts = self.grammars.validate_tokens(request.request_id, drafts)
         return drafts

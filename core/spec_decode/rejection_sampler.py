@@ -11,6 +11,7 @@ import torch
 from core.sample.metadata import SamplingMetadata
 from core.sampling_params import SAMPLING_EPS
 from core.spec_decode.interface import PLACEHOLDER_TOKEN_ID, RejectionSampler
+from core.spec_decode.verification import num_verified
 
 __all__ = ["StandardRejectionSampler"]
 
@@ -143,7 +144,7 @@ class _Layout:
     @classmethod
     def of(cls, num_draft_tokens: list[int], device: torch.device) -> _Layout:
         first_drafts = [0, *accumulate(num_draft_tokens)][:-1]
-        first_rows = [d + r for r, d in enumerate(first_drafts)]
+        first_rows = [0, *accumulate(num_verified(n) for n in num_draft_tokens)][:-1]
         num_drafts = sum(num_draft_tokens)
         counts = torch.tensor(num_draft_tokens, dtype=torch.int64, device=device)  # [R]
         requests = torch.arange(len(num_draft_tokens), device=device)  # [R]
@@ -175,7 +176,7 @@ def _draw(
     uniforms, then exponentials.
     """
     num_drafts = sum(layout.num_draft_tokens)
-    num_rows = num_drafts + len(layout.num_draft_tokens)
+    num_rows = sum(num_verified(n) for n in layout.num_draft_tokens)
     uniform = torch.rand(num_drafts, device=device)  # [D]
     noise = torch.empty(num_rows, vocab_size, device=device).exponential_()  # [N, V]
     if generators:
@@ -184,7 +185,7 @@ def _draw(
             generator = generators.get(first_row + n)
             if generator is not None:
                 uniform[first_draft : first_draft + n].uniform_(generator=generator)
-                noise[first_row : first_row + n + 1].exponential_(generator=generator)
+                noise[first_row : first_row + num_verified(n)].exponential_(generator=generator)
     # exponential_ may return exactly 0, which would turn w / E into inf or nan (0 / 0).
     return uniform, noise.clamp_min(torch.finfo(noise.dtype).tiny)
 
@@ -201,7 +202,7 @@ def _draw_seeded_rows(
         if generator is None:
             continue
         states = []
-        for row in range(first_row, first_row + n + 1):
+        for row in range(first_row, first_row + num_verified(n)):
             states.append(generator.get_state())
             noise[row].exponential_(generator=generator)
         states.append(generator.get_state())
@@ -218,7 +219,7 @@ def _emit(
     """[R, max(n_r) + 1]: the accepted prefix of each request's drafts, then the
     candidate of the row after it (the first rejected draft's row, or the last row)."""
     num_reqs = len(layout.num_draft_tokens)
-    width = max(layout.num_draft_tokens, default=0) + 1
+    width = num_verified(max(layout.num_draft_tokens, default=0))
     device = draft_token_ids.device
     index = (layout.draft_requests, layout.draft_positions)
     accepted_grid = torch.zeros(num_reqs, width, dtype=torch.int64, device=device)
@@ -239,7 +240,7 @@ def _check_shapes(
     draft_probs: torch.Tensor | None,
 ) -> None:
     num_drafts = sum(num_draft_tokens)
-    num_rows = num_drafts + len(num_draft_tokens)
+    num_rows = sum(num_verified(n) for n in num_draft_tokens)
     if logits.shape[0] != num_rows:
         raise ValueError(
             f"logits must have sum(num_draft_tokens) + len(num_draft_tokens) = {num_rows} "

@@ -24,6 +24,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from core.sampling_params import StructuredOutputsParams
+from core.spec_decode.verification import num_verified
 from core.structured_output.bitmask import pack_grammar_bitmask
 from core.tokenizer import Tokenizer
 from core.worker.contract import GrammarBitmask
@@ -144,7 +145,7 @@ class StructuredOutputManager:
         if not req_ids:
             return None
         drafts = drafts or {}
-        rows = [r for r in req_ids for _ in range(len(drafts.get(r, ())) + 1)]
+        rows = [r for r in req_ids for _ in range(num_verified(len(drafts.get(r, ()))))]
         bitmask = self._get_backend().allocate_bitmask(len(rows))  # [rows, W]
         row = 0
         for req_id in req_ids:

@@ -9,7 +9,7 @@ were asked), then samples.
 
 With speculative decoding (`speculator` given), a request's scheduled tokens end with its
 drafts: logits are computed at each of its verified positions and the rejection sampler
-keeps what the target agrees with (core.worker.verification); then the proposer drafts
+keeps what the target agrees with (core.worker.speculator); then the proposer drafts
 for the next step, looking at the batch with the accepted tokens appended.
 
 With LoRA (`lora` given), each step first gets slots for the batch's adapters; every
@@ -28,8 +28,9 @@ sampled reach the other stages with the request's next scheduling
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -56,8 +57,8 @@ from core.sample.interface import Sampler
 from core.sample.logprobs import compute_prompt_logprobs
 from core.sample.metadata import SamplingMetadata
 from core.sampling_params import SamplingParams
-from core.spec_decode.interface import ProposalBatch
-from core.worker.contract import GrammarBitmask, LogprobsLists, ModelRunnerOutput, SchedulerOutput
+from core.spec_decode.verification import num_verified
+from core.worker.contract import LogprobsLists, ModelRunnerOutput, SchedulerOutput
 from core.worker.grammar_bitmask import apply_grammar_bitmask
 from core.worker.input_batch import CachedRequestState, InputBatch
 from core.worker.speculator import Speculator
@@ -72,7 +73,34 @@ class _StepInputs:
     seq_lens: np.ndarray  # [num_reqs]
 
 
+@dataclass
+class _Step:
+    """One step as the output paths read it."""
+
+    so: SchedulerOutput
+    inputs: _StepInputs
+    num_drafts: np.ndarray  # [num_reqs] drafts scheduled for each batch row
+    # Batch rows whose forward reaches the end of their known tokens and drafts: each emits
+    # tokens (the others are partial prefill chunks).
+    sample_rows: np.ndarray
+
+
+# (tokens emitted per batch row, logprobs of the requests that asked), as chosen from the
+# logits at the sampling rows' verified positions: sampled, or drafts verified.
+_Emitted = tuple[dict[int, list[int]], dict[str, LogprobsLists]]
+_Chooser = Callable[[torch.Tensor, _Step], _Emitted]
+
+
 class ModelRunner:
+    """Runs one worker's steps: persistent batch in, ModelRunnerOutput out.
+
+    Built by the Worker once the model is loaded; `initialize_kv_cache` runs before the
+    first step. What a step's output is made of is chosen here, once, for the runner's
+    life: sampled tokens; with a `speculator`, verified drafts and the next step's; with
+    a `pooler`, pooled vectors. Steps run one at a time, in the order they were
+    scheduled: the batch carries each request's state from one to the next.
+    """
+
     def __init__(
         self,
         model: nn.Module,
@@ -97,7 +125,6 @@ class ModelRunner:
         self.lora = lora
         self._row_slots = np.full(max_num_reqs, NO_SLOT, dtype=np.int64)  # per batch row
         self.sampler = sampler
-        self.speculator = speculator
         self.device = device
         self.max_num_reqs = max_num_reqs
         self.max_model_len = max_model_len
@@ -105,6 +132,7 @@ class ModelRunner:
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
         self.requests: dict[str, CachedRequestState] = {}
+        self._output_path = self._choose_output_path(pooler, speculator)
         self.batch: InputBatch | None = None
         self._attention_layers = {
             m.layer_name: m for m in model.modules() if isinstance(m, Attention)
@@ -191,7 +219,12 @@ class ModelRunner:
 
     # -- 2. inputs ------------------------------------------------------------------------
 
-    def _prepare_inputs(self, so: SchedulerOutput, num_drafts: np.ndarray) -> _StepInputs:
+    def _prepare_step(self, so: SchedulerOutput) -> _Step:
+        """The step's inputs, each request's drafts written after its known tokens and
+        each row's adapter slot taken."""
+        if self.lora is not None:
+            self._activate_adapters(self.lora)
+        self._write_drafts(so)
         batch = self._require_batch()
         num_reqs = batch.num_reqs
         counts = np.array(
@@ -201,10 +234,28 @@ class ModelRunner:
         inputs = self._step_inputs(
             self._arange[:num_reqs], counts, batch.num_computed_tokens[:num_reqs]
         )
+        num_drafts = self._num_drafts(so)
         known = batch.num_tokens[:num_reqs] + num_drafts
         if np.any(inputs.seq_lens > known):
             raise ValueError("scheduled tokens beyond a request's known tokens and drafts")
-        return inputs
+        return _Step(so, inputs, num_drafts, np.flatnonzero(inputs.seq_lens == known))
+
+    def _num_drafts(self, so: SchedulerOutput) -> np.ndarray:
+        """[num_reqs] drafts scheduled for each batch row."""
+        batch = self._require_batch()
+        drafts = so.scheduled_spec_decode_tokens
+        return np.array(
+            [len(drafts.get(state.req_id, ())) for state in batch.rows[: batch.num_reqs]],
+            dtype=np.int64,
+        )
+
+    def _write_drafts(self, so: SchedulerOutput) -> None:
+        """Put each request's drafts after its known tokens, where the forward reads them."""
+        batch = self._require_batch()
+        for req_id, drafts in so.scheduled_spec_decode_tokens.items():
+            row, count = batch.req_id_to_row[req_id], len(drafts)
+            start = int(batch.num_tokens[row])
+            batch.token_ids[row, start : start + count] = drafts
 
     def _step_inputs(
         self, req_rows: np.ndarray, counts: np.ndarray, starts: np.ndarray
@@ -285,52 +336,52 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        """Run the step `so` describes and return what it emitted.
+
+        Steps arrive in the order they were scheduled, each once, on every pipeline stage.
+        The output has one entry per request in the batch (every request scheduled, in
+        batch order): `sampled_token_ids` the tokens each emitted (one; after drafts, the
+        accepted drafts and the target's own; none for a partial prefill chunk), already
+        appended to the batch; `logprobs` and `prompt_logprobs` for the requests that
+        asked; with a speculator `spec_token_ids`, the next step's drafts; with a pooler
+        `pooler_output`, the vectors of the prompts the step completed. A stage before
+        the last, or a step with nothing scheduled, emits nothing.
+        """
         self._update_states(so)
+        if so.total_num_scheduled_tokens == 0 or self._require_batch().num_reqs == 0:
+            return self._output()
+        step = self._prepare_step(so)
+        hidden = self._run_forward(step.inputs)
+        if not get_pp_group().is_last_rank:  # its output went on to the next stage
+            return self._output()
+        return self._output_path(hidden, step)
+
+    def _run_forward(self, inputs: _StepInputs) -> torch.Tensor | None:
+        """The hidden states [T, H] of the forward over `inputs` (None on a stage before
+        the last): a captured graph where one fits, else the model, else this stage."""
         batch = self._require_batch()
-        if so.total_num_scheduled_tokens == 0 or batch.num_reqs == 0:
-            return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
-        if self.speculator is not None:
-            self.speculator.forget(so.finished_req_ids)
-        if self.lora is not None:
-            self._activate_adapters(self.lora)
-        self._write_drafts(so)
-        num_drafts = self._num_drafts(so)
-        inputs = self._prepare_inputs(so, num_drafts)
         input_ids = self._tensor(batch.token_ids[inputs.rows, inputs.positions])
+        positions = self._tensor(inputs.positions)
         pp = get_pp_group()
         graph = self._graph_for(inputs)
         with set_forward_context(self._context(inputs, graph)):
             if graph is not None:
-                hidden = self._graphs.run(graph, input_ids, self._tensor(inputs.positions))
-            elif pp.world_size == 1:
-                hidden = self._forward(input_ids, self._tensor(inputs.positions))  # [T, H]
-            else:
-                hidden = self._pipeline_stage(pp, input_ids, self._tensor(inputs.positions))
-        if not pp.is_last_rank:
-            return ModelRunnerOutput(req_ids=batch.req_ids, sampled_token_ids=[])
-        known = batch.num_tokens[: batch.num_reqs] + num_drafts
-        sample_rows = np.flatnonzero(inputs.seq_lens == known)
-        if self.pooler is not None:
-            return self._pool(self.pooler, hidden, inputs.query_start_loc, sample_rows)
-        prompt_rows, prompt_index, prompt_targets = self._prompt_logprob_positions(inputs)
-        # Each sampling row's last n + 1 positions: its drafts' and the one after them.
-        sample_index = _last_positions(inputs.query_start_loc, sample_rows, num_drafts + 1)
-        logits = self.model.compute_logits(
-            hidden[self._tensor(np.concatenate([sample_index, prompt_index]))]
-        )  # [num_sample_positions + num_prompt_positions, V]
-        sample_logits = logits[: len(sample_index)]
-        if self.speculator is not None and num_drafts.any():
-            output = self._verify(sample_logits, sample_rows, so)
-        else:
-            output = self._sample(sample_logits, sample_rows, so.grammar_bitmask)
-        output.prompt_logprobs = self._prompt_logprobs(
-            logits[len(sample_index) :], prompt_rows, prompt_targets
-        )
-        if self.speculator is not None:
-            output.spec_token_ids = self.speculator.propose(
-                self._proposal_batch(sample_rows, inputs.seq_lens)
-            )
-        return output
+                return self._graphs.run(graph, input_ids, positions)
+            if pp.world_size == 1:
+                return self._forward(input_ids, positions)
+            return self._pipeline_stage(pp, input_ids, positions)
+
+    def _pipeline_stage(
+        self, pp: GroupCoordinator, input_ids: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor | None:
+        """Run this stage: its input from the previous stage (unless first), its output to
+        the next (unless last: then the hidden states to compute logits from)."""
+        received = None if pp.is_first_rank else IntermediateTensors(pp.recv_tensor_dict())
+        out = self.model(input_ids, positions, intermediate_tensors=received)
+        if pp.is_last_rank:
+            return out
+        pp.send_tensor_dict(out.tensors)
+        return None
 
     @torch.inference_mode()
     def capture_graphs(
@@ -397,55 +448,116 @@ class ModelRunner:
         if pp.is_last_rank and self.pooler is None:
             self.model.compute_logits(hidden[: min(num_tokens, self.max_num_reqs)])
 
-    def _pipeline_stage(
-        self, pp: GroupCoordinator, input_ids: torch.Tensor, positions: torch.Tensor
-    ) -> torch.Tensor | None:
-        """Run this stage: its input from the previous stage (unless first), its output to
-        the next (unless last: then the hidden states to compute logits from)."""
-        received = None if pp.is_first_rank else IntermediateTensors(pp.recv_tensor_dict())
-        out = self.model(input_ids, positions, intermediate_tensors=received)
-        if pp.is_last_rank:
-            return out
-        pp.send_tensor_dict(out.tensors)
-        return None
+    # -- 4. output ------------------------------------------------------------------------
 
-    def _num_drafts(self, so: SchedulerOutput) -> np.ndarray:
-        """[num_reqs] drafts scheduled for each batch row."""
-        batch = self._require_batch()
-        drafts = so.scheduled_spec_decode_tokens
-        return np.array(
-            [len(drafts.get(state.req_id, ())) for state in batch.rows[: batch.num_reqs]],
-            dtype=np.int64,
-        )
+    def _choose_output_path(
+        self, pooler: Pooler | None, speculator: Speculator | None
+    ) -> Callable[[torch.Tensor, _Step], ModelRunnerOutput]:
+        """What makes a step's output, for the runner's life. The engine config refuses
+        speculation with --runner pooling, so at most one of the two is given."""
+        if pooler is not None:
+            return partial(self._pooled_output, pooler)
+        if speculator is not None:
+            return partial(self._speculative_output, speculator)
+        return self._sampled_output
 
-    def _write_drafts(self, so: SchedulerOutput) -> None:
-        """Put each request's drafts after its known tokens, where the forward reads them."""
-        batch = self._require_batch()
-        for req_id, drafts in so.scheduled_spec_decode_tokens.items():
-            row, count = batch.req_id_to_row[req_id], len(drafts)
-            start = int(batch.num_tokens[row])
-            batch.token_ids[row, start : start + count] = drafts
-
-    def _verify(
-        self, logits: torch.Tensor, sample_rows: np.ndarray, so: SchedulerOutput
+    def _output(
+        self, sampled: Mapping[int, list[int]] | None = None, **fields: Any
     ) -> ModelRunnerOutput:
-        """Rejection-sample the drafts of `sample_rows` ([sum(n + 1), V] logits) and append
-        what each request emits to the batch."""
-        assert self.speculator is not None  # only called with speculation on
-        batch = self._require_batch()
-        states = [batch.rows[row] for row in sample_rows]
-        drafts = [so.scheduled_spec_decode_tokens.get(s.req_id, []) for s in states]
-        emitted, logprobs = self.speculator.verify(
-            self.sampler, logits, states, drafts, so.grammar_bitmask, self._metadata
-        )
-        sampled: list[list[int]] = [[] for _ in range(batch.num_reqs)]
-        for row, tokens in zip(sample_rows, emitted, strict=True):
-            sampled[row] = tokens
-            for token_id in tokens:
-                batch.append_token(int(row), token_id)
+        """Every ModelRunnerOutput is made here: the batch's requests in batch order, each
+        with the tokens its row emitted (`sampled[row]`, none where absent), and the other
+        `fields` of ModelRunnerOutput as given."""
+        req_ids = self._require_batch().req_ids
+        emitted = sampled or {}
         return ModelRunnerOutput(
-            req_ids=batch.req_ids, sampled_token_ids=sampled, logprobs=logprobs
+            req_ids=req_ids,
+            sampled_token_ids=[emitted.get(row, []) for row in range(len(req_ids))],
+            **fields,
         )
+
+    def _sampled_output(self, hidden: torch.Tensor, step: _Step) -> ModelRunnerOutput:
+        """One token sampled for each row that reaches the end of its known tokens."""
+        return self._emit(hidden, step, self._sample)
+
+    def _speculative_output(
+        self, speculator: Speculator, hidden: torch.Tensor, step: _Step
+    ) -> ModelRunnerOutput:
+        """The scheduled drafts verified (a token sampled where none were scheduled), then
+        drafts proposed for the next step, looking at the batch with the new tokens."""
+        speculator.forget(step.so.finished_req_ids)
+        choose = partial(self._verify, speculator) if step.num_drafts.any() else self._sample
+        output = self._emit(hidden, step, choose)
+        output.spec_token_ids = speculator.propose(
+            self._require_batch(), step.sample_rows, step.inputs.seq_lens, self.forward_context
+        )
+        return output
+
+    def _pooled_output(
+        self, pooler: Pooler, hidden: torch.Tensor, step: _Step
+    ) -> ModelRunnerOutput:
+        """The pooled vector of each request whose prompt the step completes; no tokens."""
+        rows = step.sample_rows
+        if len(rows) == 0:
+            return self._output()
+        batch = self._require_batch()
+        states = [batch.rows[row] for row in rows]
+        starts = step.inputs.query_start_loc  # [num_reqs + 1]
+        spans = PoolingSpans(starts=self._tensor(starts[rows]), ends=self._tensor(starts[rows + 1]))
+        vectors = pooler.pool(hidden, spans, [s.pooling_params for s in states])
+        pooled = {s.req_id: v.tolist() for s, v in zip(states, vectors, strict=True)}
+        return self._output(pooler_output=pooled)
+
+    def _emit(self, hidden: torch.Tensor, step: _Step, choose: _Chooser) -> ModelRunnerOutput:
+        """Logits at each sampling row's verified positions (its drafts' and the one after
+        them: its last alone without drafts) and at the prompt positions whose logprobs
+        were asked; the tokens `choose` picks from the first, appended to the batch."""
+        spans, prompt_index, prompt_targets = self._prompt_logprob_positions(step.inputs)
+        sample_index = _last_positions(
+            step.inputs.query_start_loc, step.sample_rows, num_verified(step.num_drafts)
+        )
+        logits = self.model.compute_logits(
+            hidden[self._tensor(np.concatenate([sample_index, prompt_index]))]
+        )  # [num_sample_positions + num_prompt_positions, V]
+        sampled, logprobs = choose(logits[: len(sample_index)], step)
+        self._append_emitted(sampled)
+        prompt_logprobs = self._prompt_logprobs(logits[len(sample_index) :], spans, prompt_targets)
+        return self._output(sampled, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+
+    def _append_emitted(self, sampled: Mapping[int, list[int]]) -> None:
+        batch = self._require_batch()
+        for row, token_ids in sampled.items():
+            for token_id in token_ids:
+                batch.append_token(row, token_id)
+
+    def _sample(self, logits: torch.Tensor, step: _Step) -> _Emitted:
+        """Sample a token for each sampling row ([num_sample_rows, V] logits)."""
+        rows = step.sample_rows.tolist()
+        if not rows:
+            return {}, {}
+        batch = self._require_batch()
+        chosen = [batch.rows[row] for row in rows]
+        bitmask = step.so.grammar_bitmask
+        if bitmask is not None:  # structured output: forbidden tokens get -inf
+            apply_grammar_bitmask(logits, [s.req_id for s in chosen], bitmask)
+        result = self.sampler(logits, self._metadata(chosen, [s.output_token_ids for s in chosen]))
+        token_ids = result.sampled_token_ids.tolist()
+        logprobs: dict[str, LogprobsLists] = {}
+        for i, state in enumerate(chosen):
+            k = state.sampling_params.logprobs
+            if k is not None and result.logprobs is not None:
+                logprobs[state.req_id] = LogprobsLists.from_tensors(result.logprobs, i, i + 1, k)
+        return {row: [token_id] for row, token_id in zip(rows, token_ids, strict=True)}, logprobs
+
+    def _verify(self, speculator: Speculator, logits: torch.Tensor, step: _Step) -> _Emitted:
+        """Rejection-sample the drafts of the sampling rows ([sum(n + 1), V] logits)."""
+        batch = self._require_batch()
+        rows = step.sample_rows.tolist()
+        states = [batch.rows[row] for row in rows]
+        drafts = [step.so.scheduled_spec_decode_tokens.get(s.req_id, []) for s in states]
+        emitted, logprobs = speculator.verify(
+            self.sampler, logits, states, drafts, step.so.grammar_bitmask, self._metadata
+        )
+        return dict(zip(rows, emitted, strict=True)), logprobs
 
     def _metadata(
         self,
@@ -463,72 +575,6 @@ class ModelRunner:
             eos_token_id=self.eos_token_id,
             device=self.device,
         )
-
-    def _proposal_batch(self, sample_rows: np.ndarray, seq_lens: np.ndarray) -> ProposalBatch:
-        """The batch after this step for the proposer: a row that sampled committed all its
-        tokens; the others (prefill chunks) what the forward computed."""
-        batch = self._require_batch()
-        num_reqs = batch.num_reqs
-        committed = seq_lens.copy()
-        committed[sample_rows] = batch.num_tokens[sample_rows]
-        states = [batch.rows[row] for row in range(num_reqs)]
-        return ProposalBatch(
-            req_ids=[s.req_id for s in states],
-            token_ids=batch.token_ids[:num_reqs],
-            num_tokens=batch.num_tokens[:num_reqs],
-            num_computed_tokens=batch.num_computed_tokens[:num_reqs],
-            num_committed_tokens=committed,
-            propose_rows=sample_rows,
-            sampling_params=[s.sampling_params for s in states],
-            num_speculative_tokens=0,  # the speculator sets its own k
-            forward_context=self.forward_context,
-        )
-
-    def _sample(
-        self, logits: torch.Tensor, sample_rows: np.ndarray, bitmask: GrammarBitmask | None
-    ) -> ModelRunnerOutput:
-        batch = self._require_batch()
-        states = [batch.rows[row] for row in range(batch.num_reqs)]
-        req_ids = [s.req_id for s in states if s is not None]
-        sampled: list[list[int]] = [[] for _ in req_ids]
-        logprobs: dict[str, LogprobsLists] = {}
-        if len(sample_rows) == 0:
-            return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled)
-        chosen = [states[row] for row in sample_rows]
-        if bitmask is not None:  # structured output: forbidden tokens get -inf
-            apply_grammar_bitmask(logits, [s.req_id for s in chosen], bitmask)
-        metadata = self._metadata(chosen, [s.output_token_ids for s in chosen])
-        result = self.sampler(logits, metadata)
-        token_ids = result.sampled_token_ids.tolist()
-        for i, row in enumerate(sample_rows):
-            sampled[row] = [token_ids[i]]
-            batch.append_token(int(row), token_ids[i])
-            if chosen[i].sampling_params.logprobs is not None and result.logprobs is not None:
-                k = chosen[i].sampling_params.logprobs
-                logprobs[chosen[i].req_id] = LogprobsLists.from_tensors(
-                    result.logprobs, i, i + 1, k
-                )
-        return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled, logprobs=logprobs)
-
-    def _pool(
-        self,
-        pooler: Pooler,
-        hidden: torch.Tensor,  # [T, hidden_size]
-        query_start_loc: np.ndarray,  # [num_reqs + 1]
-        rows: np.ndarray,  # batch rows whose prompt this step completes
-    ) -> ModelRunnerOutput:
-        batch = self._require_batch()
-        req_ids = batch.req_ids
-        output = ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=[[] for _ in req_ids])
-        if len(rows) == 0:
-            return output
-        states = [batch.rows[row] for row in rows]
-        spans = PoolingSpans(
-            starts=self._tensor(query_start_loc[rows]), ends=self._tensor(query_start_loc[rows + 1])
-        )
-        vectors = pooler.pool(hidden, spans, [s.pooling_params for s in states])
-        output.pooler_output = {s.req_id: v.tolist() for s, v in zip(states, vectors, strict=True)}
-        return output
 
     def _prompt_logprob_positions(
         self, inputs: _StepInputs

@@ -62,7 +62,7 @@ def test_drafts_are_scheduled_after_the_known_tokens_and_counted_in_the_budget()
     scheduler = make_scheduler()
     request = add(scheduler, "a", 5)
     finish_step(scheduler, scheduler.schedule(), {"a": [9]}, {"a": [10, 11, 12]})
-    assert request.spec_token_ids == [10, 11, 12]
+    assert request.drafts.token_ids == [10, 11, 12]
     so = scheduler.schedule()
     assert so.num_scheduled_tokens == {"a": 4}  # the new token 9 and three drafts
     assert so.scheduled_spec_decode_tokens == {"a": [10, 11, 12]}
@@ -111,7 +111,7 @@ def test_drafts_that_the_budget_cuts_off_are_dropped(budget, scheduled, drafts):
     so = scheduler.schedule()
     assert so.num_scheduled_tokens == scheduled
     assert so.scheduled_spec_decode_tokens == drafts
-    assert b.spec_token_ids == drafts["b"]
+    assert b.drafts.token_ids == drafts["b"]
 
 
 def test_drafts_are_trimmed_so_max_tokens_cannot_be_passed():
@@ -119,7 +119,7 @@ def test_drafts_are_trimmed_so_max_tokens_cannot_be_passed():
     request = add(scheduler, "a", 5, max_tokens=3)
     finish_step(scheduler, scheduler.schedule(), {"a": [9]}, {"a": [10, 11, 12]})
     # One token out, two may follow: verifying one draft can emit two.
-    assert request.spec_token_ids == [10]
+    assert request.drafts.token_ids == [10]
 
 
 def test_drafts_are_trimmed_to_max_model_len():
@@ -127,7 +127,7 @@ def test_drafts_are_trimmed_to_max_model_len():
     request = add(scheduler, "a", MAX_LEN - 3, max_tokens=50)
     finish_step(scheduler, scheduler.schedule(), {"a": [9]}, {"a": [10, 11, 12]})
     assert request.num_tokens == MAX_LEN - 2
-    assert request.spec_token_ids == [10]
+    assert request.drafts.token_ids == [10]
 
 
 def test_lookahead_slots_are_allocated_for_proposers_that_write_kv():
@@ -147,7 +147,7 @@ def test_preemption_clears_drafts():
     so = scheduler.schedule()  # each needs a second block for 3 tokens: one is preempted
     preempted = [r for r in ("a", "b") if r not in so.num_scheduled_tokens]
     assert len(preempted) == 1
-    assert scheduler.requests[preempted[0]].spec_token_ids == []
+    assert scheduler.requests[preempted[0]].drafts.token_ids == []
     assert preempted[0] not in so.scheduled_spec_decode_tokens
 
 
@@ -155,7 +155,7 @@ def test_no_drafts_are_kept_for_a_finished_request():
     scheduler = make_scheduler()
     request = add(scheduler, "a", 5, max_tokens=1)
     finish_step(scheduler, scheduler.schedule(), {"a": [9]}, {"a": [10, 11]})
-    assert request.is_finished and request.spec_token_ids == []
+    assert request.is_finished and request.drafts.token_ids == []
 
 
 def test_block_hashes_cover_verified_tokens_only():
