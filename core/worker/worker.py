@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from core.attention.interface import AttentionRequirements, BuilderLimits, GraphSupport
+from core.attention.interface import (
+    AttentionBackend,
+    AttentionMetadataBuilder,
+    AttentionRequirements,
+    BuilderLimits,
+    GraphSupport,
+)
 from core.attention.layer import Attention, prefix_layer_names
 from core.attention.selector import select_attention_backend
 from core.compilation.compiler import compile_model
@@ -19,6 +26,7 @@ from core.kv_cache.spec import KVCacheSpec
 from core.lora.interface import LoRAManager
 from core.lora.selector import lora_manager_class
 from core.model_loader import Checkpoint, resolve_model
+from core.models import iter_attention_layers
 from core.models.arch_config import ArchConfig
 from core.models.registry import build_model
 from core.platforms.interface import Platform
@@ -37,8 +45,46 @@ from core.worker.speculator import Speculator
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class LoadedModel:
+    """What `Worker.load_model` built: all that the KV-cache setup and the steps use."""
+
+    model: nn.Module
+    lora: LoRAManager | None  # --enable-lora's manager, wrapping the model's layers
+    speculator: Speculator | None  # --speculative-config's proposer and rejection sampler
+    # The target's attention layers, then the draft's: found once, bound to the backend
+    # here, reported by get_kv_cache_spec and given their views by initialize_kv_cache.
+    attention_layers: tuple[Attention, ...]
+    attention_backend: type[AttentionBackend]
+    # -O2's graphs: resolved with the backend, since the compile needs it (pieces or
+    # not) and so does the capture once the KV cache exists.
+    graph_mode: CUDAGraphMode
+    runner: ModelRunner
+
+
 class Worker:
-    """Runs in the engine-core process (uniproc) or in its own process (one per rank)."""
+    """One rank: its share of the model, its KV cache, and its part of every step.
+
+    It lives in the engine-core process (UniProcExecutor) or in a process of its own per
+    rank (multiproc's worker_proc, Ray's actors); executors call its methods by name
+    (`Executor.collective_rpc`), on every rank at once. Start-up runs in this order, each
+    phase using what the one before produced:
+
+    1. `init_device()`: take the device (and, on a memory-profiling platform, note what is
+       free on it before anything is loaded; `profile_memory` needs that).
+    2. `load_model(checkpoint)`: build the model, the LoRA manager, the sampler and the
+       speculator (its draft model, if any); find the attention layers once; bind them
+       to the selected attention backend; resolve the graph mode; build the ModelRunner;
+       with -O1, compile and warm it up. What it built is `loaded`.
+    3. `get_kv_cache_spec()` and, on profiling platforms, `profile_memory()`: what the
+       engine sizes the KV cache with.
+    4. `initialize_kv_cache(config)` (`initialize_kv_cache_of_rank` from executors):
+       allocate the cache, give each attention layer its view, build the attention
+       metadata builders, capture -O2's graphs.
+    5. `execute_model(scheduler_output)`, once per step.
+
+    Steps 3-5 before `load_model` raise RuntimeError; so does a step before step 4.
+    """
 
     def __init__(
         self, config: EngineConfig, platform: Platform, rank: int = 0, local_rank: int = 0
@@ -48,12 +94,30 @@ class Worker:
         self.rank = rank
         self.device = platform.torch_device(local_rank)
         self.dtype = config.model.torch_dtype(platform)
-        self.model: nn.Module | None = None
-        self.speculator: Speculator | None = None
-        self.runner: ModelRunner | None = None
-        self.arch: ArchConfig | None = None
-        self.graph_mode = CUDAGraphMode.NONE  # -O2's graphs, resolved in load_model
+        # Set by init_device on a memory-profiling platform.
         self.free_memory_at_start: int | None = None
+        self._loaded: LoadedModel | None = None  # set by load_model
+
+    @property
+    def loaded(self) -> LoadedModel:
+        """What load_model built; RuntimeError before it ran."""
+        if self._loaded is None:
+            raise RuntimeError("load_model must run first")
+        return self._loaded
+
+    @property
+    def model(self) -> nn.Module:
+        return self.loaded.model
+
+    @property
+    def lora(self) -> LoRAManager | None:
+        return self.loaded.lora
+
+    @property
+    def runner(self) -> ModelRunner:
+        return self.loaded.runner
+
+    # -- 1. device ------------------------------------------------------------------------
 
     def init_device(self) -> None:
         """Take the device; on a profiling platform, note what is free on it before this
@@ -63,50 +127,24 @@ class Worker:
             self.free_memory_at_start = self.platform.memory_info().available_bytes
         torch.manual_seed(self.config.model.seed)
 
-    def load_model(self, checkpoint: Checkpoint | None = None) -> None:
-        """Build the model from `checkpoint` (resolved from the config by default), and the
-        speculative proposer when one is configured."""
-        checkpoint = checkpoint or resolve_model(self.config.model.model)
-        self.model, self.arch = self._build_model(checkpoint)
-        self.lora = self._build_lora_manager(self.model)
-        sampler = build_sampler(
-            self.platform, self.config.components.sampler, self.config.components.sampler_config
-        )
-        self.speculator = self._build_speculator(sampler)
-        self._bind_attention_backend()
-        # Resolved once, with the backend: the compile needs it (pieces or not) and so
-        # does the capture after the KV cache exists.
-        self.graph_mode = self._graph_mode()
-        scheduler = self.config.scheduler
-        max_model_len = self.max_model_len
-        self.runner = ModelRunner(
-            model=self.model,
-            sampler=sampler,
-            device=self.device,
-            max_num_reqs=scheduler.max_num_seqs,
-            max_model_len=max_model_len,
-            max_num_batched_tokens=scheduler.max_step_tokens(max_model_len),
-            vocab_size=self.arch.vocab_size,
-            eos_token_id=self.arch.eos_token_id,
-            speculator=self.speculator,
-            lora=self.lora,
-            pin_memory=self.platform.pin_memory,
-            pooler=None if self.config.pooler is None else build_pooler(self.config.pooler),
-        )
-        if self.config.compilation.compile_model:
-            self._compile_model(self.runner)
+    # -- 2. model -------------------------------------------------------------------------
 
-    def _compile_model(self, runner: ModelRunner) -> None:
-        """-O1: compile the target's forward and trace it now, with dummy batches of the
-        largest and the smallest step, so no request waits for a compile."""
-        pieces = self.graph_mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL_AND_PIECEWISE)
-        capture = self.platform.capture_graph if pieces else None
-        model = self._require(self.model)
-        runner.use_compiled(compile_model(model, self.config.compilation, capture))
-        start = time.perf_counter()
-        for num_tokens in sorted({runner.max_num_tokens, 1}, reverse=True):
-            runner.dummy_run(num_tokens)
-        logger.info("compiled the model in %.1f s", time.perf_counter() - start)
+    def load_model(self, checkpoint: Checkpoint | None = None) -> None:
+        """Build the model from `checkpoint` (resolved from the config by default), and all
+        that runs it (the phases of the class docstring's step 2, in order)."""
+        checkpoint = checkpoint or resolve_model(self.config.model.model)
+        model, arch = self._build_model(checkpoint)
+        lora = self._build_lora_manager(model)
+        components = self.config.components
+        sampler = build_sampler(self.platform, components.sampler, components.sampler_config)
+        speculator = self._build_speculator(sampler, model, arch)
+        layers = _find_attention_layers(model, speculator)
+        backend = self._bind_attention_backend(layers)
+        graph_mode = self._graph_mode(backend)
+        runner = self._build_runner(model, arch, sampler, speculator, lora)
+        if self.config.compilation.compile_model:
+            self._compile_model(runner, model, graph_mode)
+        self._loaded = LoadedModel(model, lora, speculator, layers, backend, graph_mode, runner)
 
     def _build_model(
         self, checkpoint: Checkpoint, prefix: str = ""
@@ -118,13 +156,6 @@ class Worker:
         if prefix:
             prefix_layer_names(model, prefix)
         return model, ArchConfig.from_hf(checkpoint.hf_config)
-
-    def _build_lora_manager(self, model: nn.Module) -> LoRAManager | None:
-        """With --enable-lora, the implementation that wraps the loaded model's layers."""
-        config = self.config.lora
-        if config is None:
-            return None
-        return lora_manager_class(config)(model, config, self.device, self.dtype)
 
     def _quantization_config(
         self, checkpoint: Checkpoint, draft: bool
@@ -139,7 +170,18 @@ class Worker:
         method = resolve_quantization(requested, stored)
         return None if method is None else build_quantization_config(method, checkpoint.hf_config)
 
-    def _build_speculator(self, sampler: Sampler) -> Speculator | None:
+    def _build_lora_manager(self, model: nn.Module) -> LoRAManager | None:
+        """With --enable-lora, the implementation that wraps the loaded model's layers."""
+        config = self.config.lora
+        if config is None:
+            return None
+        return lora_manager_class(config)(model, config, self.device, self.dtype)
+
+    def _build_speculator(
+        self, sampler: Sampler, model: nn.Module, arch: ArchConfig
+    ) -> Speculator | None:
+        """With --speculative-config, the proposer (its draft model loaded beside `model`)
+        and the rejection sampler, which needs `sampler`'s process_logits."""
         spec = self.config.speculative
         if spec is None:
             return None
@@ -150,8 +192,8 @@ class Worker:
             )
         context = ProposerContext(
             engine_config=self.config,
-            target_model=self._require(self.model),
-            target_arch=self._require(self.arch),
+            target_model=model,
+            target_arch=arch,
             device=self.device,
             dtype=self.dtype,
             load_model=lambda path, prefix: self._build_model(resolve_model(path), prefix),
@@ -160,13 +202,9 @@ class Worker:
         proposer = proposer_class(spec)(spec, context)
         return Speculator(proposer, StandardRejectionSampler(), spec.num_speculative_tokens)
 
-    @property
-    def max_model_len(self) -> int:
-        arch = self._require(self.arch)
-        return self.config.model.max_model_len or arch.max_position_embeddings
-
-    def _bind_attention_backend(self) -> None:
-        layers = self.attention_layers()
+    def _bind_attention_backend(self, layers: tuple[Attention, ...]) -> type[AttentionBackend]:
+        """Select the backend for the first layer's needs and bind every layer to it."""
+        components = self.config.components
         req = AttentionRequirements(
             dtype=self.dtype,
             head_size=layers[0].head_size,
@@ -174,85 +212,12 @@ class Worker:
             kv_cache_dtype=self.config.cache.kv_cache_dtype,
             attn_type=layers[0].attn_type,
         )
-        choice = select_attention_backend(
-            self.platform, req, self.config.components.attention_backend
-        )
-        self.attention_backend = choice.backend
+        choice = select_attention_backend(self.platform, req, components.attention_backend)
         for layer in layers:
-            layer.bind_backend(choice.backend, self.config.components.attention_backend_config)
+            layer.bind_backend(choice.backend, components.attention_backend_config)
+        return choice.backend
 
-    def attention_layers(self) -> list[Attention]:
-        """The target's attention layers, then those of the proposer's draft, if any."""
-        model = self._require(self.model)
-        layers = [m for m in model.modules() if isinstance(m, Attention)]
-        if self.speculator is not None:
-            layers += self.speculator.proposer.attention_layers()
-        return layers
-
-    def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
-        block_size = self.config.cache.block_size
-        specs = {
-            m.layer_name: m.kv_cache_spec(block_size, self.dtype)
-            for m in self._require(self.model).modules()
-            if isinstance(m, Attention)
-        }
-        if self.speculator is not None:
-            specs |= self.speculator.proposer.kv_cache_spec(block_size, self.dtype)
-        return specs
-
-    def profile_memory(self) -> MemoryProfile:
-        """Measure the device memory a step needs without the KV cache: a forward of the
-        largest batch (the runner's max_num_tokens) between a reset and a read of the
-        platform's peak counter. Runs on every rank at once (the forward's collectives),
-        before initialize_kv_cache; needs a memory_profiling platform."""
-        if self.free_memory_at_start is None:
-            raise RuntimeError(
-                f"profile_memory: the {self.platform.name} platform does not profile memory"
-            )
-        runner = self._require(self.runner)
-        self.platform.reset_peak_memory()
-        runner.dummy_run(runner.max_num_tokens)
-        peak = self.platform.peak_memory_bytes()
-        total = self.platform.memory_info().total_bytes
-        logger.info(
-            "rank %d: peak %s of %s device memory without the KV cache (%d-token forward)",
-            self.rank, format_bytes(peak), format_bytes(total), runner.max_num_tokens,
-        )  # fmt: skip
-        return MemoryProfile(total, self.free_memory_at_start, peak)
-
-    def initialize_kv_cache_of_rank(self, kv_cache_configs: list[KVCacheConfig]) -> None:
-        """`initialize_kv_cache` with this rank's entry of a list indexed by global rank."""
-        self.initialize_kv_cache(kv_cache_configs[self.rank])
-
-    def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
-        """Allocate each KVCacheTensor and bind every layer to its view."""
-        layers = {layer.layer_name: layer for layer in self.attention_layers()}
-        num_blocks = kv_cache_config.num_blocks
-        for tensor in kv_cache_config.kv_cache_tensors:
-            buffer = self.platform.zeroed_bytes(tensor.size, self.device)
-            for name in tensor.shared_by:
-                layer = layers[name]
-                shape = self.attention_backend.get_kv_cache_shape(
-                    num_blocks, self.config.cache.block_size, layer.num_kv_heads, layer.head_size
-                )
-                layer.kv_cache = create_kv_cache_view(
-                    buffer, tensor, name, num_blocks, shape[1:], self.dtype
-                )
-        runner = self._require(self.runner)
-        limits = BuilderLimits(runner.max_num_reqs, runner.max_num_tokens, runner.max_model_len)
-        builders = []
-        for group in kv_cache_config.kv_cache_groups:
-            builder = self.attention_backend.get_builder_cls()(
-                group.kv_cache_spec, list(group.layer_names), self.device
-            )
-            builder.reserve(limits)
-            builders.append(builder)
-        runner.initialize_kv_cache(kv_cache_config, builders)
-        if self.graph_mode is not CUDAGraphMode.NONE:
-            sizes = self.config.compilation.cudagraph_capture_sizes
-            runner.capture_graphs(self.graph_mode, self.platform.capture_graph, sizes)
-
-    def _graph_mode(self) -> CUDAGraphMode:
+    def _graph_mode(self, backend: type[AttentionBackend]) -> CUDAGraphMode:
         """The cudagraph mode this worker captures (-O2), given its attention backend.
 
         Unset, it is vLLM's default: FULL graphs for pure decodes where the backend can be
@@ -264,7 +229,6 @@ class Worker:
         compilation = self.config.compilation
         if not compilation.capture_graphs:
             return CUDAGraphMode.NONE
-        backend = self.attention_backend
         whole = backend.graph_support is not GraphSupport.NEVER
         mode = compilation.cudagraph_mode
         if mode is None:
@@ -292,11 +256,153 @@ class Worker:
             logger.info("no graph capture: nothing to capture with %s uncompiled", backend.name)
         return mode
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        return self._require(self.runner).execute_model(scheduler_output)
+    def _build_runner(
+        self,
+        model: nn.Module,
+        arch: ArchConfig,
+        sampler: Sampler,
+        speculator: Speculator | None,
+        lora: LoRAManager | None,
+    ) -> ModelRunner:
+        """The runner of this rank's steps, sized by the scheduler's limits and the context."""
+        scheduler = self.config.scheduler
+        max_model_len = self.config.model.max_model_len or arch.max_position_embeddings
+        return ModelRunner(
+            model=model,
+            sampler=sampler,
+            device=self.device,
+            max_num_reqs=scheduler.max_num_seqs,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=scheduler.max_step_tokens(max_model_len),
+            vocab_size=arch.vocab_size,
+            eos_token_id=arch.eos_token_id,
+            speculator=speculator,
+            lora=lora,
+            pin_memory=self.platform.pin_memory,
+            pooler=None if self.config.pooler is None else build_pooler(self.config.pooler),
+        )
 
-    @staticmethod
-    def _require(value):
-        if value is None:
-            raise RuntimeError("load_model must run first")
-        return value
+    def _compile_model(
+        self, runner: ModelRunner, model: nn.Module, graph_mode: CUDAGraphMode
+    ) -> None:
+        """-O1: compile the target's forward and trace it now, with dummy batches of the
+        largest and the smallest step, so no request waits for a compile."""
+        pieces = graph_mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL_AND_PIECEWISE)
+        capture = self.platform.capture_graph if pieces else None
+        runner.use_compiled(compile_model(model, self.config.compilation, capture))
+        start = time.perf_counter()
+        for num_tokens in sorted({runner.max_num_tokens, 1}, reverse=True):
+            runner.dummy_run(num_tokens)
+        logger.info("compiled the model in %.1f s", time.perf_counter() - start)
+
+    # -- 3. sizing the KV cache -----------------------------------------------------------
+
+    def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
+        """Each attention layer's spec by layer name, the target's then the draft's; the
+        proposer gives its draft's (it may keep them in a group of their own)."""
+        loaded = self.loaded
+        block_size = self.config.cache.block_size
+        specs = {
+            layer.layer_name: layer.kv_cache_spec(block_size, self.dtype)
+            for layer in loaded.attention_layers
+        }
+        if loaded.speculator is not None:
+            specs |= loaded.speculator.proposer.kv_cache_spec(block_size, self.dtype)
+        return specs
+
+    def profile_memory(self) -> MemoryProfile:
+        """Measure the device memory a step needs without the KV cache: a forward of the
+        largest batch (the runner's max_num_tokens) between a reset and a read of the
+        platform's peak counter. Runs on every rank at once (the forward's collectives),
+        before initialize_kv_cache; needs a memory_profiling platform."""
+        if self.free_memory_at_start is None:
+            raise RuntimeError(
+                f"profile_memory: the {self.platform.name} platform does not profile memory"
+            )
+        runner = self.runner
+        self.platform.reset_peak_memory()
+        runner.dummy_run(runner.max_num_tokens)
+        peak = self.platform.peak_memory_bytes()
+        total = self.platform.memory_info().total_bytes
+        logger.info(
+            "rank %d: peak %s of %s device memory without the KV cache (%d-token forward)",
+            self.rank, format_bytes(peak), format_bytes(total), runner.max_num_tokens,
+        )  # fmt: skip
+        return MemoryProfile(total, self.free_memory_at_start, peak)
+
+    # -- 4. the KV cache ------------------------------------------------------------------
+
+    def initialize_kv_cache_of_rank(self, kv_cache_configs: list[KVCacheConfig]) -> None:
+        """`initialize_kv_cache` with this rank's entry of a list indexed by global rank."""
+        self.initialize_kv_cache(kv_cache_configs[self.rank])
+
+    def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
+        """Allocate the cache and bind every layer to its view, give the runner the
+        metadata builders, then capture -O2's graphs (they need both)."""
+        loaded = self.loaded
+        self._allocate_kv_cache(kv_cache_config, loaded.attention_layers, loaded.attention_backend)
+        builders = self._build_metadata_builders(
+            kv_cache_config, loaded.attention_backend, loaded.runner
+        )
+        loaded.runner.initialize_kv_cache(kv_cache_config, builders)
+        if loaded.graph_mode is not CUDAGraphMode.NONE:
+            sizes = self.config.compilation.cudagraph_capture_sizes
+            loaded.runner.capture_graphs(loaded.graph_mode, self.platform.capture_graph, sizes)
+
+    def _allocate_kv_cache(
+        self,
+        kv_cache_config: KVCacheConfig,
+        layers: tuple[Attention, ...],
+        backend: type[AttentionBackend],
+    ) -> None:
+        """Allocate each KVCacheTensor and give every layer sharing it its view."""
+        by_name = {layer.layer_name: layer for layer in layers}
+        num_blocks = kv_cache_config.num_blocks
+        block_size = self.config.cache.block_size
+        for tensor in kv_cache_config.kv_cache_tensors:
+            buffer = self.platform.zeroed_bytes(tensor.size, self.device)
+            for name in tensor.shared_by:
+                layer = by_name[name]
+                shape = backend.get_kv_cache_shape(
+                    num_blocks, block_size, layer.num_kv_heads, layer.head_size
+                )
+                layer.kv_cache = create_kv_cache_view(
+                    buffer, tensor, name, num_blocks, shape[1:], self.dtype
+                )
+
+    def _build_metadata_builders(
+        self,
+        kv_cache_config: KVCacheConfig,
+        backend: type[AttentionBackend],
+        runner: ModelRunner,
+    ) -> list[AttentionMetadataBuilder]:
+        """One builder per KV-cache group, its buffers reserved for the runner's limits."""
+        limits = BuilderLimits(runner.max_num_reqs, runner.max_num_tokens, runner.max_model_len)
+        builders = []
+        for group in kv_cache_config.kv_cache_groups:
+            builder = backend.get_builder_cls()(
+                group.kv_cache_spec, list(group.layer_names), self.device
+            )
+            builder.reserve(limits)
+            builders.append(builder)
+        return builders
+
+    # -- 5. steps -------------------------------------------------------------------------
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one step on this rank: apply `scheduler_output`'s changes to the persistent
+        batch, forward the scheduled tokens and sample. Called in the worker's process on
+        every rank at once, after initialize_kv_cache (RuntimeError before it, or before
+        load_model). Returns the sampled tokens (and drafts, logprobs, pooled outputs); a
+        pipeline stage before the last returns no tokens, only the batch's request ids."""
+        return self.runner.execute_model(scheduler_output)
+
+
+def _find_attention_layers(
+    model: nn.Module, speculator: Speculator | None
+) -> tuple[Attention, ...]:
+    """The one walk for attention layers: the target's, then the proposer's draft's."""
+    layers = list(iter_attention_layers(model))
+    if speculator is not None:
+        layers += speculator.proposer.attention_layers()
+    return tuple(layers)
