@@ -15,6 +15,7 @@ from core.engine_args import EngineArgs, engine_options
 from core.entrypoints.bench.cli import bench
 from core.entrypoints.chat_client import chat, complete
 from core.entrypoints.openai.frontend_args import FrontendArgs, frontend_options
+from core.entrypoints.openai.serve_args import ServeArgs, serve_options
 from core.entrypoints.run_batch import run_batch
 
 
@@ -52,18 +53,17 @@ cli.add_command(chat)
 cli.add_command(complete)
 cli.add_command(run_batch)
 
-_LORA_MODULES = "--lora-modules"
-# Flags of `core serve` that take several values after one flag, as vLLM's nargs="+".
-_MULTI_VALUE_FLAGS = (_LORA_MODULES, "--allowed-origins", "--allowed-methods", "--allowed-headers")
-
 
 class _ServeCommand(click.Command):
-    """`core serve`, whose --lora-modules (and CORS lists) take several values after one
-    flag as vLLM's do (`--lora-modules a=/x b=/y`), besides being repeatable."""
+    """`core serve`, whose options that take several values (--lora-modules, the CORS
+    lists) take them after one flag as vLLM's do (`--lora-modules a=/x b=/y`), besides
+    being repeatable."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        for flag in _MULTI_VALUE_FLAGS:
-            args = _spread_values(args, flag)
+        for param in self.params:
+            if isinstance(param, click.Option) and param.multiple:
+                for flag in param.opts:
+                    args = _spread_values(args, flag)
         return super().parse_args(ctx, args)
 
 
@@ -83,64 +83,12 @@ def _spread_values(args: list[str], flag: str) -> list[str]:
     return spread
 
 
-def _lora_modules(_: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple:
-    from core.entrypoints.openai.serving_models import LoRAModulePath
-
-    try:
-        return tuple(LoRAModulePath.parse(value) for value in values)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param=param) from exc
-
-
 @cli.command(cls=_ServeCommand)
 @click.argument("model_tag", metavar="[MODEL]", required=False)
-@click.option("--host", default=None, help="interface to bind (default: all)")
-@click.option("--port", type=int, default=8000, show_default=True)
-@click.option(
-    "--api-key",
-    default=None,
-    help="require 'Authorization: Bearer KEY' on every route but /health and /version",
-)
-@click.option(
-    _LORA_MODULES,
-    "lora_modules",
-    multiple=True,
-    callback=_lora_modules,
-    metavar="NAME=PATH...",
-    help='LoRA adapters to serve (needs --enable-lora), each name=path or JSON {"name": ..., '
-    '"path": ..., "base_model_name": ...}; one flag takes several',
-)
-@click.option(
-    "--headless",
-    is_flag=True,
-    help="only this node's data-parallel engine cores (from --data-parallel-start-rank), "
-    "connecting to the API server's node at --data-parallel-address",
-)
-@click.option(
-    "--enable-auto-tool-choice",
-    is_flag=True,
-    help='let the model decide to call tools (tool_choice "auto"); needs --tool-call-parser',
-)
-@click.option(
-    "--tool-call-parser",
-    default=None,
-    metavar="NAME",
-    help="how tool calls are read from the output: hermes, llama3_json, mistral, pythonic, "
-    "or a plugin's (entry-point group core.tool_parsers)",
-)
+@serve_options
 @frontend_options
 @engine_options
-def serve(
-    model_tag: str | None,
-    host: str | None,
-    port: int,
-    api_key: str | None,
-    lora_modules: tuple,
-    headless: bool,
-    enable_auto_tool_choice: bool,
-    tool_call_parser: str | None,
-    **options,
-):
+def serve(model_tag: str | None, **options):
     """Serve MODEL (default: SmolLM2-135M-Instruct) over an OpenAI-compatible API.
 
     SIGTERM or SIGINT drains open requests for --shutdown-timeout seconds, aborts the rest
@@ -158,13 +106,22 @@ def serve(
     try:
         engine_args = EngineArgs.from_cli(options)
         frontend = FrontendArgs.from_cli(options)
-        tool_calling = ToolCalling.from_flags(enable_auto_tool_choice, tool_call_parser)
-        if headless:
+        args = ServeArgs.from_cli(options)
+        tool_calling = ToolCalling.from_flags(args.enable_auto_tool_choice, args.tool_call_parser)
+        if args.headless:
             from core.entrypoints.headless import run_headless
 
             sys.exit(run_headless(engine_args))
         exit_code = asyncio.run(
-            run_server(engine_args, host, port, api_key, lora_modules, frontend, tool_calling)
+            run_server(
+                engine_args,
+                args.host,
+                args.port,
+                args.api_key,
+                args.lora_modules,
+                frontend,
+                tool_calling,
+            )
         )
         skip_exit_collection()  # the engine core is stopped: nothing is left to clean
         sys.exit(exit_code)

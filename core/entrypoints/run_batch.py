@@ -189,9 +189,16 @@ async def _post(app: AsgiApp, path: str, body: bytes, request_id: str) -> tuple[
 
 
 def served_batch_urls(app: Any) -> list[str]:
-    """The batch endpoints `app` (a FastAPI app) has a POST route for."""
-    posts = {route.path for route in app.routes if "POST" in getattr(route, "methods", ())}
-    return [url for url in BATCH_URLS if url in posts]
+    """The batch endpoints `app` (a FastAPI app) has a POST route for. Its routes are asked
+    as a request's routing asks them: the routes of an included router (the server's) are
+    not listed in `app.routes` by newer FastAPI releases."""
+    from starlette.routing import Match
+
+    def posts(url: str) -> bool:
+        scope = {"type": "http", "method": "POST", "path": url, "root_path": ""}
+        return any(route.matches(scope)[0] == Match.FULL for route in app.routes)
+
+    return [url for url in BATCH_URLS if posts(url)]
 
 
 async def run_batch_file(engine_args: EngineArgs, source: TextIO, out: TextIO) -> dict[str, int]:

@@ -5,21 +5,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from http import HTTPStatus
 
 import uvicorn
-from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi import APIRouter, FastAPI
 
 import core
 from core import envs
 from core.engine.async_llm import AsyncLLM
 from core.engine_args import EngineArgs
-from core.entrypoints.openai import protocol as p
-from core.entrypoints.openai.errors import OpenAIError, error_response, install_error_handlers
+from core.entrypoints.openai.auth import require_api_key
+from core.entrypoints.openai.errors import install_error_handlers
 from core.entrypoints.openai.frontend_args import FrontendArgs
 from core.entrypoints.openai.lifecycle import (
     ABORT_GRACE_S,
@@ -29,8 +26,13 @@ from core.entrypoints.openai.lifecycle import (
 )
 from core.entrypoints.openai.middleware import install_middleware
 from core.entrypoints.openai.offload import OffLoop
-from core.entrypoints.openai.protocol_embeddings import EmbeddingRequest
 from core.entrypoints.openai.request_logger import RequestLogger
+from core.entrypoints.openai.routers.embeddings import embeddings_router
+from core.entrypoints.openai.routers.generation import generation_router
+from core.entrypoints.openai.routers.lora_adapters import lora_adapter_router
+from core.entrypoints.openai.routers.models import models_router
+from core.entrypoints.openai.routers.probes import OPEN_PATHS, SCRAPED_PATHS, probes_router
+from core.entrypoints.openai.routers.tokens import tokens_router
 from core.entrypoints.openai.serving import Serving
 from core.entrypoints.openai.serving_embeddings import ServingEmbeddings
 from core.entrypoints.openai.serving_models import LoRAModulePath, ServedModels
@@ -57,10 +59,7 @@ def build_app(
     --enable-auto-tool-choice / --tool-call-parser settings."""
     models = ServedModels(engine.processor, created=int(time.time()))
     models.add_lora_modules(lora_modules)
-    metrics = EngineMetrics(models.base_model_name, engine.processor.config, engine.num_gpu_blocks)
-    engine.stats_listeners.append(metrics.record)
-    if not frontend.disable_log_stats:
-        engine.stats_listeners.append(StatsLogger().record)
+    metrics = _listen_to_stats(engine, models, frontend)
     request_logger = RequestLogger(frontend.max_log_len) if frontend.enable_log_requests else None
     offload = OffLoop()
     serving = Serving(
@@ -71,152 +70,46 @@ def build_app(
         tool_calling,
         trust_request_chat_template=frontend.trust_request_chat_template,
     )
-    embeddings = ServingEmbeddings(engine, models, offload)
+    app = FastAPI(title="core", version=core.__version__, lifespan=_lifespan(offload))
+    install_error_handlers(app)
+    if api_key:
+        extra = SCRAPED_PATHS if frontend.metrics_without_api_key else frozenset()
+        require_api_key(app, api_key, OPEN_PATHS | extra)
+    install_middleware(app, frontend)  # outermost: CORS answers preflights without a key
+    app.include_router(probes_router(engine, metrics))
+    app.include_router(models_router(models))
+    app.include_router(generation_router(serving))
+    app.include_router(embeddings_router(ServingEmbeddings(engine, models, offload)))
+    app.include_router(tokens_router(engine, serving, offload))
+    if models.lora_enabled and envs.allow_runtime_lora_updating():
+        app.include_router(lora_adapter_router(models))
+    _mount_endpoint_plugins(app)
+    return app
+
+
+def _listen_to_stats(
+    engine: AsyncLLM, models: ServedModels, frontend: FrontendArgs
+) -> EngineMetrics:
+    """The engine's stats feed the Prometheus metrics (returned, for /metrics) and, unless
+    --disable-log-stats, the periodic log line."""
+    metrics = EngineMetrics(models.base_model_name, engine.processor.config, engine.num_gpu_blocks)
+    engine.stats_listeners.append(metrics.record)
+    if not frontend.disable_log_stats:
+        engine.stats_listeners.append(StatsLogger().record)
+    return metrics
+
+
+def _lifespan(
+    offload: OffLoop,
+) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+    """The app's lifespan: at its end, the OffLoop's thread stops."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
         offload.shutdown()
 
-    app = FastAPI(title="core", version=core.__version__, lifespan=lifespan)
-    install_error_handlers(app)
-    if api_key:
-        extra = _SCRAPED_PATHS if frontend.metrics_without_api_key else frozenset()
-        _require_api_key(app, api_key, _OPEN_PATHS | extra)
-    install_middleware(app, frontend)  # outermost: CORS answers preflights without a key
-
-    @app.api_route("/health", methods=["GET", "HEAD"])  # load balancers probe with either
-    async def health() -> Response:
-        engine.check_healthy()
-        return Response(status_code=HTTPStatus.OK)
-
-    @app.get("/version")
-    async def version() -> dict[str, str]:
-        return {"version": core.__version__}
-
-    @app.get("/v1/models")
-    async def list_models() -> JSONResponse:
-        return JSONResponse(p.ModelList(data=models.cards()).model_dump())
-
-    @app.get("/metrics")
-    async def prometheus() -> Response:
-        if not engine.is_healthy:  # checked at each scrape: the gauges show the engine now
-            metrics.record_engine_death()
-        body, content_type = metrics.render()
-        return Response(body, media_type=content_type)
-
-    @app.post("/v1/completions")
-    async def completions(req: p.CompletionRequest, raw: Request):
-        return await serving.completions(req, raw)
-
-    @app.post("/v1/chat/completions")
-    async def chat(req: p.ChatCompletionRequest, raw: Request):
-        return await serving.chat(req, raw)
-
-    @app.post("/v1/embeddings")
-    async def create_embeddings(req: EmbeddingRequest) -> JSONResponse:
-        return await embeddings.create(req)
-
-    def tokenized(req: p.TokenizeRequest) -> Response:
-        if req.messages is not None:
-            tokens = serving.render_chat(req)
-        else:
-            tokens = engine.tokenizer.encode(req.prompt or "", req.add_special_tokens)
-        return _tokenize_response(tokens, engine.processor.max_model_len)
-
-    @app.post("/tokenize")
-    async def tokenize(req: p.TokenizeRequest) -> Response:
-        serving.check_model(req.model)
-        return await offload.run(tokenized, req)
-
-    @app.post("/detokenize")
-    async def detokenize(req: p.DetokenizeRequest) -> JSONResponse:
-        serving.check_model(req.model)
-        bad = [t for t in req.tokens if not 0 <= t < engine.processor.vocab_size]
-        if bad:
-            raise OpenAIError(
-                HTTPStatus.BAD_REQUEST,
-                f"token id {bad[0]} is outside the vocabulary",
-                param="tokens",
-            )
-        text = await offload.run(engine.tokenizer.decode, req.tokens)
-        return JSONResponse(p.DetokenizeResponse(prompt=text).model_dump())
-
-    if models.lora_enabled and envs.allow_runtime_lora_updating():
-        app.include_router(_lora_adapter_router(models))
-    _mount_endpoint_plugins(app)
-    return app
-
-
-# Token ids per piece of a /tokenize response (see _tokenize_response).
-_IDS_PER_PIECE = 1 << 15
-
-
-def _tokenize_response(tokens: list[int], max_model_len: int) -> Response:
-    """p.TokenizeResponse's JSON, written in pieces: one json.dumps of a million token ids
-    holds the GIL for a tenth of a second even on the OffLoop's thread, and the event loop
-    waits for it; between pieces of _IDS_PER_PIECE ids it gets its turn."""
-    ids = ",".join(
-        ",".join(map(str, tokens[i : i + _IDS_PER_PIECE]))
-        for i in range(0, len(tokens), _IDS_PER_PIECE)
-    )
-    body = f'{{"tokens":[{ids}],"count":{len(tokens)},"max_model_len":{max_model_len}}}'
-    return Response(body, media_type="application/json")
-
-
-def _lora_adapter_router(models: ServedModels) -> APIRouter:
-    """vLLM's runtime adapter routes (CORE_ALLOW_RUNTIME_LORA_UPDATING). They answer in
-    plain text on success, as vLLM's do; the API key guards them like every /v1 route."""
-    logger.warning(
-        "CORE_ALLOW_RUNTIME_LORA_UPDATING is set: clients can load LoRA adapters from any "
-        "path this server can read (a development setting)"
-    )
-    router = APIRouter()
-
-    @router.post("/v1/load_lora_adapter")
-    async def load_lora_adapter(req: p.LoadLoRAAdapterRequest) -> PlainTextResponse:
-        models.load_lora(req.lora_name, req.lora_path)
-        return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' added successfully.")
-
-    @router.post("/v1/unload_lora_adapter")
-    async def unload_lora_adapter(req: p.UnloadLoRAAdapterRequest) -> PlainTextResponse:
-        models.unload_lora(req.lora_name)
-        return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' removed successfully.")
-
-    return router
-
-
-# What a supervisor or load balancer probes: answered without the key.
-_OPEN_PATHS = frozenset({"/health", "/version"})
-# What --metrics-without-api-key opens too.
-_SCRAPED_PATHS = frozenset({"/metrics"})
-
-
-def _require_api_key(app: FastAPI, api_key: str, open_paths: frozenset[str]) -> None:
-    """Every path but `open_paths` needs `Authorization: Bearer <key>` (the scheme
-    case-insensitive, RFC 7235); a 401 says which scheme in `WWW-Authenticate`."""
-
-    @app.middleware("http")
-    async def check_key(request: Request, call_next):
-        if request.url.path in open_paths or _bearer_matches(request, api_key):
-            return await call_next(request)
-        response = error_response(
-            OpenAIError(
-                HTTPStatus.UNAUTHORIZED,
-                "Incorrect or missing API key.",
-                type="authentication_error",
-                code="invalid_api_key",
-            )
-        )
-        response.headers["WWW-Authenticate"] = "Bearer"
-        return response
-
-
-def _bearer_matches(request: Request, api_key: str) -> bool:
-    scheme, _, token = request.headers.get("Authorization", "").strip().partition(" ")
-    return scheme.lower() == "bearer" and secrets.compare_digest(
-        token.strip().encode(), api_key.encode()
-    )
+    return lifespan
 
 
 def _mount_endpoint_plugins(app: FastAPI) -> None:

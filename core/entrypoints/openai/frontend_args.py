@@ -2,8 +2,9 @@
 
 They shape what `core serve` does around the engine (CORS, the URL prefix behind a proxy,
 TLS, uvicorn's log level, request and stats logging), never the engine itself, so they
-live apart from EngineArgs. Defaults are vLLM's: CORS allows every origin, method and
-header without credentials, so a browser page that talked to vLLM talks to core.
+live apart from EngineArgs. Each field is its flag (flag_fields), declared once with its
+default. Defaults are vLLM's: CORS allows every origin, method and header without
+credentials, so a browser page that talked to vLLM talks to core.
 Inconsistent or unusable values are a ValueError naming the flag, at startup.
 """
 
@@ -11,53 +12,78 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import Field, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import click
 
+from core.entrypoints.openai.flag_fields import click_options, flag, flag_name, from_options
+
 __all__ = ["UVICORN_LOG_LEVELS", "FrontendArgs", "frontend_options"]
 
 UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
-_LIST_FLAGS = {
-    "allowed_origins": "--allowed-origins",
-    "allowed_methods": "--allowed-methods",
-    "allowed_headers": "--allowed-headers",
-}
 
 
 @dataclass(frozen=True)
 class FrontendArgs:
-    allowed_origins: tuple[str, ...] = ("*",)
-    allowed_methods: tuple[str, ...] = ("*",)
-    allowed_headers: tuple[str, ...] = ("*",)
-    allow_credentials: bool = False
-    root_path: str = ""  # the prefix a proxy strips before forwarding (ASGI root_path)
-    ssl_keyfile: str | None = None
-    ssl_certfile: str | None = None
-    uvicorn_log_level: str = "info"
-    enable_log_requests: bool = False
-    max_log_len: int | None = None  # prompt characters and token ids per logged request
-    disable_log_stats: bool = False  # no periodic engine-load lines (stats_logger)
-    trust_request_chat_template: bool = False  # render a request's own chat_template
+    allowed_origins: tuple[str, ...] = flag(
+        ("*",), "CORS origins allowed; a JSON list or values", multiple=True, metavar="ORIGIN..."
+    )
+    allowed_methods: tuple[str, ...] = flag(
+        ("*",), "CORS methods allowed", multiple=True, metavar="METHOD..."
+    )
+    allowed_headers: tuple[str, ...] = flag(
+        ("*",), "CORS request headers allowed", multiple=True, metavar="HEADER..."
+    )
+    allow_credentials: bool = flag(False, "CORS: allow credentials", is_flag=True)
+    root_path: str = flag("", "URL prefix a proxy strips (ASGI)")
+    ssl_keyfile: str | None = flag(None, "TLS private key file")
+    ssl_certfile: str | None = flag(None, "TLS certificate file")
+    uvicorn_log_level: str = flag(
+        "info", "uvicorn's log level", type=click.Choice(UVICORN_LOG_LEVELS)
+    )
+    enable_log_requests: bool = flag(
+        False, "log every request's prompt, parameters and adapter", is_flag=True
+    )
+    max_log_len: int | None = flag(
+        None, "prompt characters and token ids a logged request shows (unset: all)", type=int
+    )
+    disable_log_stats: bool = flag(False, "no periodic log line of the engine's load", is_flag=True)
+    trust_request_chat_template: bool = flag(
+        False,
+        "render a chat_template sent with a request (without it: refused with a 400)",
+        is_flag=True,
+    )
     # Parsing a body holds the event loop (about 30 ms per MiB of token ids), so bodies
     # are bounded: 2 MiB holds OpenAI's largest embedding batch or a 128k-token prompt.
-    max_request_body_bytes: int = 2 * 1024 * 1024
-    # Seconds open requests may drain on SIGTERM / SIGINT (vLLM's default, 0, aborts them).
-    shutdown_timeout: float = 10.0
-    # With --api-key, /metrics answers scrapers without the key (vLLM leaves it open).
-    metrics_without_api_key: bool = False
+    max_request_body_bytes: int = flag(
+        2 * 1024 * 1024, "largest request body accepted, in bytes; a larger one is a 413", type=int
+    )
+    # vLLM's default, 0, aborts open requests at once.
+    shutdown_timeout: float = flag(
+        10.0,
+        "on SIGTERM / SIGINT, how long open requests may finish before the rest are aborted "
+        "(0 aborts them at once)",
+        type=float,
+        metavar="SECONDS",
+    )
+    # vLLM leaves /metrics open; core's key guards it unless this is set.
+    metrics_without_api_key: bool = flag(
+        False,
+        "with --api-key, serve /metrics without the key (for Prometheus scrapers)",
+        is_flag=True,
+    )
 
     def __post_init__(self) -> None:
         if (self.ssl_keyfile is None) != (self.ssl_certfile is None):
             raise ValueError("--ssl-keyfile and --ssl-certfile: TLS needs both")
-        for flag, path in (
+        for flag_text, path in (
             ("--ssl-keyfile", self.ssl_keyfile),
             ("--ssl-certfile", self.ssl_certfile),
         ):
             if path is not None and not Path(path).is_file():
-                raise ValueError(f"{flag} {path}: no such file")
+                raise ValueError(f"{flag_text} {path}: no such file")
         if self.uvicorn_log_level not in UVICORN_LOG_LEVELS:
             raise ValueError(
                 f"--uvicorn-log-level {self.uvicorn_log_level}: use one of "
@@ -83,17 +109,22 @@ class FrontendArgs:
 
     @classmethod
     def from_cli(cls, options: dict[str, Any]) -> FrontendArgs:
-        """FrontendArgs from click's parsed options (extra keys are ignored; a flag not
-        given keeps the default)."""
-        given = {f.name: options[f.name] for f in fields(cls) if options.get(f.name) is not None}
-        for name, flag in _LIST_FLAGS.items():
-            values = given.pop(name, ())
+        """FrontendArgs from click's parsed options (see flag_fields.from_options); each
+        CORS list is flattened (see _list_values), and an empty one keeps the default."""
+        given = dict(options)
+        for f in _list_fields():
+            values = given.pop(f.name, ())
             if values:
-                given[name] = _list_values(flag, values)
-        return cls(**given)
+                given[f.name] = _list_values(flag_name(f), values)
+        return from_options(cls, given)
 
 
-def _list_values(flag: str, values: tuple[str, ...]) -> tuple[str, ...]:
+def _list_fields() -> list[Field]:
+    """The fields whose flag takes several values (the CORS lists)."""
+    return [f for f in fields(FrontendArgs) if f.metadata["click"].get("multiple")]
+
+
+def _list_values(flag_text: str, values: tuple[str, ...]) -> tuple[str, ...]:
     """vLLM takes a JSON list (`'["http://a", "http://b"]'`) or, in newer releases, plain
     values after the flag; both are accepted, and flattened in order."""
     flat: list[str] = []
@@ -104,68 +135,13 @@ def _list_values(flag: str, values: tuple[str, ...]) -> tuple[str, ...]:
         try:
             parsed = json.loads(value)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{flag} {value}: not a JSON list ({exc})") from exc
+            raise ValueError(f"{flag_text} {value}: not a JSON list ({exc})") from exc
         if not all(isinstance(item, str) for item in parsed):
-            raise ValueError(f"{flag} {value}: the list must hold strings")
+            raise ValueError(f"{flag_text} {value}: the list must hold strings")
         flat += parsed
     return tuple(flat)
 
 
 def frontend_options(command: Callable) -> Callable:
     """Decorate a click command with one option per FrontendArgs field."""
-    options = [
-        click.option(
-            "--allowed-origins", multiple=True, metavar="ORIGIN...",
-            help="CORS origins allowed (default: *); a JSON list or values",
-        ),
-        click.option(
-            "--allowed-methods", multiple=True, metavar="METHOD...",
-            help="CORS methods allowed (default: *)",
-        ),
-        click.option(
-            "--allowed-headers", multiple=True, metavar="HEADER...",
-            help="CORS request headers allowed (default: *)",
-        ),
-        click.option(
-            "--allow-credentials", is_flag=True, default=None, help="CORS: allow credentials"
-        ),
-        click.option("--root-path", default=None, help="URL prefix a proxy strips (ASGI)"),
-        click.option("--ssl-keyfile", default=None, help="TLS private key file"),
-        click.option("--ssl-certfile", default=None, help="TLS certificate file"),
-        click.option(
-            "--uvicorn-log-level", type=click.Choice(UVICORN_LOG_LEVELS), default=None,
-            help="uvicorn's log level (default: info)",
-        ),
-        click.option(
-            "--enable-log-requests", is_flag=True, default=None,
-            help="log every request's prompt, parameters and adapter",
-        ),
-        click.option(
-            "--max-log-len", type=int, default=None,
-            help="prompt characters and token ids a logged request shows (default: all)",
-        ),
-        click.option(
-            "--disable-log-stats", is_flag=True, default=None,
-            help="no periodic log line of the engine's load",
-        ),
-        click.option(
-            "--trust-request-chat-template", is_flag=True, default=None,
-            help="render a chat_template sent with a request (default: refused with a 400)",
-        ),
-        click.option(
-            "--max-request-body-bytes", type=int, default=None,
-            help="largest request body accepted; a larger one is a 413 (default: 2 MiB)",
-        ),
-        click.option(
-            "--metrics-without-api-key", is_flag=True, default=None,
-            help="with --api-key, serve /metrics without the key (for Prometheus scrapers)",
-        ),
-        click.option(
-            "--shutdown-timeout", type=float, default=None, metavar="SECONDS",
-            help="on SIGTERM / SIGINT, how long open requests may finish before the rest "
-            "are aborted (default: 10; 0 aborts them at once)",
-        ),
-    ]  # fmt: skip
-    for option in reversed(options):
-        command = option(command)
-    return command
+    return click_options(FrontendArgs)(command)

@@ -35,7 +35,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from core.engine.async_llm import AsyncLLM
 from core.engine.core_client import EngineDeadError
-from core.engine.processor import PreparedRequest
+from core.engine.processor import ChatRenderError, PreparedRequest
 from core.entrypoints.openai import protocol as p
 from core.entrypoints.openai import responses as r
 from core.entrypoints.openai.errors import OpenAIError, as_openai_error
@@ -352,14 +352,10 @@ class Serving:
         try:
             prompt_ids = render(tools)
             ignored = bool(tools) and prompt_ids == render(None)
-        except ValueError as exc:
-            # The processor's message starts with the field it names; of the rest, a
-            # template the request brought is the likelier culprit than its messages.
-            if str(exc).startswith("chat_template_kwargs"):
-                param = "chat_template_kwargs"
-            else:
-                param = "messages" if req.chat_template is None else "chat_template"
-            raise OpenAIError(HTTPStatus.BAD_REQUEST, str(exc), param=param) from exc
+        except ChatRenderError as exc:
+            raise OpenAIError(
+                HTTPStatus.BAD_REQUEST, str(exc), param=_render_param(exc, req)
+            ) from exc
         if ignored:
             raise OpenAIError(
                 HTTPStatus.BAD_REQUEST,
@@ -426,6 +422,14 @@ class Serving:
             return made
 
         return choices
+
+
+def _render_param(exc: ChatRenderError, req: p._ChatTemplateRequest) -> str:
+    """The request field a render error names: the one the processor blames, except that a
+    template the request brought is a likelier culprit than its messages."""
+    if exc.field == "messages" and req.chat_template is not None:
+        return "chat_template"
+    return exc.field
 
 
 def _accumulate(samples: dict[int, CompletionOutput], delta: CompletionOutput) -> None:

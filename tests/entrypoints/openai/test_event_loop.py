@@ -21,9 +21,10 @@ from tiny_engine_checkpoint import MAX_MODEL_LEN, engine_args, write_tiny_checkp
 
 from core.config import UsageContext
 from core.engine.processor import EngineSetup, InputProcessor
-from core.entrypoints.openai.api_server import _tokenize_response, build_app
+from core.entrypoints.openai.api_server import build_app
 from core.entrypoints.openai.frontend_args import FrontendArgs
 from core.entrypoints.openai.protocol import TokenizeResponse
+from core.entrypoints.openai.routers.tokens import _tokenize_response
 from core.outputs import CompletionOutput, RequestOutput
 
 BODY_LIMIT = 3 * 1024 * 1024

@@ -1,0 +1,64 @@
+"""vLLM's /tokenize (a prompt, or messages through the chat template) and /detokenize."""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, Response
+
+from core.engine.async_llm import AsyncLLM
+from core.entrypoints.openai import protocol as p
+from core.entrypoints.openai.errors import OpenAIError
+from core.entrypoints.openai.offload import OffLoop
+from core.entrypoints.openai.serving import Serving
+
+__all__ = ["tokens_router"]
+
+# Token ids per piece of a /tokenize response (see _tokenize_response).
+_IDS_PER_PIECE = 1 << 15
+
+
+def tokens_router(engine: AsyncLLM, serving: Serving, offload: OffLoop) -> APIRouter:
+    """The two routes over `engine`'s tokenizer; `serving` checks the request's model and
+    renders messages; tokenizing and decoding run on `offload`."""
+    router = APIRouter()
+
+    def tokenized(req: p.TokenizeRequest) -> Response:
+        if req.messages is not None:
+            tokens = serving.render_chat(req)
+        else:
+            tokens = engine.tokenizer.encode(req.prompt or "", req.add_special_tokens)
+        return _tokenize_response(tokens, engine.processor.max_model_len)
+
+    @router.post("/tokenize")
+    async def tokenize(req: p.TokenizeRequest) -> Response:
+        serving.check_model(req.model)
+        return await offload.run(tokenized, req)
+
+    @router.post("/detokenize")
+    async def detokenize(req: p.DetokenizeRequest) -> JSONResponse:
+        serving.check_model(req.model)
+        bad = [t for t in req.tokens if not 0 <= t < engine.processor.vocab_size]
+        if bad:
+            raise OpenAIError(
+                HTTPStatus.BAD_REQUEST,
+                f"token id {bad[0]} is outside the vocabulary",
+                param="tokens",
+            )
+        text = await offload.run(engine.tokenizer.decode, req.tokens)
+        return JSONResponse(p.DetokenizeResponse(prompt=text).model_dump())
+
+    return router
+
+
+def _tokenize_response(tokens: list[int], max_model_len: int) -> Response:
+    """p.TokenizeResponse's JSON, written in pieces: one json.dumps of a million token ids
+    holds the GIL for a tenth of a second even on the OffLoop's thread, and the event loop
+    waits for it; between pieces of _IDS_PER_PIECE ids it gets its turn."""
+    ids = ",".join(
+        ",".join(map(str, tokens[i : i + _IDS_PER_PIECE]))
+        for i in range(0, len(tokens), _IDS_PER_PIECE)
+    )
+    body = f'{{"tokens":[{ids}],"count":{len(tokens)},"max_model_len":{max_model_len}}}'
+    return Response(body, media_type="application/json")
