@@ -4,7 +4,7 @@
 // reads it back, and pays two op dispatches; here each row is read once and each output
 // written once, computed in float32 and rounded once to the input dtype.
 
-#include <torch/extension.h>
+#include <torch/types.h>
 #include <ATen/Parallel.h>
 
 #include <cmath>

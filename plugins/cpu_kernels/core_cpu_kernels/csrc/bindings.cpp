@@ -1,5 +1,7 @@
 // The Python module core_cpu_kernels._C: one binding per kernel.
 
+#include <torch/extension.h>
+
 #include "kernels.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

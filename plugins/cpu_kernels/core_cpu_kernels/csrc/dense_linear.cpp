@@ -7,7 +7,7 @@
 // one core and at under 14 GB/s on big layers (SmolLM2's 49,152-row head). Which row
 // counts take this kernel is the Python side's choice (core_cpu_kernels/ops.py).
 
-#include <torch/extension.h>
+#include <torch/types.h>
 #include <ATen/Parallel.h>
 
 #include <cstdint>

@@ -2,7 +2,7 @@
 
 #pragma once
 
-#include <torch/extension.h>
+#include <torch/types.h>
 
 namespace core_cpu {
 

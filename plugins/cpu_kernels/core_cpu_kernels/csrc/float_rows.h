@@ -2,7 +2,7 @@
 
 #pragma once
 
-#include <torch/extension.h>
+#include <torch/types.h>
 
 #include <cstdint>
 #include <type_traits>

@@ -2,7 +2,9 @@
 
 #pragma once
 
-#include <torch/extension.h>
+// Tensors only: torch/extension.h (the C++ frontend and the Python bindings) costs ~30 s
+// of parsing per file, ~10 s for this one, so only bindings.cpp includes it.
+#include <torch/types.h>
 
 #include <string>
 #include <tuple>

@@ -8,7 +8,7 @@
 // widened once a pass); the portable loops (key_scores, weighted_values) serve the rest,
 // re-reading a value from cache per query head, whose sums stay in registers.
 
-#include <torch/extension.h>
+#include <torch/types.h>
 #include <ATen/Parallel.h>
 
 #include "cpu_utils.h"

@@ -14,7 +14,7 @@
 // accumulator blocks in vector registers and emits broadcast FMAs of that clone's width
 // (checked in the assembly for AVX2 and AVX-512).
 
-#include <torch/extension.h>
+#include <torch/types.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>

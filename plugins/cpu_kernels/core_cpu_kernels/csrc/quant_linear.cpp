@@ -18,7 +18,7 @@
 // those strips takes the strip GEMM from them, whatever its token count. The vector ISA is
 // probed once (quant_linear_isas lists the ones this CPU runs).
 
-#include <torch/extension.h>
+#include <torch/types.h>
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
 

@@ -4,7 +4,7 @@
 // its statistics and a second (from cache) writes it, where the reference makes six
 // passes and three temporaries.
 
-#include <torch/extension.h>
+#include <torch/types.h>
 #include <ATen/Parallel.h>
 
 #include <cmath>

@@ -8,7 +8,7 @@
 // products of two half-precision values are exact in float32, so half types match the
 // reference bit for bit).
 
-#include <torch/extension.h>
+#include <torch/types.h>
 #include <ATen/Parallel.h>
 
 #include <cstdint>
