@@ -189,7 +189,12 @@ def _range(kind: click.IntRange | click.FloatRange) -> str:
 
 
 def _default(option: click.Option) -> str:
-    """The declared default as text: a callable by its name, never its value here."""
+    """The declared default as text: a callable by its name, never its value here; an
+    engine flag's is its config field's (click's show_default text)."""
+    if isinstance(option.show_default, str):
+        if option.is_flag:
+            return "on" if option.show_default == "True" else "off"
+        return f"`{option.show_default}`"
     declared = option.default
     if callable(declared):
         return f"`{getattr(declared, '__qualname__', repr(declared))}()`"

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 import click
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
 
 from core.config import (
     LOAD_FORMATS,
@@ -105,7 +107,7 @@ class EngineArgs:
     )  # fmt: skip
     gpu_memory_utilization: float | None = _option(
         "cache", "gpu_memory_utilization", "--gpu-memory-utilization",
-        "share of device memory for weights, activations and KV cache (GPUs; default 0.9)",
+        "share of device memory for weights, activations and KV cache (GPUs)",
         type=float,
     )  # fmt: skip
     enable_prefix_caching: bool | None = _option(
@@ -216,7 +218,7 @@ class EngineArgs:
         "lora", "max_cpu_loras", "--max-cpu-loras", "adapters kept in host memory", type=int
     )
     lora_implementation: str | None = _option(
-        "lora", "implementation", "--lora-implementation", "core.lora entry (default: default)"
+        "lora", "implementation", "--lora-implementation", "the core.lora entry that serves adapters"
     )
     metrics_prefix: str | None = _option(
         "observability", "metrics_prefix", "--metrics-prefix",
@@ -440,11 +442,27 @@ _CONVERTERS: dict[str, Callable[..., None]] = {
 
 
 def engine_options(command: Callable) -> Callable:
-    """Decorate a click command with one option per EngineArgs field."""
+    """Decorate a click command with one option per EngineArgs field; --help shows the
+    default its config field declares (none where it is derived at start)."""
     for f in reversed(fields(EngineArgs)):
         meta = f.metadata
-        command = click.option(meta["flag"], f.name, help=meta["help"], **meta["click"])(command)
+        default = _declared_default(meta["section"], meta["key"])
+        shown = {} if default is None else {"show_default": str(default)}
+        option = click.option(meta["flag"], f.name, help=meta["help"], **meta["click"], **shown)
+        command = option(command)
     return command
+
+
+def _declared_default(section: str, key: str) -> Any:
+    """The static default of config field `section.key`, or None (no such field, or one
+    filled at start from the model, the platform or other flags)."""
+    info = EngineConfig.model_fields.get(section)
+    models = get_args(info.annotation) or (info.annotation,) if info else ()
+    model = next((m for m in models if isinstance(m, type) and issubclass(m, BaseModel)), None)
+    if model is None or key not in model.model_fields:
+        return None
+    default = model.model_fields[key].default
+    return None if default is PydanticUndefined else getattr(default, "value", default)
 
 
 __all__ = ["EngineArgs", "engine_options"]
