@@ -22,6 +22,8 @@ PLUGINS = [
 ]
 CPU_KERNELS = "plugins/cpu_kernels"
 SHARED_ENV = Path(".nox/shared")
+# Each run lists its slowest tests, so CI's time (50 minutes at most) is watched where it goes.
+DURATIONS = ["--durations=15"]
 # A third-party plugin kept as an example: its own distribution, outside core and plugins/.
 EXAMPLE_PLUGIN = "tests/plugins/example_plugin"
 # The components the conformance kit checks in CI: core's built-ins, core-cpu-kernels'
@@ -107,7 +109,9 @@ def shared_env(session: nox.Session) -> Path:
 def tests(session: nox.Session) -> None:
     """The fast suite (everything not marked slow)."""
     bin_dir = shared_env(session)
-    session.run(str(bin_dir / "pytest"), "-m", "not slow", *session.posargs, external=True)
+    session.run(
+        str(bin_dir / "pytest"), "-m", "not slow", *DURATIONS, *session.posargs, external=True
+    )
 
 
 @nox.session(venv_backend="none")
@@ -116,7 +120,7 @@ def slow(session: nox.Session) -> None:
     bin_dir = shared_env(session)
     # pytest's exit code 5 (no test collected) fails too: a filter that selects nothing
     # must not pass as a green slow suite.
-    session.run(str(bin_dir / "pytest"), "-m", "slow", *session.posargs, external=True)
+    session.run(str(bin_dir / "pytest"), "-m", "slow", *DURATIONS, *session.posargs, external=True)
 
 
 @nox.session(venv_backend="none")

@@ -62,3 +62,14 @@ def fresh_registry(monkeypatch: pytest.MonkeyPatch):
 
     monkeypatch.setattr(registry, "_registry", None)
     yield
+
+
+@pytest.fixture(scope="session")
+def default_server():
+    """One `core serve` of the default model (server_process.SMALL's settings), shared by
+    the slow tests that ask nothing else of it: each start costs seconds of CI."""
+    from server_process import ServerProcess
+
+    process = ServerProcess().wait_ready()
+    yield process
+    process.stop()

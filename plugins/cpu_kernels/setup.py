@@ -29,8 +29,11 @@ setup(
             # resolves to the libgomp torch has already loaded.
             # Reassociation lets dot products end in a vector tree instead of 16 serial
             # adds; the kernels never rely on signed zeros, traps or errno.
+            # -g0 drops the debug information Python's own flags ask for: a 29 MB module
+            # instead of ~1 MB, and a build 2 min 3 s instead of 2 min 39 s on 2 cores.
             extra_compile_args=[
                 "-O3",
+                "-g0",
                 "-fopenmp",
                 "-fno-math-errno",
                 "-fno-trapping-math",

@@ -7,25 +7,21 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import openai
 import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from server_process import ServerProcess
 from test_multiproc_executor import PROMPTS, engine
 from tp_checkpoint import write_tp_checkpoint
 
 from core import SamplingParams
 
 pytestmark = pytest.mark.slow  # two servers of two worker processes, about 30 s
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "entrypoints" / "openai"))
-from server_process import ServerProcess  # noqa: E402
 
 
 @pytest.fixture(scope="module")

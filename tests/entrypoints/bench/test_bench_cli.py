@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
-from pathlib import Path
 
 import click
 import pytest
@@ -13,10 +11,6 @@ from click.testing import CliRunner
 
 from core.entrypoints.bench.cli import LENGTH, bench
 from core.entrypoints.bench.serve_client import fake_openai_app, running_server
-
-# The real-server helper lives with the server tests; their folder is not a package.
-sys.path.insert(0, str(Path(__file__).parents[1] / "openai"))
-from server_process import ServerProcess  # noqa: E402
 
 TINY_ENGINE = ["--max-model-len", "256", "--kv-cache-memory", "64MiB"]
 SERVE_FIELDS = {
@@ -125,17 +119,10 @@ def test_latency_smoke_on_the_default_model(tmp_path):
     assert e2e["mean"] == pytest.approx(ttft["mean"] + 3 * tpot["mean"], rel=1e-6)
 
 
-@pytest.fixture(scope="module")
-def core_server():
-    process = ServerProcess().wait_ready()
-    yield process
-    process.stop()
-
-
 @pytest.mark.slow
-def test_serve_smoke_against_core_serve(core_server, tmp_path):
+def test_serve_smoke_against_core_serve(default_server, tmp_path):
     out = tmp_path / "serve.json"
-    invoke("serve", "--base-url", core_server.url, "--num-prompts", "4", "--input-len", "16",
+    invoke("serve", "--base-url", default_server.url, "--num-prompts", "4", "--input-len", "16",
            "--output-len", "8", "--output-json", str(out))  # fmt: skip
     data = json.loads(out.read_text())
     assert (data["num_requests"], data["num_failed"], data["errors"]) == (4, 0, {})

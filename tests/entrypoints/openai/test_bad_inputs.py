@@ -14,7 +14,6 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from server_process import ServerProcess
 from stand_in_engine import StandInEngine
 from tiny_engine_checkpoint import VOCAB, write_tiny_checkpoint
 
@@ -251,23 +250,21 @@ def test_an_explicit_max_tokens_past_the_context_is_a_400_naming_it(client, rout
 
 
 @pytest.mark.slow
-def test_the_real_server_answers_the_worst_inputs_with_400s_and_stays_healthy():
-    server = ServerProcess().wait_ready()
-    try:
-        worst = [
-            (CHAT, chat(chat_template_kwargs={"self": 1}), "chat_template_kwargs"),
-            (CHAT, {**user_says("hi " + LONE), "stream": True}, "messages[0].content"),
-            (COMPLETIONS, completion(stop=[LONE]), "stop"),
-            (CHAT, deep_chat('"chat_template_kwargs": {"x": {}}'), "chat_template_kwargs"),
-            (CHAT, deep_chat('"chat_template_kwargs": {"x": {}}', 5000), None),
-        ]
-        with httpx.Client(base_url=server.url, timeout=60) as http:
-            for route, body, param in worst:
-                response = post(http, route, body)
-                assert response.status_code == 400, response.text
-                assert response.json()["error"]["param"] == param
-            assert http.get("/health").status_code == 200
-            assert http.post(COMPLETIONS, json={"prompt": "Hi", "max_tokens": 2}).status_code == 200
-    finally:
-        server.stop()
-    assert "Traceback" not in server.log.read_text()
+def test_the_real_server_answers_the_worst_inputs_with_400s_and_stays_healthy(default_server):
+    server = default_server
+    logged_before = server.log.stat().st_size  # the server is shared: read only this test's lines
+    worst = [
+        (CHAT, chat(chat_template_kwargs={"self": 1}), "chat_template_kwargs"),
+        (CHAT, {**user_says("hi " + LONE), "stream": True}, "messages[0].content"),
+        (COMPLETIONS, completion(stop=[LONE]), "stop"),
+        (CHAT, deep_chat('"chat_template_kwargs": {"x": {}}'), "chat_template_kwargs"),
+        (CHAT, deep_chat('"chat_template_kwargs": {"x": {}}', 5000), None),
+    ]
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        for route, body, param in worst:
+            response = post(http, route, body)
+            assert response.status_code == 400, response.text
+            assert response.json()["error"]["param"] == param
+        assert http.get("/health").status_code == 200
+        assert http.post(COMPLETIONS, json={"prompt": "Hi", "max_tokens": 2}).status_code == 200
+    assert b"Traceback" not in server.log.read_bytes()[logged_before:]

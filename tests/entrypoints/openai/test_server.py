@@ -9,7 +9,6 @@ import time
 import httpx
 import openai
 import pytest
-from server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
 
@@ -18,10 +17,8 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def server():
-    process = ServerProcess().wait_ready()
-    yield process
-    process.stop()
+def server(default_server):
+    return default_server
 
 
 @pytest.fixture(scope="module")
