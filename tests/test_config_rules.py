@@ -12,21 +12,13 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from checkpoint_pooling import BERT, DECODER, LAST_TOKEN_EMBEDDER
 
 from core.config import CUDAGraphMode, EngineConfig, UsageContext
 from core.config_rules import RULES
 from core.engine_args import EngineArgs
 from core.platforms.cpu import CpuPlatform
-from core.pooling.interface import PoolingType
-from core.pooling.runner import CheckpointPooling
-from core.pooling.st_config import SentenceTransformersConfig
 
-BERT = CheckpointPooling("BertModel", True, True, PoolingType.CLS, None)
-DECODER = CheckpointPooling("LlamaForCausalLM", False, False, PoolingType.LAST, None)
-LAST_TOKEN_EMBEDDER = CheckpointPooling(
-    "LlamaForCausalLM", False, False, PoolingType.LAST,
-    SentenceTransformersConfig(PoolingType.LAST, normalize=True),
-)  # fmt: skip
 NGRAM = '{"method": "ngram", "num_speculative_tokens": 2}'
 
 

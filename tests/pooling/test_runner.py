@@ -4,24 +4,12 @@ settings pooling needs; conflicting flags are refused by name."""
 from __future__ import annotations
 
 import pytest
+from checkpoint_pooling import BERT, DECODER, LAST_TOKEN_EMBEDDER, MEAN_DECODER
 
 from core.config import CUDAGraphMode
 from core.engine_args import EngineArgs
 from core.platforms.cpu import CpuPlatform
-from core.pooling.interface import PoolingType
 from core.pooling.runner import CheckpointPooling
-from core.pooling.st_config import SentenceTransformersConfig
-
-BERT = CheckpointPooling("BertModel", True, True, PoolingType.CLS, None)
-DECODER = CheckpointPooling("LlamaForCausalLM", False, False, PoolingType.LAST, None)
-LAST_TOKEN_EMBEDDER = CheckpointPooling(
-    "LlamaForCausalLM", False, False, PoolingType.LAST,
-    SentenceTransformersConfig(PoolingType.LAST, normalize=True),
-)  # fmt: skip
-MEAN_DECODER = CheckpointPooling(
-    "LlamaForCausalLM", False, False, PoolingType.LAST,
-    SentenceTransformersConfig(PoolingType.MEAN, normalize=False),
-)  # fmt: skip
 
 
 def config(pooling: CheckpointPooling, platform=None, **args):
