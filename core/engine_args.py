@@ -218,7 +218,7 @@ class EngineArgs:
         "lora", "max_cpu_loras", "--max-cpu-loras", "adapters kept in host memory", type=int
     )
     lora_implementation: str | None = _option(
-        "lora", "implementation", "--lora-implementation", "the core.lora entry that serves adapters"
+        "lora", "implementation", "--lora-implementation", "the core.lora entry serving adapters"
     )
     metrics_prefix: str | None = _option(
         "observability", "metrics_prefix", "--metrics-prefix",
