@@ -214,13 +214,6 @@ class CompilationConfig(_Config):
             raise ValueError(f"must be a non-empty list of positive batch sizes, got {sizes}")
         return None if sizes is None else sorted(set(sizes))
 
-    def apply_level(self, default_level: int) -> None:
-        """`default_level` where the user set no level, then what the level turns on: a
-        platform's default as create_engine_config applies it (for configs built without
-        EngineArgs, e.g. a worker's in tests)."""
-        self.set_default("level", default_level)
-        self.fill_from_level()
-
     def fill_from_level(self) -> None:
         """Fill compile_model / capture_graphs from the level where nobody chose them."""
         self.fill("compile_model", self.level >= COMPILE_LEVEL)

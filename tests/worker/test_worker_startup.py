@@ -55,7 +55,8 @@ def loaded_worker(tiny: Path, **config) -> Worker:
 def compiled_at(default_level: int, **fields) -> CompilationConfig:
     """`fields` as the user set them, the rest from the platform's -O `default_level`."""
     compilation = CompilationConfig(**fields)
-    compilation.apply_level(default_level)
+    compilation.set_default("level", default_level)
+    compilation.fill_from_level()
     return compilation
 
 
