@@ -68,8 +68,10 @@ def fresh_registry(monkeypatch: pytest.MonkeyPatch):
 def default_server():
     """One `core serve` of the default model (server_process.SMALL's settings), shared by
     the slow tests that ask nothing else of it: each start costs seconds of CI."""
-    from server_process import ServerProcess
+    from server_process import SHARED_SERVER_PIDS, ServerProcess
 
     process = ServerProcess().wait_ready()
+    SHARED_SERVER_PIDS.add(process.proc.pid)
     yield process
     process.stop()
+    SHARED_SERVER_PIDS.discard(process.proc.pid)

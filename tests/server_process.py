@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -12,6 +13,10 @@ import time
 from pathlib import Path
 
 import httpx
+
+# Servers a session fixture shares (tests/conftest.py): tests that count the processes they
+# leave behind leave these out.
+SHARED_SERVER_PIDS: set[int] = set()
 
 SERVE = [sys.executable, "-c", "from core.entrypoints.cli import main; main()", "serve"]
 SMALL = ["--max-model-len", "1024", "--kv-cache-memory", "512MiB"]
@@ -93,3 +98,14 @@ def pid_alive(pid: int) -> bool:
         return False
     state = Path(f"/proc/{pid}/stat").read_text().split()[2]
     return state != "Z"
+
+
+def shared_server_tree() -> set[int]:
+    """The pids of the shared servers and of every process under them (engine cores)."""
+    import psutil
+
+    tree = set()
+    for pid in SHARED_SERVER_PIDS:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            tree |= {pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))}
+    return tree

@@ -15,6 +15,7 @@ import time
 
 import psutil
 import pytest
+from server_process import shared_server_tree
 from tp_checkpoint import write_tp_checkpoint
 
 from core import LLM, SamplingParams
@@ -47,9 +48,12 @@ def generate(llm: LLM) -> list[list[int]]:
 
 def children() -> list[str]:
     """This process's descendants, but the resource tracker multiprocessing starts for
-    the first shared-memory segment (it lives as long as this process)."""
-    found = [" ".join(p.cmdline()) for p in psutil.Process(os.getpid()).children(recursive=True)]
-    return [cmd for cmd in found if "resource_tracker" not in cmd]
+    the first shared-memory segment (it lives as long as this process) and the servers
+    the session shares with other tests (they outlive this module)."""
+    shared = shared_server_tree()
+    found = psutil.Process(os.getpid()).children(recursive=True)
+    commands = [" ".join(p.cmdline()) for p in found if p.pid not in shared]
+    return [cmd for cmd in commands if "resource_tracker" not in cmd]
 
 
 @pytest.fixture(scope="module")
