@@ -33,6 +33,7 @@ from core.config_rule import (
     compiles,
     enabled,
 )
+from core.models.pipeline import too_many_stages
 from core.pooling.runner import whole_prompt_reason
 
 __all__ = ["RULES", "validate", "yield_defaults"]
@@ -246,13 +247,9 @@ def _check_whole_prompt_budget(config: EngineConfig, facts: ConfigFacts) -> str 
     "at most one stage per decoder layer",
 )  # fmt: skip
 def _check_stages(config: EngineConfig, facts: ConfigFacts) -> str | None:
-    num_stages = config.parallel.pipeline_parallel_size
-    if facts.num_layers is None or num_stages <= facts.num_layers:
+    if facts.num_layers is None:
         return None
-    return (
-        f"--pipeline-parallel-size {num_stages} is more than the model's {facts.num_layers} "
-        "decoder layers"
-    )
+    return too_many_stages(facts.num_layers, config.parallel.pipeline_parallel_size)
 
 
 # -- pooling ---------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-__all__ = ["IntermediateTensors", "MissingLayer", "stage_layers"]
+__all__ = ["IntermediateTensors", "MissingLayer", "stage_layers", "too_many_stages"]
 
 
 def stage_layers(num_layers: int, stage: int, num_stages: int) -> tuple[int, int]:
@@ -24,14 +24,24 @@ def stage_layers(num_layers: int, stage: int, num_stages: int) -> tuple[int, int
     the earlier stages taking one fewer when they do not divide evenly (the last stage
     also runs the LM head). ValueError naming --pipeline-parallel-size when a stage would
     get no layer."""
-    if num_stages > num_layers:
-        raise ValueError(
-            f"--pipeline-parallel-size {num_stages} is more than the model's {num_layers} "
-            "decoder layers"
-        )
+    problem = too_many_stages(num_layers, num_stages)
+    if problem is not None:
+        raise ValueError(problem)
     bounds = [i * num_layers // num_stages for i in range(num_stages)]
     bounds.append(num_layers)
     return bounds[stage], bounds[stage + 1]
+
+
+def too_many_stages(num_layers: int, num_stages: int) -> str | None:
+    """Why `num_stages` pipeline stages cannot share `num_layers` decoder layers (a stage
+    would get none), naming the flag; None when they can. The configuration rule
+    pipeline-stages refuses it at start, before any stage is built."""
+    if num_stages <= num_layers:
+        return None
+    return (
+        f"--pipeline-parallel-size {num_stages} is more than the model's {num_layers} "
+        "decoder layers"
+    )
 
 
 class MissingLayer(nn.Module):
