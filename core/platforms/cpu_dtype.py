@@ -13,11 +13,8 @@ start (delete the file to measure again).
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
-import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +22,7 @@ from typing import Any
 
 import torch
 
-from core import envs
+from core import measurement_cache
 from core.ops import linear
 from core.plugins.registry import get_registry
 
@@ -94,14 +91,14 @@ def choose_cpu_dtype(model_name: str, flags: frozenset[str], num_threads: int) -
     if not candidates:
         return DtypeChoice(torch.float32, "no AMX or AVX512_BF16")
     key = f"{model_name} | {candidates} | torch {torch.__version__} | {num_threads} threads"
-    path = envs.cache_dir() / CACHE_FILE_NAME
-    entries = _load_entries(path)
+    path = measurement_cache.cache_path(CACHE_FILE_NAME)
+    entries = measurement_cache.load_entries(path)
     cached = _choice_from_record(entries.get(key), path)
     if cached is not None:
         return DtypeChoice(cached.dtype, f"{cached.reason}; cached in {path}", cached.times)
     times = measure_linear_times()
     choice = decide(times, candidates)
-    saved = _save_entries(path, {**entries, key: _record(choice, times)})
+    saved = measurement_cache.save_entries(path, {**entries, key: _record(choice, times)})
     where = f"saved to {path}" if saved else "not cached"
     return DtypeChoice(choice.dtype, f"{choice.reason}; measured now, {where}", choice.times)
 
@@ -207,37 +204,3 @@ def _seconds(value: object) -> float:
     if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"a time must be a positive number of seconds, not {value!r}")
     return float(value)
-
-
-def _load_entries(path: Path) -> dict[str, object]:
-    """The cache file's entries by key; empty when it is absent or (with a warning)
-    unreadable or corrupt: the cache only saves time, it is never needed."""
-    try:
-        entries = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        logger.warning("ignoring the CPU dtype cache %s (%s); measuring again", path, exc)
-        return {}
-    if not isinstance(entries, dict):
-        logger.warning("ignoring the CPU dtype cache %s (not a JSON object)", path)
-        return {}
-    return entries
-
-
-def _save_entries(path: Path, entries: dict[str, object]) -> bool:
-    """Write the cache atomically (a temporary file renamed over it, so a reader never
-    sees half a file); False, with a warning, when it cannot be written."""
-    temporary = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        with os.fdopen(fd, "w") as f:
-            json.dump(entries, f, indent=2, sort_keys=True)
-        os.replace(temporary, path)
-        return True
-    except OSError as exc:
-        logger.warning("cannot write the CPU dtype cache %s (%s)", path, exc)
-        if temporary is not None:
-            Path(temporary).unlink(missing_ok=True)
-        return False
