@@ -58,3 +58,23 @@ def keep_alive_on_engine_death() -> bool:
     exits with code 1 so that a supervisor restarts it."""
     raw = os.environ.get("CORE_KEEP_ALIVE_ON_ENGINE_DEATH", "")
     return raw.strip().lower() in ("1", "true")
+
+
+KERNEL_CHOICE_ENV = "CORE_KERNEL_CHOICE"
+
+
+def kernel_choices_forced() -> dict[str, str]:
+    """CORE_KERNEL_CHOICE: comma list of `op=kernel` or `op/format=kernel` (e.g.
+    "linear=onednn,quant_linear/bfloat16=dequantized"): the kernel that serves every
+    problem of that op (and weight format) it takes, instead of the one measured fastest
+    (core.kernel_choice; `core info` lists the ops, formats and kernels). An unknown or
+    unavailable kernel is refused with a ValueError at the model's first use of the op;
+    an entry without "=" is refused at once."""
+    raw = os.environ.get("CORE_KERNEL_CHOICE", "")
+    forced: dict[str, str] = {}
+    for entry in filter(None, (part.strip() for part in raw.split(","))):
+        target, sep, kernel = (part.strip() for part in entry.partition("="))
+        if not sep or not target or not kernel:
+            raise ValueError(f"{KERNEL_CHOICE_ENV}: {entry!r} is not op=kernel or op/format=kernel")
+        forced[target] = kernel
+    return forced

@@ -165,6 +165,13 @@ class AttentionImpl(ABC):
         self.sliding_window = sliding_window
         self.attn_type = attn_type
 
+    def record_kernel_problems(self, query: torch.Tensor) -> None:
+        """Called instead of `forward` in a dummy forward (no metadata, no KV cache yet)
+        with the layer's query [num_tokens, num_heads, head_size]. An impl whose kernels
+        are chosen by measurement (core.kernel_choice) looks them up here, so that the
+        worker's recording of the model's problems sees its own; it returns nothing and
+        must not touch the cache. The default does nothing."""
+
     @abstractmethod
     def forward(
         self,

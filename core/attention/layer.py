@@ -105,6 +105,9 @@ class Attention(nn.Module):
         """Run the bound kernel on this step's metadata (zeros in a dummy run)."""
         per_layer = get_forward_context().attn_metadata
         if self.layer_name not in per_layer:
+            if self.impl is not None:
+                heads = query.view(query.shape[0], self.num_heads, self.head_size)
+                self.impl.record_kernel_problems(heads)
             return query.new_zeros(query.shape)
         if self.impl is None or self.kv_cache is None:
             raise RuntimeError(f"{self.layer_name}: no backend or KV cache bound")

@@ -7,6 +7,7 @@ import platform as host
 from pluggy import HookCaller
 
 import core
+from core import kernel_choice
 from core.platforms.interface import Platform
 from core.plugins.hooks import get_hook_manager
 from core.plugins.registry import (
@@ -135,6 +136,7 @@ def info_report(registry: PluginRegistry | None = None) -> str:
         f"({choice.platform.default_dtype_reason})",
     ]
     lines += _kernel_op_lines(registry, choice.platform.device_type)
+    lines += kernel_choice.table_lines(kernel_choice.KERNEL_CHOICES)
     return "\n".join(lines + _quantization_lines(registry, choice.platform))
 
 

@@ -20,6 +20,7 @@ from core.attention.layer import Attention, prefix_layer_names
 from core.attention.selector import select_attention_backend
 from core.compilation.compiler import compile_model
 from core.config import CUDAGraphMode, EngineConfig
+from core.kernel_choice import KERNEL_CHOICES
 from core.kv_cache.budget import MemoryProfile, format_bytes
 from core.kv_cache.layout import KVCacheConfig, create_kv_cache_view
 from core.kv_cache.spec import KVCacheSpec
@@ -97,6 +98,7 @@ class Worker:
         # Set by init_device on a memory-profiling platform.
         self.free_memory_at_start: int | None = None
         self._loaded: LoadedModel | None = None  # set by load_model
+        self._prefill_seconds_per_token: float | None = None  # set by load_model
 
     @property
     def loaded(self) -> LoadedModel:
@@ -142,6 +144,7 @@ class Worker:
         backend = self._bind_attention_backend(layers)
         graph_mode = self._graph_mode(backend)
         runner = self._build_runner(model, arch, sampler, speculator, lora)
+        self._choose_kernels(runner)
         if self.config.compilation.compile_model:
             self._compile_model(runner, model, graph_mode)
         self._loaded = LoadedModel(model, lora, speculator, layers, backend, graph_mode, runner)
@@ -282,6 +285,25 @@ class Worker:
             pooler=None if self.config.pooler is None else build_pooler(self.config.pooler),
         )
 
+    def _choose_kernels(self, runner: ModelRunner) -> None:
+        """Where kernel packages registered several kernels for an op, time them on the
+        model's own weights and keep the fastest per weight shape and row bucket
+        (core.kernel_choice): a one-token dummy forward names the problems, then each is
+        measured, or read from the cache of an earlier start on this CPU."""
+        with KERNEL_CHOICES.recording() as recorded:
+            runner.dummy_run(1)
+        if not recorded:
+            return
+        start = time.perf_counter()
+        choices = KERNEL_CHOICES.measure(recorded, runner.max_num_tokens)
+        self._prefill_seconds_per_token = KERNEL_CHOICES.seconds_per_token(
+            recorded, runner.max_num_tokens
+        )
+        logger.info(
+            "kernel choices for %d weight shapes in %.2f s (`core info` lists them)",
+            len(choices), time.perf_counter() - start,
+        )  # fmt: skip
+
     def _compile_model(
         self, runner: ModelRunner, model: nn.Module, graph_mode: CUDAGraphMode
     ) -> None:
@@ -329,6 +351,12 @@ class Worker:
             self.rank, format_bytes(peak), format_bytes(total), runner.max_num_tokens,
         )  # fmt: skip
         return MemoryProfile(total, self.free_memory_at_start, peak)
+
+    def prefill_seconds_per_token(self) -> float | None:
+        """What the kernels chosen at load measured a prefill token to cost on this rank
+        (its linear layers and prefill attention; core.kernel_choice), or None where no
+        kernel was chosen by measurement. The engine sizes a burst's steps with it."""
+        return self._prefill_seconds_per_token
 
     # -- 4. the KV cache ------------------------------------------------------------------
 

@@ -1,0 +1,431 @@
+"""Which kernel serves an op, chosen by timing the candidates on this machine.
+
+A kernel package registers several implementations (`KernelCandidate`) of one op, say a
+dense linear layer through a GEMV, through torch, or through oneDNN on a prepacked weight.
+Which is fastest depends on the CPU (AMX tiles, AVX512_BF16, AVX2 only), on the weight's
+format and shape, and on how many rows the activation has: a rule keyed on CPU flags or on
+figures from one machine picks wrong elsewhere. So the worker, once its model is loaded,
+records the problems the model's ops pose (`recording`: an op with candidates names its
+`Problem` and its real arguments at each call) and `measure`s each candidate on them at
+every row bucket, keeping the fastest. Afterwards an op asks `kernel(problem, rows)`: a
+dict lookup.
+
+The choices are cached per CPU model, thread count and versions of torch and of the
+candidates' packages (`core info` prints them with the timings behind them); a change to
+any of these measures again. CORE_KERNEL_CHOICE forces candidates ("linear=onednn",
+"quant_linear/bfloat16=dequantized"): a forced candidate serves every problem of that op
+(and format) it takes, measured or not. A candidate whose `available()` is False (the CPU
+or torch lacks what it needs) is never timed nor chosen, nor may it be forced.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+import torch
+
+from core import envs, measurement_cache
+
+logger = logging.getLogger(__name__)
+
+# Rows are bucketed by powers of two: bucket i holds [2^i, 2^(i+1)); the last bucket holds
+# every row count from its start on (past a few hundred rows a GEMM's speed per row is flat,
+# and timing larger ones would cost seconds at start).
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+CACHE_FILE_NAME = "kernel_choices.json"
+# A candidate this many times slower than the best of a bucket, and slow in absolute terms,
+# is not timed at the larger buckets of the same problem: its larger runs would cost seconds
+# (torch's bf16 matmul on a CPU without native bf16 runs ~100x slower than the
+# alternatives). Fast calls are always timed on: a GEMM many times slower than a GEMV on
+# one row may win at many rows.
+HOPELESS_RATIO = 8.0
+HOPELESS_MIN_S = 1e-3
+# Timing stops once this much time has passed (the remaining buckets keep the choice of
+# the largest bucket measured).
+MEASURE_BUDGET_S = 8.0
+NUM_REPEATS = 3
+MIN_TIMED_S = 2e-3  # repeats stop early once a candidate's repeats took this long
+# Once the fastest call of a bucket takes this long, larger buckets keep its choice: past
+# it a GEMM's time per row no longer changes with the row count, while timing the larger
+# buckets would take most of the start-up (a 49,152-row head at 512 rows: ~0.5 s a call).
+MAX_CALL_S = 0.03
+# The smaller bucket's kernel stays the choice unless another is this much faster: two
+# kernels within the timings' noise would otherwise alternate from bucket to bucket.
+SWITCH_GAIN = 1.05
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What a kernel choice depends on besides the row count: the op, the weight's format
+    (its dtype, or its packing and the activation's dtype) and the weight's shape."""
+
+    op: str
+    format: str
+    shape: tuple[int, ...]
+
+    def label(self) -> str:
+        return f"{self.op} {self.format} {'x'.join(map(str, self.shape))}"
+
+
+class KernelCandidate(ABC):
+    """One implementation of an op that `KernelChoices` may choose.
+
+    Contract: `__call__` takes the op's arguments and returns what the op's reference
+    returns (to its dtype's precision) for every problem `takes` accepts; `available`
+    says whether this machine can run it at all and is never False for a candidate that
+    was chosen (it is read once, before timing). `copy_bytes` is the memory the candidate
+    keeps beside the weight (a prepacked or dequantized copy), for `core info`.
+    """
+
+    op: str
+    name: str
+    provider: str  # the distribution that ships it (its version keys the cache)
+
+    def available(self) -> bool:
+        return True
+
+    def takes(self, problem: Problem) -> bool:
+        return True
+
+    def copy_bytes(self, problem: Problem) -> int:
+        return 0
+
+    @abstractmethod
+    def __call__(self, *args: Any) -> Any: ...
+
+
+@dataclass(frozen=True)
+class OpTiming:
+    """How `measure` times an op: `resize(args, rows)` gives the op's recorded arguments
+    with a `rows`-row activation (new values, same dtype and layout)."""
+
+    resize: Callable[[tuple, int], tuple]
+
+
+@dataclass
+class Choice:
+    """The kernel of each row bucket of one problem, and why."""
+
+    names: list[str]  # by ROW_BUCKETS index
+    times: list[dict[str, float]]  # seconds by candidate name, per bucket measured
+    reason: str
+
+    def to_record(self) -> dict[str, Any]:
+        return {"names": self.names, "times": self.times, "reason": self.reason}
+
+    @classmethod
+    def from_record(cls, record: object) -> Choice:
+        if not isinstance(record, dict):
+            raise TypeError("a choice record is a JSON object")
+        names, times = record["names"], record["times"]
+        if len(names) != len(ROW_BUCKETS) or not all(isinstance(n, str) for n in names):
+            raise ValueError(f"names must list a kernel per row bucket, not {names!r}")
+        return cls(list(names), [dict(t) for t in times], str(record["reason"]))
+
+
+# Seconds one call of a candidate takes on a problem's arguments (the activation first);
+# tests inject figures measured elsewhere through it.
+Timer = Callable[[KernelCandidate, Problem, tuple], float]
+
+
+def bucket_index(rows: int) -> int:
+    """The ROW_BUCKETS index that holds `rows` (>= 1)."""
+    return min(rows.bit_length(), len(ROW_BUCKETS)) - 1
+
+
+@dataclass
+class _Recorded:
+    args: tuple
+    max_rows: int
+    num_calls: int = 1
+
+
+@dataclass
+class KernelChoices:
+    """The candidates of each op and the choices made for this process's problems."""
+
+    candidates: dict[str, list[KernelCandidate]] = field(default_factory=dict)
+    timings: dict[str, OpTiming] = field(default_factory=dict)
+    chosen: dict[Problem, list[KernelCandidate]] = field(default_factory=dict)
+    choices: dict[Problem, Choice] = field(default_factory=dict)
+    _recorded: dict[Problem, _Recorded] | None = None
+
+    # -- registration (kernel packages, from their core.general entry points) ----------
+
+    def declare_op(self, op: str, timing: OpTiming) -> None:
+        self.timings[op] = timing
+
+    def register(self, candidate: KernelCandidate) -> None:
+        """Add a candidate for its op. Re-entrant: a candidate of the same class and name is
+        kept as it is (with the choices made). The first registered candidate of an op
+        serves its problems until they are measured."""
+        found = self.candidates.setdefault(candidate.op, [])
+        if any(type(c) is type(candidate) and c.name == candidate.name for c in found):
+            return
+        found[:] = [c for c in found if c.name != candidate.name]
+        found.append(candidate)
+        self.chosen.clear()
+
+    # -- the op's side ---------------------------------------------------------------
+
+    def kernel(self, problem: Problem, rows: int, args: tuple) -> KernelCandidate:
+        """The candidate that serves `problem` with `rows` rows (`args`: the call's
+        arguments, kept while recording). The op must have a registered candidate."""
+        chosen = self.chosen.get(problem)
+        if self._recorded is not None:
+            self._record(problem, rows, args)
+        if chosen is None:
+            chosen = self._unmeasured(problem)
+        return chosen[bucket_index(rows)]
+
+    @contextmanager
+    def recording(self) -> Iterator[dict[Problem, _Recorded]]:
+        """Record every problem an op with candidates poses meanwhile (a dummy forward of
+        the model): its first call's arguments, the most rows and how many calls."""
+        self._recorded = {}
+        try:
+            yield self._recorded
+        finally:
+            self._recorded = None
+
+    # -- choosing ------------------------------------------------------------------------
+
+    def measure(
+        self,
+        recorded: dict[Problem, _Recorded],
+        max_rows: int,
+        timer: Timer | None = None,
+        use_cache: bool = True,
+    ) -> dict[Problem, Choice]:
+        """Choose the kernel of every row bucket up to `max_rows` of each recorded problem:
+        the forced candidate, else the cached choice, else the fastest by `timer` (default:
+        the best of a few calls on the model's real weights). Saves what it measured."""
+        path = measurement_cache.cache_path(CACHE_FILE_NAME)
+        entries = measurement_cache.load_entries(path) if use_cache else {}
+        measured: dict[str, object] = {}
+        deadline = time.perf_counter() + MEASURE_BUDGET_S
+        for problem, found in recorded.items():
+            live = self._live(problem)
+            if len(live) < 2:
+                continue
+            key = self._cache_key(problem, live)
+            choice = _cached(entries.get(key), live)
+            if choice is None:
+                choice = self._measure_one(problem, found.args, live, max_rows, timer, deadline)
+                measured[key] = choice.to_record()
+            self._adopt(problem, choice, live)
+        if measured and use_cache:
+            measurement_cache.save_entries(path, {**entries, **measured})
+        return {p: c for p, c in self.choices.items() if p in recorded}
+
+    def seconds_per_token(self, recorded: dict[Problem, _Recorded], rows: int) -> float | None:
+        """The time the measured problems' chosen kernels take per row in a step of `rows`
+        rows, summed over every call a forward makes (each layer's): an estimate of a
+        prefill's cost per token on this machine (None where nothing was measured). The
+        largest bucket measured up to `rows` stands for it, per row."""
+        total = 0.0
+        for problem, found in recorded.items():
+            choice = self.choices.get(problem)
+            if choice is None or not choice.times:
+                continue
+            index = min(bucket_index(rows), len(choice.times) - 1)
+            seconds = choice.times[index].get(choice.names[index])
+            if seconds is not None:
+                total += found.num_calls * seconds / ROW_BUCKETS[index]
+        return total or None
+
+    def _measure_one(
+        self,
+        problem: Problem,
+        args: tuple,
+        live: list[KernelCandidate],
+        max_rows: int,
+        timer: Timer | None,
+        deadline: float,
+    ) -> Choice:
+        timer = timer or _best_time
+        resize = self.timings[problem.op].resize
+        names: list[str] = []
+        times: list[dict[str, float]] = []
+        racing = list(live)
+        for rows in ROW_BUCKETS:
+            if names and (rows > max_rows or self._done(times[-1], deadline)):
+                names.append(names[-1])
+                continue
+            example = resize(args, rows)
+            found = {c.name: timer(c, problem, example) for c in racing}
+            best = min(found, key=found.__getitem__)
+            if names and found.get(names[-1], math.inf) <= SWITCH_GAIN * found[best]:
+                best = names[-1]
+            racing = [c for c in racing if not _hopeless(found[c.name], found[best])]
+            names.append(best)
+            times.append(found)
+        return Choice(names, times, "measured")
+
+    @staticmethod
+    def _done(last: dict[str, float], deadline: float) -> bool:
+        """Whether the larger buckets keep the last measured one's choice."""
+        return min(last.values()) > MAX_CALL_S or time.perf_counter() > deadline
+
+    def _adopt(self, problem: Problem, choice: Choice, live: list[KernelCandidate]) -> None:
+        by_name = {c.name: c for c in live}
+        forced = self._forced(problem, live)
+        if forced is not None:
+            self.chosen[problem] = [forced] * len(ROW_BUCKETS)
+            self.choices[problem] = Choice([forced.name] * len(ROW_BUCKETS), choice.times,
+                                           f"forced by {envs.KERNEL_CHOICE_ENV}")  # fmt: skip
+            return
+        self.chosen[problem] = [by_name[name] for name in choice.names]
+        self.choices[problem] = choice
+
+    def _unmeasured(self, problem: Problem) -> list[KernelCandidate]:
+        """The forced candidate, else the op's first registered one that takes it."""
+        live = self._live(problem)
+        if not live:
+            raise ValueError(f"no available kernel of {problem.op} takes {problem.label()}")
+        chosen = [self._forced(problem, live) or live[0]] * len(ROW_BUCKETS)
+        self.chosen[problem] = chosen
+        return chosen
+
+    def _live(self, problem: Problem) -> list[KernelCandidate]:
+        return [
+            c for c in self.candidates.get(problem.op, ()) if c.available() and c.takes(problem)
+        ]
+
+    def _forced(self, problem: Problem, live: list[KernelCandidate]) -> KernelCandidate | None:
+        forced = envs.kernel_choices_forced()
+        name = forced.get(f"{problem.op}/{problem.format}") or forced.get(problem.op)
+        if name is None:
+            return None
+        known = {c.name: c for c in self.candidates.get(problem.op, ())}
+        if name not in known:
+            raise ValueError(
+                f"{envs.KERNEL_CHOICE_ENV}: {problem.op} has no kernel {name!r}; "
+                f"its kernels: {', '.join(known) or 'none'}"
+            )
+        if not known[name].available():
+            raise ValueError(f"{envs.KERNEL_CHOICE_ENV}: {name} cannot run on this machine")
+        return known[name] if known[name] in live else None
+
+    def _record(self, problem: Problem, rows: int, args: tuple) -> None:
+        assert self._recorded is not None
+        found = self._recorded.get(problem)
+        if found is None:
+            self._recorded[problem] = _Recorded(args, rows)
+        else:
+            found.max_rows = max(found.max_rows, rows)
+            found.num_calls += 1
+
+    def _cache_key(self, problem: Problem, live: list[KernelCandidate]) -> str:
+        versions = sorted({f"{c.provider} {_version(c.provider)}" for c in live})
+        names = "+".join(c.name for c in live)
+        return " | ".join(
+            [machine_key(), f"torch {torch.__version__}", *versions, problem.label(), names]
+        )
+
+
+def machine_key() -> str:
+    """The CPU model (name, family, model, stepping) and the thread count: what a
+    measured choice holds for."""
+    from core.platforms.cpu import cpuinfo
+
+    info = cpuinfo()
+    model = info.get("model name", "unknown CPU")
+    ids = "/".join(info.get(field, "?") for field in ("cpu family", "model", "stepping"))
+    return f"{model} ({ids}) | {torch.get_num_threads()} threads"
+
+
+def _hopeless(seconds: float, best: float) -> bool:
+    return seconds > HOPELESS_RATIO * best and seconds > HOPELESS_MIN_S
+
+
+def _version(distribution: str) -> str:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _cached(record: object, live: list[KernelCandidate]) -> Choice | None:
+    """The cached choice, if there is a well-formed one naming live candidates only."""
+    if record is None:
+        return None
+    try:
+        choice = Choice.from_record(record)
+    except (KeyError, TypeError, ValueError) as exc:
+        logger.warning("ignoring a malformed kernel choice (%r); measuring again", exc)
+        return None
+    names = {c.name for c in live}
+    return choice if set(choice.names) <= names else None
+
+
+def _best_time(candidate: KernelCandidate, problem: Problem, args: tuple) -> float:
+    """The fastest of up to NUM_REPEATS calls, after one untimed call (a copy made,
+    caches warmed); fewer repeats once they took MIN_TIMED_S."""
+    with torch.inference_mode():
+        candidate(*args)
+        best, spent = math.inf, 0.0
+        for _ in range(NUM_REPEATS):
+            start = time.perf_counter()
+            candidate(*args)
+            took = time.perf_counter() - start
+            best, spent = min(best, took), spent + took
+            if spent > MIN_TIMED_S:
+                break
+    return best
+
+
+def table_lines(choices: KernelChoices) -> list[str]:
+    """`core info`'s table: the candidates of each op (with the memory their copies cost)
+    and every choice cached for this machine, as row ranges -> kernel and the timings that
+    made it (microseconds per call at each bucket's first row count)."""
+    lines = [f"kernel choices (core.kernel_choice; forced with {envs.KERNEL_CHOICE_ENV}):"]
+    for op, found in sorted(choices.candidates.items()):
+        names = ", ".join(c.name + ("" if c.available() else " (not on this CPU)") for c in found)
+        lines.append(f"  {op}: {names}")
+    path = measurement_cache.cache_path(CACHE_FILE_NAME)
+    prefix = machine_key() + " | "
+    entries = measurement_cache.load_entries(path)
+    mine = sorted((k, v) for k, v in entries.items() if k.startswith(prefix))
+    if not mine:
+        return [*lines, f"  measured: nothing yet on this CPU ({path}); a model's first start does"]
+    lines.append(f"  measured on this CPU ({path}):")
+    for key, record in mine:
+        try:
+            choice = Choice.from_record(record)
+        except (KeyError, TypeError, ValueError):
+            continue
+        lines.append(f"    {key.removeprefix(prefix)}")
+        lines += [f"      {span}" for span in _spans(choice)]
+    return lines
+
+
+def _spans(choice: Choice) -> list[str]:
+    """Consecutive buckets with the same kernel as one line, with the timings of each."""
+    spans: list[str] = []
+    start = 0
+    for i in range(1, len(ROW_BUCKETS) + 1):
+        if i < len(ROW_BUCKETS) and choice.names[i] == choice.names[start]:
+            continue
+        last = "+" if i == len(ROW_BUCKETS) else f"-{ROW_BUCKETS[i] - 1}"
+        last = "" if last == f"-{ROW_BUCKETS[start]}" else last
+        times = "; ".join(
+            f"{ROW_BUCKETS[b]}: " + ", ".join(f"{n} {t * 1e6:.0f}" for n, t in
+                                             sorted(choice.times[b].items(), key=lambda x: x[1]))
+            for b in range(start, min(i, len(choice.times)))
+        )  # fmt: skip
+        spans.append(f"rows {ROW_BUCKETS[start]}{last}: {choice.names[start]} (us: {times})")
+        start = i
+    return spans
+
+
+KERNEL_CHOICES = KernelChoices()
+"""The process's candidates and choices; kernel packages register into it."""

@@ -1,0 +1,210 @@
+"""core.kernel_choice: the fastest candidate per problem and row bucket, cached per CPU model
+and versions, forced by CORE_KERNEL_CHOICE, never a candidate the machine lacks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from core import kernel_choice
+from core.kernel_choice import ROW_BUCKETS, KernelCandidate, KernelChoices, OpTiming, Problem
+
+PROBLEM = Problem("matmul", "float32", (8, 4))
+
+
+class Fake(KernelCandidate):
+    op, provider = "matmul", "core"
+
+    def __init__(self, name: str, available: bool = True, takes: bool = True) -> None:
+        self.name, self._available, self._takes = name, available, takes
+
+    def available(self) -> bool:
+        return self._available
+
+    def takes(self, problem: Problem) -> bool:
+        return self._takes
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return x @ weight.T
+
+
+def _resize(args: tuple, rows: int) -> tuple:
+    return (torch.zeros(rows, args[0].shape[1]), *args[1:])
+
+
+def make_choices(*candidates: Fake) -> KernelChoices:
+    choices = KernelChoices()
+    choices.declare_op("matmul", OpTiming(_resize))
+    for candidate in candidates:
+        choices.register(candidate)
+    return choices
+
+
+def record(choices: KernelChoices, problem: Problem = PROBLEM) -> dict:
+    args = (torch.zeros(1, 4), torch.zeros(8, 4))
+    with choices.recording() as recorded:
+        choices.kernel(problem, 1, args)
+    return dict(recorded)
+
+
+class Timer:
+    """Seconds per call from `speeds[name](rows)`; remembers what it timed."""
+
+    def __init__(self, **speeds) -> None:
+        self.speeds = speeds
+        self.calls: list[tuple[str, int]] = []
+
+    def __call__(self, candidate: KernelCandidate, problem: Problem, args: tuple) -> float:
+        rows = args[0].shape[0]
+        self.calls.append((candidate.name, rows))
+        return self.speeds[candidate.name](rows)
+
+
+@pytest.fixture(autouse=True)
+def _cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("CORE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("CORE_KERNEL_CHOICE", raising=False)
+
+
+def test_each_row_bucket_takes_the_fastest_candidate():
+    choices = make_choices(Fake("gemv"), Fake("gemm"))
+    # The GEMV costs 1 per row, the GEMM 20 plus 0.1 per row: the GEMM wins from 23 rows.
+    timer = Timer(gemv=lambda r: 1e-6 * r, gemm=lambda r: 1e-6 * (20 + 0.1 * r))
+    choices.measure(record(choices), max_rows=4096, timer=timer)
+    for rows in (1, 2, 4, 8, 16, 31, 32, 100, 512, 4000):
+        expected = "gemv" if rows < 32 else "gemm"  # the bucket of 16-31 is timed at 16
+        assert choices.kernel(PROBLEM, rows, ()).name == expected, rows
+
+
+def test_before_measuring_the_first_registered_candidate_serves():
+    choices = make_choices(Fake("reference"), Fake("fast"))
+    assert choices.kernel(PROBLEM, 7, ()).name == "reference"
+
+
+def test_a_candidate_the_machine_lacks_is_never_timed_nor_chosen():
+    choices = make_choices(Fake("slow"), Fake("amx", available=False), Fake("fast"))
+    timer = Timer(slow=lambda r: 2.0 * r, fast=lambda r: 1.0 * r, amx=lambda r: 0.0)
+    choices.measure(record(choices), max_rows=512, timer=timer)
+    assert {name for name, _ in timer.calls} == {"slow", "fast"}
+    assert {choices.kernel(PROBLEM, r, ()).name for r in ROW_BUCKETS} == {"fast"}
+
+
+def test_a_candidate_that_does_not_take_the_problem_is_never_timed():
+    choices = make_choices(Fake("a"), Fake("b"), Fake("other-dtype", takes=False))
+    timer = Timer(a=lambda r: 1.0, b=lambda r: 2.0)  # other-dtype would raise KeyError
+    choices.measure(record(choices), max_rows=512, timer=timer)
+    assert choices.kernel(PROBLEM, 3, ()).name == "a"
+
+
+def test_buckets_past_max_rows_keep_the_last_measured_choice():
+    choices = make_choices(Fake("small"), Fake("big"))
+    timer = Timer(small=lambda r: 1e-6 * r, big=lambda r: 1e-6 * 4)
+    choices.measure(record(choices), max_rows=2, timer=timer)
+    assert max(rows for _, rows in timer.calls) == 2
+    assert choices.kernel(PROBLEM, 500, ()).name == "small"  # 2 rows: small (2) beat big (4)
+
+
+def test_a_hopeless_candidate_is_not_timed_at_larger_buckets():
+    choices = make_choices(Fake("fast"), Fake("emulated"))
+    timer = Timer(fast=lambda r: 1e-6 * r, emulated=lambda r: 1e-3 * r)
+    choices.measure(record(choices), max_rows=512, timer=timer)
+    # 1 row: 1 ms, slow but not past HOPELESS_MIN_S; 2 rows: 2 ms, hopeless.
+    assert [rows for name, rows in timer.calls if name == "emulated"] == [1, 2]
+
+
+def test_noise_does_not_switch_kernels_between_buckets():
+    choices = make_choices(Fake("a"), Fake("b"))
+    # b is 2% faster from 8 rows on: within the noise SWITCH_GAIN allows, so a stays.
+    timer = Timer(a=lambda r: 1e-6 * r, b=lambda r: 1e-6 * r * (0.98 if r >= 8 else 1.5))
+    choices.measure(record(choices), max_rows=512, timer=timer)
+    assert {choices.kernel(PROBLEM, r, ()).name for r in ROW_BUCKETS} == {"a"}
+
+
+def test_a_choice_is_cached_and_read_back_without_timing():
+    timer = Timer(a=lambda r: 1e-6 * r, b=lambda r: 2e-6 * r)
+    choices = make_choices(Fake("a"), Fake("b"))
+    choices.measure(record(choices), max_rows=512, timer=timer)
+    later = make_choices(Fake("a"), Fake("b"))
+    untimed = Timer()  # any timing would raise KeyError
+    later.measure(record(later), max_rows=512, timer=untimed)
+    assert untimed.calls == [] and later.kernel(PROBLEM, 64, ()).name == "a"
+
+
+@pytest.mark.parametrize("change", ["cpu model", "package version", "thread count"])
+def test_a_new_cpu_model_or_package_version_is_measured_again(change, monkeypatch):
+    choices = make_choices(Fake("a"), Fake("b"))
+    choices.measure(record(choices), 512, timer=Timer(a=lambda r: 1.0, b=lambda r: 2.0))
+    if change == "cpu model":
+        monkeypatch.setattr("core.platforms.cpu.cpuinfo", lambda: {"model name": "Other CPU"})
+    elif change == "package version":
+        monkeypatch.setattr(kernel_choice, "_version", lambda distribution: "9.9")
+    else:
+        monkeypatch.setattr(torch, "get_num_threads", lambda: 97)
+    later = make_choices(Fake("a"), Fake("b"))
+    timer = Timer(a=lambda r: 2.0, b=lambda r: 1.0)
+    later.measure(record(later), 512, timer=timer)
+    assert timer.calls and later.kernel(PROBLEM, 1, ()).name == "b"
+
+
+def test_a_forced_choice_wins_over_measurement_and_cache(monkeypatch):
+    choices = make_choices(Fake("a"), Fake("b"))
+    choices.measure(record(choices), 512, timer=Timer(a=lambda r: 1.0, b=lambda r: 2.0))
+    monkeypatch.setenv("CORE_KERNEL_CHOICE", "matmul/float32=b")
+    later = make_choices(Fake("a"), Fake("b"))
+    later.measure(record(later), 512, timer=Timer())
+    assert {later.kernel(PROBLEM, r, ()).name for r in ROW_BUCKETS} == {"b"}
+    assert "forced by CORE_KERNEL_CHOICE" in later.choices[PROBLEM].reason
+    other_format = Problem("matmul", "bfloat16", (8, 4))
+    assert later.kernel(other_format, 1, ()).name == "a"  # the entry names float32 only
+
+
+def test_a_forced_choice_serves_before_any_measurement(monkeypatch):
+    monkeypatch.setenv("CORE_KERNEL_CHOICE", "matmul=b")
+    assert make_choices(Fake("a"), Fake("b")).kernel(PROBLEM, 1, ()).name == "b"
+
+
+@pytest.mark.parametrize(
+    ("forced", "message"),
+    [
+        ("matmul=nope", "matmul has no kernel 'nope'; its kernels: a, amx"),
+        ("matmul=amx", "amx cannot run on this machine"),
+        ("matmul", "'matmul' is not op=kernel"),
+    ],
+)
+def test_forcing_a_kernel_that_cannot_serve_is_refused(forced, message, monkeypatch):
+    monkeypatch.setenv("CORE_KERNEL_CHOICE", forced)
+    choices = make_choices(Fake("a"), Fake("amx", available=False))
+    with pytest.raises(ValueError, match=message):
+        choices.kernel(PROBLEM, 1, ())
+
+
+def test_a_corrupt_cache_is_measured_again(tmp_path):
+    (tmp_path / kernel_choice.CACHE_FILE_NAME).write_text("{not json")
+    choices = make_choices(Fake("a"), Fake("b"))
+    timer = Timer(a=lambda r: 2.0, b=lambda r: 1.0)
+    choices.measure(record(choices), 512, timer=timer)
+    assert timer.calls and choices.kernel(PROBLEM, 1, ()).name == "b"
+
+
+def test_core_info_lists_the_candidates_and_the_cached_choices():
+    choices = make_choices(Fake("gemv"), Fake("gemm"), Fake("amx", available=False))
+    timer = Timer(gemv=lambda r: 1e-6 * r, gemm=lambda r: 1e-6 * (20 + 0.1 * r))
+    choices.measure(record(choices), max_rows=4096, timer=timer)
+    text = "\n".join(kernel_choice.table_lines(choices))
+    assert "matmul: gemv, gemm, amx (not on this CPU)" in text
+    assert "matmul float32 8x4" in text
+    assert "rows 1-31: gemv" in text and "rows 32+: gemm" in text
+    assert "32: gemm 23, gemv 32" in text  # microseconds, fastest first
+
+
+def test_seconds_per_token_sums_every_call_of_the_chosen_kernels():
+    choices = make_choices(Fake("a"), Fake("b"))
+    other = Problem("matmul", "float32", (16, 4))
+    args = (torch.zeros(1, 4), torch.zeros(8, 4))
+    with choices.recording() as recording:
+        for problem in (PROBLEM, PROBLEM, PROBLEM, other):  # three layers of one, one other
+            choices.kernel(problem, 1, args)
+        recorded = dict(recording)
+    choices.measure(recorded, 512, timer=Timer(a=lambda r: 1e-6 * r, b=lambda r: 3e-6 * r))
+    # a wins: 1 us a row, 4 calls a forward.
+    assert choices.seconds_per_token(recorded, 4096) == pytest.approx(4e-6)
