@@ -30,7 +30,7 @@ from core.plugins.components import parse_json_object
 from core.pooling.runner import CheckpointPooling, resolve_runner
 from core.quantization.selector import (
     StoredQuantization,
-    packed_weights_pay_off,
+    keeps_blocks,
     resolve_quantization,
 )
 from core.spec_decode.selector import check_speculative_config
@@ -340,12 +340,11 @@ def _resolve_quantization(
     config: EngineConfig, platform: Platform, stored: StoredQuantization
 ) -> None:
     """--quantization and the checkpoint's storage -> the method the model runs with."""
-    dtype = config.model.torch_dtype(platform)
     config.model.quantization = resolve_quantization(
         config.model.quantization,
         stored,
         # Packed blocks cannot be split across ranks yet: dequantize under TP.
-        keep_blocks=packed_weights_pay_off(platform.device_type, dtype)
+        keep_blocks=keeps_blocks(platform.device_type)
         and config.parallel.tensor_parallel_size == 1,
     )
 

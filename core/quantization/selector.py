@@ -12,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from core.config import QUANTIZATION_NONE
 from core.plugins.registry import PluginLookupError, PluginRegistry
 from core.quantization.interface import QuantizationConfig
@@ -41,7 +39,7 @@ def resolve_quantization(
     """The method the model runs with (None: float weights), from `--quantization`
     (None: automatic) and how the checkpoint is stored; ValueError naming the flag when
     the two do not fit together. `keep_blocks`: left to itself, run a format that could
-    be dequantized (GGUF) in its blocks (see `packed_weights_pay_off`)."""
+    be dequantized (GGUF) in its blocks (see `keeps_blocks`)."""
     if requested is None:
         return None if stored.dequantizable and not keep_blocks else stored.method
     if requested == QUANTIZATION_NONE:
@@ -85,19 +83,18 @@ def build_quantization_config(
         raise ValueError(f"quantization_config ({name}): {exc}") from exc
 
 
-def packed_weights_pay_off(device_type: str, dtype: torch.dtype) -> bool:
-    """Whether weights kept in core's packed 4/8-bit layout beat the same weights
-    dequantized, so that a GGUF file runs in its blocks unless told otherwise.
+def keeps_blocks(device_type: str) -> bool:
+    """Whether a GGUF file runs in its blocks (packed 4/8-bit) unless told otherwise.
 
     Yes where a kernel (not the reference, which dequantizes on every call) serves
-    core::quant_linear on `device_type` and the model runs in float32 or bfloat16, the
-    dtypes it was measured in against the same weights dequantized, with core-cpu-kernels
-    (benchmarks/RESULTS.md): float32 on an AVX2 EPYC, W1 1.21x and single-stream decode
-    2.5x; bfloat16 on an AVX512_BF16 EPYC (its GEMMs on bf16 dot products, against
-    oneDNN's bf16 matmul), W1 1.06x, single-stream decode 1.63x, W3 (core serve) 1.34x.
-    Not float16, which was never measured.
+    core::quant_linear on `device_type`. That kernel decides per weight shape and row
+    count: core-cpu-kernels times the packed weight's GEMV and GEMMs against a dequantized
+    copy at start (core.kernel_choice), so few rows read the small packed weight (a
+    single stream's decode, 1.6-2.5x faster than dequantized weights on the EPYCs and
+    Xeons measured) and many rows run where they measure fastest, on AMX a dequantized
+    bf16 copy through oneDNN (4.6x faster prefills than bf16 strips there). Kept blocks
+    can do all a dequantized model does, at the cost of the copies' memory only.
     """
     from core.ops import provider
 
-    kept_dtypes = (torch.float32, torch.bfloat16)
-    return provider("quant_linear", device_type) is not None and dtype in kept_dtypes
+    return provider("quant_linear", device_type) is not None

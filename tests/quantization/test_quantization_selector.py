@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from core.quantization.selector import StoredQuantization, resolve_quantization
 
@@ -36,15 +35,13 @@ def test_where_blocks_pay_off_gguf_keeps_them_unless_told_otherwise(requested, s
     assert resolve_quantization(requested, stored, keep_blocks=True) == runs
 
 
-def test_blocks_pay_off_only_with_a_kernel_in_the_measured_dtypes(monkeypatch):
+def test_blocks_are_kept_wherever_a_kernel_serves_quant_linear(monkeypatch):
     from core.quantization import selector
 
     served = {"quant_linear": {"cpu": "some-kernels"}}
     monkeypatch.setattr("core.ops.provider", lambda op, device: served[op].get(device))
-    assert selector.packed_weights_pay_off("cpu", torch.float32)
-    assert selector.packed_weights_pay_off("cpu", torch.bfloat16)
-    assert not selector.packed_weights_pay_off("cpu", torch.float16)  # never measured
-    assert not selector.packed_weights_pay_off("cuda", torch.float32)  # the reference only
+    assert selector.keeps_blocks("cpu")
+    assert not selector.keeps_blocks("cuda")  # the reference only: it dequantizes each call
 
 
 @pytest.mark.parametrize(

@@ -8,17 +8,27 @@ causal mask the reference builds for a chunk on cached context.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from core.attention.backends.torch_ref import TorchRefBackend, TorchRefImpl
 from core.attention.interface import AttentionCapabilities, AttentionImpl, AttentionType
 from core.attention.paged_metadata import DecodeBatch, PrefillChunk
-from core_cpu_kernels import _C  # import after torch: the module links against libtorch
+from core.kernel_choice import KERNEL_CHOICES
+from core_cpu_kernels import (
+    _C,  # import after torch: the module links against libtorch
+    candidates,
+)
 
 
 class CpuPagedImpl(TorchRefImpl):
     """The reference impl with its `forward_decode` and `forward_prefill` hooks done by the
     C++ kernels."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        candidates.register()  # its prefill kernels (re-entrant; the plugin's entry does too)
 
     def forward_prefill(
         self,
@@ -28,33 +38,31 @@ class CpuPagedImpl(TorchRefImpl):
         kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, Hkv, D]
         chunk: PrefillChunk,
     ) -> torch.Tensor:  # [q_len, Hq, D]
-        """Causal (decoder) chunks through the kernel, which reads the chunk's own K/V
-        from the cache too; encoder-only (bidirectional) layers stay on the reference.
+        """Causal (decoder) chunks through the kernel measured fastest for the layer's
+        heads and the chunk's length (candidates.py: the C++ flash kernel or torch's);
+        encoder-only (bidirectional) layers stay on the reference.
 
-        Cacheless chunks (a prompt's first) take the kernel as well: it beat SDPA's flash
-        path at every size measured. One layer with SmolLM2's shapes (9 heads, 3 KV heads,
-        D 64), float32, two threads of an AVX2 EPYC shared with other jobs (best of
-        interleaved rounds), reference vs kernel: 64 tokens 0.19 vs 0.09 ms, 128 tokens
-        0.48 vs 0.22 ms, 256 tokens 1.30 vs 0.69 ms (bfloat16 alike; one thread: 1.7-1.8x).
-        With context, 64 tokens after 1,024 cached: 2.2 vs 1.2 ms (one thread 3.1 vs 2.4
-        ms); medians on the busy machine 38 vs 6 ms (contention hurts the reference more).
+        Cacheless chunks (a prompt's first) take the kernels as well: the C++ one beat the
+        reference's SDPA at every size measured (one layer with SmolLM2's shapes, float32,
+        two threads of an AVX2 EPYC: 64 tokens 0.19 vs 0.09 ms, 256 tokens 1.30 vs 0.69
+        ms; 64 tokens after 1,024 cached: 2.2 vs 1.2 ms).
         """
         if self.attn_type is not AttentionType.DECODER:
             return super().forward_prefill(query, key, value, kv_cache, chunk)
         if query.stride(-1) != 1:
             query = query.contiguous()
-        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-        _C.paged_prefill_attention(
-            out,
-            query,
-            kv_cache,
-            chunk.block_ids[None],
-            [0, query.shape[0]],
-            [chunk.seq_len],
-            self.scale,
-            self.sliding_window or 0,
-        )
-        return out
+        args = (query, kv_cache, chunk.block_ids, chunk.seq_len, self.scale,
+                self.sliding_window or 0)  # fmt: skip
+        problem = candidates.prefill_attention_problem(query, kv_cache)
+        return KERNEL_CHOICES.kernel(problem, query.shape[0], args)(*args)
+
+    def record_kernel_problems(self, query: torch.Tensor) -> None:
+        if self.attn_type is not AttentionType.DECODER:
+            return
+        # A cache-shaped placeholder: the problem needs the KV heads; timing makes its own.
+        kv_cache = query.new_empty(0, 2, 1, self.num_kv_heads, self.head_size)
+        args = (query, kv_cache, None, query.shape[0], self.scale, self.sliding_window or 0)
+        KERNEL_CHOICES.kernel(candidates.prefill_attention_problem(query, kv_cache), 1, args)
 
     def forward_decode(
         self, query: torch.Tensor, kv_cache: torch.Tensor, decode: DecodeBatch

@@ -1,5 +1,5 @@
 """The C++ core::linear GEMV against a float64 product, per vector ISA, and which inputs
-the registered kernel hands to it."""
+the registered kernel hands to it when the GEMV is its chosen candidate."""
 
 from __future__ import annotations
 
@@ -7,12 +7,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from core.kernel_choice import KernelChoices
 from core.ops import linear_reference
+from core.ops.linear import TOLERANCES as LINEAR_TOLERANCES
 
 ops = pytest.importorskip(
     "core_cpu_kernels.ops", reason="core-cpu-kernels is not installed (optional plugin)"
 )
-from core_cpu_kernels import _C, packed_linear  # noqa: E402
+from core_cpu_kernels import _C, candidates  # noqa: E402
 
 ISAS = _C.dense_linear_isas()
 # (N, K): a row past the 4-row blocks and K past a vector (tails of both); K smaller than
@@ -88,6 +90,18 @@ def test_mismatched_dtypes_are_refused_by_the_kernel():
 # ---- the registered kernel: what goes to the GEMV, what to the reference ----------------
 
 
+@pytest.fixture(autouse=True)
+def choices(monkeypatch):
+    """Kernel choices of this test alone, holding this package's candidates: a problem's
+    kernel stays chosen once looked up, so a choice forced in one test would leak."""
+    fresh = KernelChoices()
+    monkeypatch.setattr(candidates, "KERNEL_CHOICES", fresh)
+    monkeypatch.setattr(ops, "KERNEL_CHOICES", fresh)
+    monkeypatch.delenv("CORE_KERNEL_CHOICE", raising=False)
+    candidates.register()
+    return fresh
+
+
 def _gemv_calls(monkeypatch):
     calls = []
     real = _C.dense_linear
@@ -100,19 +114,25 @@ def _gemv_calls(monkeypatch):
     return calls
 
 
-def test_few_float32_rows_take_the_gemv_and_match_torch(monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("rows", [1, 6, 600])  # 3-D: [2, rows / 2, K], 1: [1, 1, K]
+def test_a_forced_gemv_takes_any_rows_as_one_matrix_and_matches_torch(dtype, rows, monkeypatch):
+    monkeypatch.setenv("CORE_KERNEL_CHOICE", "linear=gemv")
     calls = _gemv_calls(monkeypatch)
-    x, weight = _tensor((2, 3, 40), torch.float32, 0), _tensor((9, 40), torch.float32, 1)
+    shape = (1, 1, 40) if rows == 1 else (2, rows // 2, 40)
+    x, weight = _tensor(shape, dtype, 0), _tensor((9, 40), dtype, 1)
     got = ops.linear(x, weight, None)
-    assert calls == [torch.Size([6, 40])]
-    assert got.shape == (2, 3, 9)
-    torch.testing.assert_close(got, F.linear(x, weight), rtol=1e-5, atol=1e-5)
+    assert calls == [torch.Size([rows, 40])]
+    assert got.shape == (*shape[:-1], 9)
+    tolerance = LINEAR_TOLERANCES[dtype]
+    want = F.linear(x.float(), weight.float()).to(dtype)  # one rounding of the float32 sum
+    torch.testing.assert_close(got, want, rtol=tolerance.rtol, atol=tolerance.atol)
 
 
-def test_many_float32_rows_go_to_the_reference_unchanged(monkeypatch):
+def test_an_unmeasured_layer_gets_the_reference_exactly(monkeypatch):
+    # Until the worker measures, the first registered candidate serves: torch's BLAS.
     calls = _gemv_calls(monkeypatch)
-    rows = packed_linear.MAX_ROWS + 1  # past the GEMV's rows and the packed path's
-    x, weight = _tensor((rows, 40), torch.float32, 0), _tensor((9, 40), torch.float32, 1)
+    x, weight = _tensor((5, 40), torch.float32, 0), _tensor((9, 40), torch.float32, 1)
     assert torch.equal(ops.linear(x, weight, None), linear_reference(x, weight, None))
     assert calls == []
 
@@ -122,6 +142,7 @@ def test_many_float32_rows_go_to_the_reference_unchanged(monkeypatch):
     ["dtype_mismatch", "transposed_weight", "bias_of_other_dtype", "no_rows"],
 )
 def test_inputs_the_gemv_does_not_take_get_the_reference_exactly(case, monkeypatch):
+    monkeypatch.setenv("CORE_KERNEL_CHOICE", "linear=gemv")
     calls = _gemv_calls(monkeypatch)
     x, weight = _tensor((2, 16), torch.float32, 0), _tensor((8, 16), torch.float32, 1)
     bias = None
@@ -140,27 +161,12 @@ def test_inputs_the_gemv_does_not_take_get_the_reference_exactly(case, monkeypat
 
 
 def test_a_strided_activation_is_copied_for_the_gemv(monkeypatch):
+    monkeypatch.setenv("CORE_KERNEL_CHOICE", "linear=gemv")
     calls = _gemv_calls(monkeypatch)
     x = _tensor((40, 2), torch.float32, 0).t()  # [2, 40], rows strided
     weight = _tensor((9, 40), torch.float32, 1)
     torch.testing.assert_close(ops.linear(x, weight), F.linear(x, weight), rtol=1e-5, atol=1e-5)
     assert calls == [torch.Size([2, 40])]
-
-
-@pytest.mark.parametrize(
-    "flags,native", [(set(), False), ({"avx512_bf16"}, True), ({"amx_bf16"}, True)]
-)
-def test_16_bit_rows_go_to_the_gemv_unless_torch_multiplies_them_natively(
-    flags, native, monkeypatch
-):
-    monkeypatch.setattr(ops, "cpu_flags", lambda: frozenset(flags))
-    ops.dense_linear_max_rows.cache_clear()
-    try:
-        max_rows = ops.dense_linear_max_rows(torch.bfloat16)
-        assert max_rows == (ops.FLOAT32_MAX_ROWS if native else None)
-        assert ops.dense_linear_max_rows(torch.float32) == ops.FLOAT32_MAX_ROWS
-    finally:
-        ops.dense_linear_max_rows.cache_clear()
 
 
 def test_the_registered_kernel_serves_core_linear_on_the_cpu():

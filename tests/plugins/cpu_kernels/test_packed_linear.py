@@ -1,5 +1,6 @@
-"""core::linear's oneDNN path: float32 decode batches multiply a packed copy of the weight,
-made once per weight and remade when the weight is written."""
+"""core::linear's oneDNN candidate: it multiplies a packed copy of the weight, made once per
+weight and remade when the weight is written, and falls back to torch where it can keep
+none."""
 
 from __future__ import annotations
 
@@ -7,12 +8,25 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from core.kernel_choice import KernelChoices
+
 ops = pytest.importorskip(
     "core_cpu_kernels.ops", reason="core-cpu-kernels is not installed (optional plugin)"
 )
-from core_cpu_kernels import packed_linear, weight_copies  # noqa: E402
+from core_cpu_kernels import candidates, packed_linear, weight_copies  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not packed_linear.available(), reason="torch without oneDNN")
+
+
+@pytest.fixture(autouse=True)
+def forced_onednn(monkeypatch):
+    """Kernel choices of this test alone with oneDNN forced for core::linear (a problem's
+    kernel stays chosen once looked up, so a fresh set keeps tests apart)."""
+    fresh = KernelChoices()
+    monkeypatch.setattr(candidates, "KERNEL_CHOICES", fresh)
+    monkeypatch.setattr(ops, "KERNEL_CHOICES", fresh)
+    monkeypatch.setenv("CORE_KERNEL_CHOICE", "linear=onednn")
+    candidates.register()
 
 
 def _tensor(shape, seed):
@@ -31,8 +45,8 @@ def _packed_calls(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("rows", [ops.FLOAT32_MAX_ROWS + 1, 64, packed_linear.MAX_ROWS])
-def test_a_decode_batch_multiplies_the_packed_weight_and_matches_torch(rows, monkeypatch):
+@pytest.mark.parametrize("rows", [1, 17, 64, 129, 600])
+def test_the_forced_kernel_multiplies_the_packed_weight_and_matches_torch(rows, monkeypatch):
     calls = _packed_calls(monkeypatch)
     x, weight, bias = _tensor((rows, 72), 0), _tensor((100, 72), 1), _tensor(100, 2)
     got = ops.linear(x, weight, bias)
@@ -40,11 +54,14 @@ def test_a_decode_batch_multiplies_the_packed_weight_and_matches_torch(rows, mon
     torch.testing.assert_close(got, F.linear(x, weight, bias), rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("rows", [1, ops.FLOAT32_MAX_ROWS, packed_linear.MAX_ROWS + 1])
-def test_other_row_counts_never_take_the_packed_path(rows, monkeypatch):
-    calls = _packed_calls(monkeypatch)
-    ops.linear(_tensor((rows, 8), 0), _tensor((4, 8), 1))
-    assert calls == []
+def test_a_reordered_weight_multiplies_like_the_weight():
+    x, weight, bias = _tensor((5, 24), 0), _tensor((40, 24), 1), _tensor(40, 2)
+    got = packed_linear.linear(x, packed_linear.reorder(weight), bias)
+    torch.testing.assert_close(got, F.linear(x, weight, bias), rtol=1e-5, atol=1e-4)
+
+
+def test_float32_is_always_taken():
+    assert packed_linear.takes(torch.float32)
 
 
 def test_an_inference_mode_weight_is_multiplied_by_torch(monkeypatch):
@@ -58,12 +75,14 @@ def test_an_inference_mode_weight_is_multiplied_by_torch(monkeypatch):
     torch.testing.assert_close(got, F.linear(x, weight), rtol=1e-5, atol=1e-4)
 
 
-def test_a_weight_written_in_place_is_packed_again():
+def test_a_weight_written_in_place_is_packed_again(monkeypatch):
+    calls = _packed_calls(monkeypatch)
     x, weight = _tensor((32, 24), 0), _tensor((40, 24), 1)
     ops.linear(x, weight)
     with torch.no_grad():
         weight.mul_(-2)
     torch.testing.assert_close(ops.linear(x, weight), F.linear(x, weight), rtol=1e-5, atol=1e-4)
+    assert calls == [32, 32]
 
 
 def test_past_the_memory_budget_weights_stay_on_torch(monkeypatch):

@@ -25,13 +25,14 @@ import pytest
 import torch
 
 import core.ops
+from core.kernel_choice import KernelChoices
 from core.ops import quant_linear_reference
 from core.ops.quant_linear import dequantize, pack, unpack
 
 ops = pytest.importorskip(
     "core_cpu_kernels.ops", reason="core-cpu-kernels is not installed (optional plugin)"
 )
-from core_cpu_kernels import _C, weight_copies  # noqa: E402  (after the skip: needs the plugin)
+from core_cpu_kernels import _C, candidates, packed_linear, weight_copies  # noqa: E402
 
 FLOAT32_TOL = 1e-5
 ALL_ISAS = ["avx512_bf16", "avx512", "avx2", "scalar"]
@@ -57,6 +58,22 @@ LAYOUTS = [
 ON_BF16 = pytest.mark.skipif(
     "avx512_bf16" not in _C.quant_linear_isas(), reason="this CPU has no AVX512_BF16/VNNI"
 )
+ON_STRIPS = pytest.mark.skipif(
+    not candidates.strips_available(), reason="this CPU has no bf16 dot products (no strips)"
+)
+
+
+@pytest.fixture(autouse=True)
+def choices(monkeypatch):
+    """Kernel choices of this test alone, holding this package's candidates: a problem's
+    kernel stays chosen once looked up, so a choice forced in one test would leak."""
+    fresh = KernelChoices()
+    monkeypatch.setattr(candidates, "KERNEL_CHOICES", fresh)
+    monkeypatch.setattr(ops, "KERNEL_CHOICES", fresh)
+    monkeypatch.delenv("CORE_KERNEL_CHOICE", raising=False)
+    monkeypatch.delenv("CORE_CPU_INT8_ACTIVATIONS", raising=False)
+    candidates.register()
+    return fresh
 
 
 def _isa(name: str):
@@ -309,6 +326,7 @@ def test_int8_x_errs_by_at_most_half_a_step_of_each_run():
 @pytest.mark.parametrize("env", ["", "0", "1"])
 def test_int8_activations_are_opt_in_through_the_environment(env, monkeypatch):
     monkeypatch.setenv("CORE_CPU_INT8_ACTIVATIONS", env)
+    assert candidates.int8_activations() is (env == "1")
     packed = _packed(4, 32, 200, 576)
     x = _activations(33, 576, torch.bfloat16)
     got = ops.quant_linear(x, *packed, 4)
@@ -461,47 +479,87 @@ def _strip_builds(monkeypatch) -> list[int]:
     return calls
 
 
-@ON_BF16
-def test_the_op_builds_a_weights_strips_once_for_its_bf16_batches(monkeypatch):
+@ON_STRIPS
+def test_the_strip_kernel_builds_a_weights_strips_once(monkeypatch):
+    monkeypatch.setenv("CORE_KERNEL_CHOICE", "quant_linear=strips")
     builds = _strip_builds(monkeypatch)
     qweight, scales, mins = (t.clone() for t in _packed(4, 32, 200, 576))
-    for t in (ops.STRIP_MIN_ROWS, 33, 300):
+    for t in (1, 33, 300):
         x = _activations(t, 576, torch.bfloat16)
         _assert_bf16(ops.quant_linear(x, qweight, scales, mins, 4), x, (qweight, scales, mins), 4)
     assert builds == [200]
 
 
 @pytest.mark.parametrize(
-    ("t", "dtype", "int8"),
+    ("dtype", "int8", "takes"),
     [
-        (ops.STRIP_MIN_ROWS - 1, torch.bfloat16, ""),
-        (33, torch.float32, ""),
-        (33, torch.bfloat16, "1"),
+        (torch.bfloat16, "", True),
+        (torch.float32, "", False),
+        (torch.float16, "", False),
+        (torch.bfloat16, "1", False),
     ],
-    ids=["decode rows", "float32 x", "int8 activations"],
+    ids=["bf16 x", "float32 x", "float16 x", "int8 activations"],
 )
-def test_gemv_rows_other_dtypes_and_int8_activations_take_no_strips(t, dtype, int8, monkeypatch):
+def test_strips_take_bf16_activations_unless_int8_ones_are_asked_for(
+    dtype, int8, takes, monkeypatch
+):
+    monkeypatch.setenv("CORE_CPU_INT8_ACTIVATIONS", int8)
+    qweight, _, _ = _packed(4, 32, 200, 576)
+    problem = candidates.quant_linear_problem(_activations(1, 576, dtype), qweight, 4)
+    assert candidates.Strips().takes(problem) is takes
+
+
+@ON_STRIPS
+@pytest.mark.parametrize(
+    ("dtype", "int8"),
+    [(torch.float32, ""), (torch.bfloat16, "1")],
+    ids=["float32 x", "int8 activations"],
+)
+def test_a_forced_strip_kernel_leaves_what_it_does_not_take_to_the_packed_kernels(
+    dtype, int8, monkeypatch
+):
+    monkeypatch.setenv("CORE_KERNEL_CHOICE", "quant_linear=strips")
     monkeypatch.setenv("CORE_CPU_INT8_ACTIVATIONS", int8)
     builds = _strip_builds(monkeypatch)
     packed = tuple(t.clone() for t in _packed(4, 32, 200, 576))
-    x = _activations(t, 576, dtype)
+    x = _activations(33, 576, dtype)
     _assert_matches(ops.quant_linear(x, *packed, 4), x, packed, 4, int8=bool(int8))
     assert builds == []
 
 
-@ON_BF16
+def _copying_kernel(name: str):
+    """A pytest param for a candidate that keeps a copy of W, skipped where it cannot run
+    here; bf16 x for the strips (all they take), float32 x for the dequantized copies."""
+    runs = {
+        "strips": candidates.strips_available(),
+        "dequantized": True,
+        "dequantized-onednn": packed_linear.available(),
+    }[name]
+    return pytest.param(name, marks=pytest.mark.skipif(not runs, reason=f"no {name} here"))
+
+
+@pytest.mark.parametrize(
+    "kernel", [_copying_kernel(n) for n in ("strips", "dequantized", "dequantized-onednn")]
+)
 @pytest.mark.parametrize("written", ["qweight", "scales", "mins"])
-def test_a_weight_written_in_place_is_multiplied_as_it_is_now(written):
+def test_a_weight_written_in_place_is_multiplied_as_it_is_now(kernel, written, monkeypatch):
+    monkeypatch.setenv("CORE_KERNEL_CHOICE", f"quant_linear={kernel}")
     qweight, scales, mins = (t.clone() for t in _packed(4, 32, 200, 576))
-    x = _activations(33, 576, torch.bfloat16)
+    dtype = torch.bfloat16 if kernel == "strips" else torch.float32
+    x = _activations(33, 576, dtype)
     ops.quant_linear(x, qweight, scales, mins, 4)
     tensor = {"qweight": qweight, "scales": scales, "mins": mins}[written]
     tensor.copy_(tensor.flip(0))  # another row's values (qweight: still in range)
-    _assert_matches(ops.quant_linear(x, qweight, scales, mins, 4), x, (qweight, scales, mins), 4)
+    got = ops.quant_linear(x, qweight, scales, mins, 4)
+    if kernel == "strips":
+        _assert_bf16(got, x, (qweight, scales, mins), 4)
+    else:
+        _assert_matches(got, x, (qweight, scales, mins), 4)
 
 
-@ON_BF16
-def test_past_the_memory_budget_the_op_dequantizes_as_it_multiplies(monkeypatch):
+@ON_STRIPS
+def test_past_the_memory_budget_the_strip_kernel_dequantizes_as_it_multiplies(monkeypatch):
+    monkeypatch.setenv("CORE_KERNEL_CHOICE", "quant_linear=strips")
     builds = _strip_builds(monkeypatch)
     monkeypatch.setattr(weight_copies, "max_bytes", lambda: weight_copies.copied_bytes())
     packed = tuple(t.clone() for t in _packed(4, 32, 200, 576))

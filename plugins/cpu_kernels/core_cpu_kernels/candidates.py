@@ -1,0 +1,263 @@
+"""The kernels core::linear, core::quant_linear and prefill attention choose among by timing.
+
+Which is fastest depends on the CPU and on the row count (core.kernel_choice): on an AVX2
+EPYC the GEMV beats torch's BLAS for decode rows and a float32 decode batch runs faster on
+oneDNN's prepacked weight; on an AMX Xeon, oneDNN's prepacked bf16 GEMM is 1.2-2x torch's
+at decode batch sizes and ~10x any vdpbf16ps or float32 path, and packed 4-bit weights pay
+only for a few rows (../shared/measurements/intel-amx-2026-12-06.md). So each of these is a
+`KernelCandidate` and the worker times them on the model's shapes at start.
+
+core::linear (x [rows, K], weight [N, K], bias [N] | None), weight format = its dtype:
+  gemv    the C++ GEMV (`_C.dense_linear`): streams each weight row once
+  torch   core's reference (`F.linear`, torch's BLAS)
+  onednn  oneDNN's matmul on a copy of W reordered once into its blocked layout
+core::quant_linear (x [rows, K], qweight, scales, mins, bits), format "q{bits}/{x dtype}":
+  packed        the C++ kernels on the packed weight (GEMV, blocked and tiled GEMMs)
+  strips        bf16 dot products on a copy of W dequantized once to bf16 strips
+  dequantized   torch's BLAS on a copy of W dequantized once to x's dtype
+  dequantized-onednn  oneDNN on that copy, reordered
+prefill attention (query [q_len, Hq, D], kv_cache, block_ids, seq_len, scale, window),
+format = the dtype, shape (Hq, Hkv, D), rows = the chunk's q_len, timed on prompts without
+cached context:
+  paged   the C++ flash kernel on float32 outer products (`_C.paged_prefill_attention`)
+  sdpa    torch's flash kernel (oneDNN's brgemm for bf16: AMX tiles where the CPU has
+          them), where it takes the chunk (sdpa_prefill.py), else the C++ kernel
+Copies are weight_copies.py's: made once per weight, within one memory budget; where the
+budget is spent the candidate multiplies without one (the reference's way).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import torch
+
+from core.kernel_choice import KERNEL_CHOICES, KernelCandidate, OpTiming, Problem
+from core.ops import linear_reference, quant_linear_reference
+from core.ops.quant_linear import dequantize, num_inputs
+from core_cpu_kernels import _C, packed_linear, sdpa_prefill, weight_copies
+
+PROVIDER = "core-cpu-kernels"
+_QUANT_ACTIVATIONS = (torch.float32, torch.bfloat16, torch.float16)
+_STRIP_ROWS = 64  # the strips' rows (quant_linear.h's kStripRows)
+
+
+def linear_problem(weight: torch.Tensor) -> Problem:
+    return Problem("linear", _dtype_name(weight.dtype), tuple(weight.shape))
+
+
+def quant_linear_problem(x: torch.Tensor, qweight: torch.Tensor, bits: int) -> Problem:
+    shape = (qweight.shape[0], num_inputs(qweight, bits))
+    return Problem("quant_linear", f"q{bits}/{_dtype_name(x.dtype)}", shape)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _activation_dtype(problem: Problem) -> torch.dtype:
+    return getattr(torch, problem.format.rpartition("/")[2])
+
+
+def _with_rows(args: tuple, rows: int) -> tuple:
+    """The op's arguments with a `rows`-row activation in place of the recorded one."""
+    x = args[0]
+    return (torch.randn(rows, x.shape[-1], dtype=x.dtype), *args[1:])
+
+
+# -- core::linear ------------------------------------------------------------------------
+
+
+class Gemv(KernelCandidate):
+    op, name, provider = "linear", "gemv", PROVIDER
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
+        return _C.dense_linear(x, weight, bias)
+
+
+class TorchLinear(KernelCandidate):
+    op, name, provider = "linear", "torch", PROVIDER
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
+        return linear_reference(x, weight, bias)
+
+
+class OnednnLinear(KernelCandidate):
+    op, name, provider = "linear", "onednn", PROVIDER
+
+    def available(self) -> bool:
+        return packed_linear.available()
+
+    def takes(self, problem: Problem) -> bool:
+        return packed_linear.takes(_activation_dtype(problem))
+
+    def copy_bytes(self, problem: Problem) -> int:
+        n, k = problem.shape
+        return n * k * _activation_dtype(problem).itemsize
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
+        packed = packed_linear.packed_weight(weight)
+        if packed is None:
+            return linear_reference(x, weight, bias)
+        return packed_linear.linear(x, packed, bias)
+
+
+# -- core::quant_linear ------------------------------------------------------------------
+
+
+class Packed(KernelCandidate):
+    op, name, provider = "quant_linear", "packed", PROVIDER
+
+    def __call__(self, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                 mins: torch.Tensor, bits: int) -> Any:  # fmt: skip
+        return _C.quant_linear(x, qweight, scales, mins, bits, int8_x=int8_activations())
+
+
+class Strips(KernelCandidate):
+    op, name, provider = "quant_linear", "strips", PROVIDER
+
+    def available(self) -> bool:
+        return strips_available()
+
+    def takes(self, problem: Problem) -> bool:
+        # With int8 activations asked for, bf16 x takes them (the packed kernels) only.
+        return _activation_dtype(problem) is torch.bfloat16 and not int8_activations()
+
+    def copy_bytes(self, problem: Problem) -> int:
+        n, k = problem.shape
+        return -(-n // _STRIP_ROWS) * _STRIP_ROWS * k * 2
+
+    def __call__(self, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                 mins: torch.Tensor, bits: int) -> Any:  # fmt: skip
+        num_bytes = -(-qweight.shape[0] // _STRIP_ROWS) * _STRIP_ROWS * x.shape[1] * 2
+        strips = weight_copies.copy_of(
+            "bf16-strips", (qweight, scales, mins), num_bytes,
+            lambda: _C.quant_linear_strips(qweight, scales, mins, bits),
+        )  # fmt: skip
+        return _C.quant_linear(x, qweight, scales, mins, bits, strips=strips)
+
+
+class Dequantized(KernelCandidate):
+    """W dequantized once to x's dtype, multiplied by torch (`onednn=False`) or by oneDNN
+    on the copy reordered into its blocked layout."""
+
+    op, provider = "quant_linear", PROVIDER
+
+    def __init__(self, onednn: bool) -> None:
+        self.onednn = onednn
+        self.name = "dequantized-onednn" if onednn else "dequantized"
+
+    def available(self) -> bool:
+        return not self.onednn or packed_linear.available()
+
+    def takes(self, problem: Problem) -> bool:
+        dtype = _activation_dtype(problem)
+        # With int8 activations asked for, bf16 x takes them (the packed kernels) only.
+        if dtype is torch.bfloat16 and int8_activations():
+            return False
+        # W rounded to float16 would break core::quant_linear's contract (only bf16 x
+        # may multiply a rounded W).
+        if dtype not in (torch.float32, torch.bfloat16):
+            return False
+        return packed_linear.takes(dtype) if self.onednn else True
+
+    def copy_bytes(self, problem: Problem) -> int:
+        n, k = problem.shape
+        return n * k * _activation_dtype(problem).itemsize
+
+    def __call__(self, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                 mins: torch.Tensor, bits: int) -> Any:  # fmt: skip
+        num_bytes = qweight.shape[0] * x.shape[1] * x.itemsize
+        copy = weight_copies.copy_of(
+            f"{self.name} {x.dtype}", (qweight, scales, mins), num_bytes,
+            lambda: self._make(qweight, scales, mins, bits, x.dtype),
+        )  # fmt: skip
+        if copy is None:
+            return quant_linear_reference(x, qweight, scales, mins, bits)
+        if self.onednn:
+            return packed_linear.linear(x, copy, None)
+        return linear_reference(x, copy, None)
+
+    def _make(self, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
+              bits: int, dtype: torch.dtype) -> torch.Tensor:  # fmt: skip
+        weight = dequantize(qweight, scales, mins, bits).to(dtype)
+        return packed_linear.reorder(weight) if self.onednn else weight
+
+
+# -- prefill attention ---------------------------------------------------------------------
+
+_BLOCK_SIZE = 16  # of the synthetic cache prefills are timed on
+
+
+def prefill_attention_problem(query: torch.Tensor, kv_cache: torch.Tensor) -> Problem:
+    _, hq, d = query.shape
+    return Problem("prefill_attention", _dtype_name(query.dtype), (hq, kv_cache.shape[3], d))
+
+
+def _prompt_of(args: tuple, rows: int) -> tuple:
+    """A `rows`-token prompt without cached context, its K/V in a fresh cache."""
+    query, kv_cache, _, _, scale, window = args
+    _, hq, d = query.shape
+    num_blocks = -(-rows // _BLOCK_SIZE)
+    cache = torch.randn(num_blocks, 2, _BLOCK_SIZE, kv_cache.shape[3], d).to(query.dtype)
+    q = torch.randn(rows, hq, d).to(query.dtype)
+    return (q, cache, torch.arange(num_blocks), rows, scale, window)
+
+
+class PagedPrefill(KernelCandidate):
+    op, name, provider = "prefill_attention", "paged", PROVIDER
+
+    def __call__(self, query: torch.Tensor, kv_cache: torch.Tensor, block_ids: torch.Tensor,
+                 seq_len: int, scale: float, window: int) -> torch.Tensor:  # fmt: skip
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+        rows = [0, query.shape[0]]
+        _C.paged_prefill_attention(out, query, kv_cache, block_ids[None], rows, [seq_len],
+                                   scale, window)  # fmt: skip
+        return out
+
+
+class SdpaPrefill(KernelCandidate):
+    op, name, provider = "prefill_attention", "sdpa", PROVIDER
+
+    def takes(self, problem: Problem) -> bool:
+        return _activation_dtype(problem) in (torch.float32, torch.bfloat16)
+
+    def __call__(self, query: torch.Tensor, kv_cache: torch.Tensor, block_ids: torch.Tensor,
+                 seq_len: int, scale: float, window: int) -> torch.Tensor:  # fmt: skip
+        if not sdpa_prefill.takes(query, kv_cache, seq_len, window):
+            return PagedPrefill()(query, kv_cache, block_ids, seq_len, scale, window)
+        return sdpa_prefill.sdpa_prefill(query, kv_cache, block_ids, seq_len, scale, window)
+
+
+def int8_activations() -> bool:
+    """CORE_CPU_INT8_ACTIVATIONS=1 (read at each call; off by default): core::quant_linear
+    multiplies bfloat16 activations on int8 dot products where the CPU has AVX512_VNNI
+    (with AVX512_BF16), x quantized per token and run of 32 inputs. Its GEMMs are 1.2-1.4x
+    faster (SmolLM2's layers), at a quality cost: the default model's perplexity rises
+    0.24% (35.14 -> 35.22 on the held-out text; 35.59 before 4-bit values were counted from
+    8) and its greedy answer to "What is the capital of France?" (whose two likeliest
+    first tokens lie 0.09 apart in float32) changes, so it is never on unless asked for;
+    when on, bf16 activations take the packed kernels only."""
+    return os.environ.get("CORE_CPU_INT8_ACTIVATIONS", "") not in ("", "0")
+
+
+@functools.cache
+def strips_available() -> bool:
+    """Whether the widest ISA here multiplies strips (has bf16 dot products)."""
+    return _C.quant_linear_has_strips()
+
+
+def register() -> None:
+    """Add the candidates to core's kernel choices (re-entrant). The first of each op
+    serves until the worker has measured: the reference's way, then the packed kernels."""
+    KERNEL_CHOICES.declare_op("linear", OpTiming(_with_rows))
+    KERNEL_CHOICES.declare_op("quant_linear", OpTiming(_with_rows))
+    KERNEL_CHOICES.declare_op("prefill_attention", OpTiming(_prompt_of))
+    for candidate in (TorchLinear(), Gemv(), OnednnLinear()):
+        KERNEL_CHOICES.register(candidate)
+    for candidate in (Packed(), Strips(), Dequantized(False), Dequantized(True)):
+        KERNEL_CHOICES.register(candidate)
+    for candidate in (PagedPrefill(), SdpaPrefill()):
+        KERNEL_CHOICES.register(candidate)
