@@ -1,5 +1,5 @@
 """The scheduler: one token budget per step, shared by running and waiting requests (a
-larger one, where configured, for a step that admits a burst of arrivals: `token_budget`).
+larger one, where configured, for the steps that admit a burst of arrivals: `token_budget`).
 
 There are no prefill and decode phases. Each request has num_computed_tokens and
 num_tokens; a step moves the first towards the second for as many requests as the token
@@ -18,6 +18,7 @@ KV slots are simply overwritten later).
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -43,8 +44,8 @@ from core.worker.contract import (
     SchedulerOutput,
 )
 
-# A step takes the burst budget while the waiting requests outnumber the running ones this
-# many times over (SchedulerConfig.burst_token_budget).
+# A burst starts when the waiting requests outnumber the running ones this many times over
+# (SchedulerConfig.burst_token_budget, Scheduler.token_budget).
 BURST_RATIO = 4
 
 
@@ -71,12 +72,20 @@ class Scheduler:
         max_model_len: int,
         structured_outputs: StructuredOutputManager | None = None,
         num_lookahead_tokens: int = 0,
+        *,
+        burst_step_tokens: int | None = None,
     ) -> None:
+        """`burst_step_tokens`: the budget of each step of a burst, instead of the config's
+        (the engine may measure a better one); within [max_num_batched_tokens,
+        SchedulerConfig.max_step_tokens], since the latter sizes the model runner's buffers."""
         sched = config.scheduler
         self.max_num_seqs = sched.max_num_seqs
         self.max_num_batched_tokens = sched.max_num_batched_tokens or max_model_len
-        # A burst step's budget; max_num_batched_tokens where no burst budget is set.
+        # The most tokens a step may schedule: what the model runner's buffers hold.
         self.max_step_tokens = sched.max_step_tokens(max_model_len)
+        self.burst_step_tokens = self._check_burst_step_tokens(burst_step_tokens)
+        # The requests the current burst has still to prefill (token_budget); empty: none.
+        self._burst_ids: set[str] = set()
         self.long_prefill_threshold = sched.long_prefill_token_threshold
         self.chunked_prefill = sched.enable_chunked_prefill
         self.policy = sched.policy
@@ -100,6 +109,16 @@ class Scheduler:
         # Requests finished outside a step (a grammar that failed to compile), reported
         # with the next step's outputs.
         self._pending_outputs: list[EngineCoreOutput] = []
+
+    def _check_burst_step_tokens(self, override: int | None) -> int:
+        if override is None:
+            return self.max_step_tokens
+        if not self.max_num_batched_tokens <= override <= self.max_step_tokens:
+            raise ValueError(
+                f"burst_step_tokens {override} must be within max_num_batched_tokens "
+                f"{self.max_num_batched_tokens} and max_step_tokens {self.max_step_tokens}"
+            )
+        return override
 
     # -- requests -------------------------------------------------------------------------
 
@@ -138,6 +157,7 @@ class Scheduler:
         if self.grammars is not None:
             self.grammars.remove(request.request_id)
         self.kv.free(request)
+        self._burst_ids.discard(request.request_id)
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
 
@@ -147,6 +167,8 @@ class Scheduler:
     # -- schedule -------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
+        if not self._burst_ids:
+            self._burst_ids = self._burst_arrivals()
         step = _Step(token_budget=self.token_budget())
         self._schedule_running(step)
         if not step.preempted:
@@ -158,19 +180,57 @@ class Scheduler:
             )
         for req_id, count in step.num_scheduled.items():
             self.requests[req_id].num_computed_tokens += count
+        self._advance_burst(step)
         return output
 
     def token_budget(self) -> int:
-        """The next step's token budget: the burst budget (where set) while the running
-        requests number at most 1 / BURST_RATIO of the waiting ones the step may admit
-        (max_num_seqs caps them: a saturated server's queue is no burst), else
-        max_num_batched_tokens. A burst step delays each running stream once, so at most a
-        fifth of the streams (those running beside the burst) see one long gap per burst."""
+        """The next step's token budget: `burst_step_tokens` while a burst lasts or would
+        start, else max_num_batched_tokens.
+
+        A burst starts when the running requests number at most 1 / BURST_RATIO of the
+        waiting ones the step may admit (max_num_seqs caps them: a saturated server's queue
+        is no burst). Its whole state is `_burst_ids`: those waiting requests (the first
+        that many in queue order), less those whose prompt has been computed (they sampled
+        their first token) or that finished. Each burst step schedules the running requests
+        first, then admits waiting ones in queue order in what is left, so a wave larger
+        than one step is prefilled over consecutive steps and its first requests sample
+        after the first step, not after the whole wave. The burst lasts while `_burst_ids`
+        is not empty and each step schedules one of them: a step that schedules none (all
+        blocked: KV blocks, preemption, max_num_seqs, a grammar, an adapter) ends it, and
+        later arrivals are admitted in its steps' leftover budget without prolonging it.
+        The streams running beside a burst (at most a fifth) see one long gap per step.
+        """
+        if self._burst_ids or self._burst_arrivals():
+            return self.burst_step_tokens
+        return self.max_num_batched_tokens
+
+    def _burst_arrivals(self) -> set[str]:
+        """The ids of the waiting requests a burst starting now would admit; empty when no
+        burst is due or none is configured."""
+        if self.burst_step_tokens == self.max_num_batched_tokens:
+            return set()
         running = len(self.running)
         admissible = min(len(self.waiting), self.max_num_seqs - running)
-        if admissible > 0 and running * BURST_RATIO <= admissible:
-            return self.max_step_tokens
-        return self.max_num_batched_tokens
+        if admissible <= 0 or running * BURST_RATIO > admissible:
+            return set()
+        return {r.request_id for r in itertools.islice(self.waiting, admissible)}
+
+    def _advance_burst(self, step: _Step) -> None:
+        """Drop from the burst the requests whose prompt is now computed; end it when the
+        step scheduled none of its requests.
+
+        A request leaves once prefilled, not once admitted: a burst that ended on the
+        first chunk of its last request would leave the rest of that prompt to
+        max_num_batched_tokens beside all the streams the burst admitted, late by several
+        steps."""
+        if self._burst_ids.isdisjoint(step.num_scheduled):
+            self._burst_ids.clear()
+            return
+        self._burst_ids = {
+            req_id
+            for req_id in self._burst_ids
+            if self.requests[req_id].num_computed_tokens < self.requests[req_id].num_tokens
+        }
 
     def _sampling_grammars(self, step: _Step) -> list[str]:
         """Requests with a grammar that sample this step (they reach their last token)."""

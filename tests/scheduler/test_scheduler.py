@@ -23,12 +23,14 @@ EOS = 0
 _arrivals = itertools.count()
 
 
-def make_scheduler(num_blocks: int = 64, **sched) -> Scheduler:
+def make_scheduler(
+    num_blocks: int = 64, burst_step_tokens: int | None = None, **sched
+) -> Scheduler:
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=2, dtype=torch.float32)
     kv_config = kv_cache_config_for_blocks({"layer.0": spec}, num_blocks)
     kv = KVCacheManager(kv_config, MAX_LEN, enable_caching=True)
     config = EngineConfig(scheduler=SchedulerConfig(**sched))
-    return Scheduler(config, kv, MAX_LEN)
+    return Scheduler(config, kv, MAX_LEN, burst_step_tokens=burst_step_tokens)
 
 
 def make_request(
@@ -134,6 +136,120 @@ def test_a_queue_behind_a_full_batch_is_no_burst():
     for i in range(12):  # 2 * 4 <= 12 waiting, but none may be admitted
         make_request(scheduler, f"w{i}", num_prompt=20)
     assert scheduler.token_budget() == 8
+
+
+def _wave_of_six(scheduler: Scheduler) -> list[Request]:
+    """Six arrivals of 12 prompt tokens (72 in all) onto an idle scheduler."""
+    return [make_request(scheduler, f"w{i}", num_prompt=12, max_tokens=20) for i in range(6)]
+
+
+def test_a_wave_larger_than_the_burst_budget_is_prefilled_over_consecutive_burst_steps():
+    scheduler = make_scheduler(max_num_batched_tokens=8, burst_token_budget=32, max_num_seqs=8)
+    wave = _wave_of_six(scheduler)
+    # 12 + 12 + 8 = 32: the third prompt is chunked at the end of the burst budget.
+    assert step(scheduler).num_scheduled_tokens == {"w0": 12, "w1": 12, "w2": 8}
+    assert [r.num_output_tokens for r in wave] == [1, 1, 0, 0, 0, 0]  # first tokens now
+    # 3 running, 3 waiting: past BURST_RATIO, but the burst goes on at 32 tokens.
+    so = step(scheduler)
+    assert so.num_scheduled_tokens == {"w0": 1, "w1": 1, "w2": 4, "w3": 12, "w4": 12, "w5": 2}
+    # The last prompt's remaining 10 tokens, not a trickle at 8 beside five decodes.
+    so = step(scheduler)
+    assert so.num_scheduled_tokens == {"w0": 1, "w1": 1, "w2": 1, "w3": 1, "w4": 1, "w5": 10}
+    assert [r.num_output_tokens for r in wave] == [3, 3, 2, 2, 2, 1]
+    # The burst is over: an arrival beside six streams gets what 8 tokens leave.
+    assert scheduler.token_budget() == 8
+    make_request(scheduler, "late", num_prompt=20)
+    assert step(scheduler).num_scheduled_tokens == {**{r.request_id: 1 for r in wave}, "late": 2}
+
+
+def test_streams_running_before_a_burst_are_scheduled_in_every_burst_step():
+    scheduler = make_scheduler(max_num_batched_tokens=8, burst_token_budget=24)
+    first = make_request(scheduler, "first", num_prompt=3, max_tokens=30)
+    step(scheduler)
+    for i in range(4):  # 64 tokens: three steps of at most 24
+        make_request(scheduler, f"w{i}", num_prompt=16)
+    burst_steps = [step(scheduler).num_scheduled_tokens for _ in range(3)]
+    assert burst_steps == [
+        {"first": 1, "w0": 16, "w1": 7},
+        {"first": 1, "w0": 1, "w1": 9, "w2": 13},
+        {"first": 1, "w0": 1, "w1": 1, "w2": 3, "w3": 16},
+    ]
+    assert first.num_output_tokens == 4  # one token per step, burst steps included
+    assert scheduler.token_budget() == 8
+
+
+def test_arrivals_during_a_burst_share_its_last_step_but_do_not_prolong_it():
+    scheduler = make_scheduler(max_num_batched_tokens=8, burst_token_budget=32, max_num_seqs=8)
+    wave = _wave_of_six(scheduler)
+    step(scheduler)
+    late = [make_request(scheduler, f"late{i}", num_prompt=12) for i in range(2)]
+    step(scheduler)  # the wave's w3, w4 and a chunk of w5 fill the budget
+    so = step(scheduler)  # w5's last 10 tokens and five decodes leave 17 tokens
+    assert so.num_scheduled_tokens == {
+        **{r.request_id: 1 for r in wave[:5]},
+        "w5": 10,
+        "late0": 12,
+        "late1": 5,
+    }
+    # The wave is prefilled: late1's last 7 tokens go at the step budget, 1 beside 7 decodes.
+    so = step(scheduler)
+    assert so.num_scheduled_tokens == {**{r.request_id: 1 for r in wave}, "late0": 1, "late1": 1}
+    assert late[1].num_output_tokens == 0
+
+
+def test_a_burst_whose_remaining_requests_are_all_blocked_ends():
+    from core.sampling_params import StructuredOutputsParams
+
+    scheduler = make_scheduler(max_num_batched_tokens=8, burst_token_budget=32)
+    grammars = scheduler.grammars = SlowGrammars()
+    params = SamplingParams(
+        temperature=0.0, max_tokens=8, structured_outputs=StructuredOutputsParams(regex="a+")
+    )
+    constrained = Request("regex", list(range(1, 13)), params, EOS, next(_arrivals),
+                          block_hasher=scheduler.kv.block_hasher,
+                          max_model_len=MAX_LEN)  # fmt: skip
+    scheduler.add_request(constrained)
+    for i in range(4):
+        make_request(scheduler, f"p{i}", num_prompt=12, max_tokens=8)
+    assert step(scheduler).num_scheduled_tokens == {"p0": 12, "p1": 12, "p2": 8}
+    assert step(scheduler).num_scheduled_tokens == {"p0": 1, "p1": 1, "p2": 4, "p3": 12}
+    step(scheduler)  # only decodes: "regex", still compiling, is all the burst has left
+    grammars.ready.add("regex")
+    # The burst ended with that step: "regex" gets what 8 tokens leave beside 4 decodes.
+    so = step(scheduler)
+    assert so.num_scheduled_tokens == {"p0": 1, "p1": 1, "p2": 1, "p3": 1, "regex": 4}
+
+
+def test_a_burst_under_preemption_finishes_every_request_without_a_leak():
+    # 13 blocks = null + 12 of 4 tokens: four requests of up to 20 tokens need 20.
+    scheduler = make_scheduler(num_blocks=13, max_num_batched_tokens=8, burst_token_budget=32)
+    requests = [make_request(scheduler, f"r{i}", num_prompt=8, max_tokens=12) for i in range(4)]
+    while scheduler.has_unfinished_requests():
+        assert step(scheduler).total_num_scheduled_tokens <= 32
+    assert sum(r.num_preemptions for r in requests) > 0
+    assert all(r.output_token_ids == [7] * 12 for r in requests)
+    pool = scheduler.kv.coordinator.block_pools[0]
+    assert pool.get_num_free_blocks() == 12
+    assert scheduler.token_budget() == 8
+
+
+def test_the_burst_step_budget_can_be_set_below_the_configured_one():
+    scheduler = make_scheduler(
+        max_num_batched_tokens=8, burst_token_budget=256, burst_step_tokens=16
+    )
+    for i in range(3):
+        make_request(scheduler, f"r{i}", num_prompt=12)
+    assert scheduler.token_budget() == 16
+    assert step(scheduler).num_scheduled_tokens == {"r0": 12, "r1": 4}
+    assert step(scheduler).num_scheduled_tokens == {"r0": 1, "r1": 8, "r2": 7}
+
+
+@pytest.mark.parametrize("burst_step_tokens", [4, 257])
+def test_a_burst_step_budget_outside_the_step_and_buffer_budgets_is_refused(burst_step_tokens):
+    with pytest.raises(ValueError, match=f"burst_step_tokens {burst_step_tokens} must be"):
+        make_scheduler(
+            max_num_batched_tokens=8, burst_token_budget=256, burst_step_tokens=burst_step_tokens
+        )
 
 
 def test_without_a_burst_budget_every_step_keeps_the_step_budget():
