@@ -21,7 +21,7 @@ BATCH, INPUT_LEN, NUM_STEPS = 32, 128, 30
 # phase -> (object path from the EngineCore, method names)
 PHASES: dict[str, tuple[str, tuple[str, ...]]] = {
     "schedule": ("scheduler", ("schedule",)),
-    "inputs": ("runner", ("_update_states", "_prepare_inputs", "_attention_metadata")),
+    "inputs": ("runner", ("_update_states", "_step_inputs", "_attention_metadata")),
     "forward": ("model", ("forward",)),
     "sample": ("runner", ("_sample",)),
     "logits": ("model", ("compute_logits",)),

@@ -51,8 +51,10 @@ HOPELESS_MIN_S = 1e-3
 # Timing stops once this much time has passed (the remaining buckets keep the choice of
 # the largest bucket measured).
 MEASURE_BUDGET_S = 8.0
+# Each candidate's time is the fastest of NUM_REPEATS calls (a call the OS preempted
+# reads several ms long: one call alone could cache a wrong choice), or of two where a
+# call takes longer than MAX_CALL_S.
 NUM_REPEATS = 3
-MIN_TIMED_S = 2e-3  # repeats stop early once a candidate's repeats took this long
 # Once the fastest call of a bucket takes this long, larger buckets keep its choice: past
 # it a GEMM's time per row no longer changes with the row count, while timing the larger
 # buckets would take most of the start-up (a 49,152-row head at 512 rows: ~0.5 s a call).
@@ -368,17 +370,16 @@ def _cached(record: object, live: list[KernelCandidate]) -> Choice | None:
 
 
 def _best_time(candidate: KernelCandidate, problem: Problem, args: tuple) -> float:
-    """The fastest of up to NUM_REPEATS calls, after one untimed call (a copy made,
-    caches warmed); fewer repeats once they took MIN_TIMED_S."""
+    """The fastest of NUM_REPEATS calls (two for a call past MAX_CALL_S), after one
+    untimed call (a copy made, caches warmed)."""
     with torch.inference_mode():
         candidate(*args)
-        best, spent = math.inf, 0.0
-        for _ in range(NUM_REPEATS):
+        best = math.inf
+        for repeat in range(NUM_REPEATS):
             start = time.perf_counter()
             candidate(*args)
-            took = time.perf_counter() - start
-            best, spent = min(best, took), spent + took
-            if spent > MIN_TIMED_S:
+            best = min(best, time.perf_counter() - start)
+            if repeat and best > MAX_CALL_S:
                 break
     return best
 
