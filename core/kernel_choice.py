@@ -228,22 +228,6 @@ class KernelChoices:
             measurement_cache.save_entries(path, {**entries, **measured})
         return {p: c for p, c in self.choices.items() if p in recorded}
 
-    def seconds_per_token(self, recorded: dict[Problem, _Recorded], rows: int) -> float | None:
-        """The time the measured problems' chosen kernels take per row in a step of `rows`
-        rows, summed over every call a forward makes (each layer's): an estimate of a
-        prefill's cost per token on this machine (None where nothing was measured). The
-        largest bucket measured up to `rows` stands for it, per row."""
-        total = 0.0
-        for problem, found in recorded.items():
-            choice = self.choices.get(problem)
-            if choice is None or not choice.times:
-                continue
-            index = min(bucket_index(rows), len(choice.times) - 1)
-            seconds = choice.times[index].get(choice.names[index])
-            if seconds is not None:
-                total += found.num_calls * seconds / ROW_BUCKETS[index]
-        return total or None
-
     def _measure_one(
         self,
         problem: Problem,

@@ -196,15 +196,3 @@ def test_core_info_lists_the_candidates_and_the_cached_choices():
     assert "rows 1-31: gemv" in text and "rows 32+: gemm" in text
     assert "32: gemm 23, gemv 32" in text  # microseconds, fastest first
 
-
-def test_seconds_per_token_sums_every_call_of_the_chosen_kernels():
-    choices = make_choices(Fake("a"), Fake("b"))
-    other = Problem("matmul", "float32", (16, 4))
-    args = (torch.zeros(1, 4), torch.zeros(8, 4))
-    with choices.recording() as recording:
-        for problem in (PROBLEM, PROBLEM, PROBLEM, other):  # three layers of one, one other
-            choices.kernel(problem, 1, args)
-        recorded = dict(recording)
-    choices.measure(recorded, 512, timer=Timer(a=lambda r: 1e-6 * r, b=lambda r: 3e-6 * r))
-    # a wins: 1 us a row, 4 calls a forward.
-    assert choices.seconds_per_token(recorded, 4096) == pytest.approx(4e-6)

@@ -75,34 +75,6 @@ def _build_executor(config: EngineConfig, platform: Platform, checkpoint: Checkp
     return UniProcExecutor(config, platform, checkpoint)
 
 
-# The length of each step of a burst when the user sets no budget: the streams running
-# beside it wait this long per step, and a wave of arrivals gets its first tokens in waves
-# this far apart (TTFT median about half the wave's prefill plus this). A step's fixed
-# cost (sampling, the small model's weights read once) is a few percent of it.
-BURST_STEP_S = 0.25
-
-
-def _burst_step_tokens(config: EngineConfig, seconds_per_token: list[float | None]) -> int | None:
-    """The tokens of each burst step: as many as the kernels measured at load prefill in
-    BURST_STEP_S on the slowest rank, within the step budget and the platform's burst
-    budget (which sized the runner's buffers); None (the configured budget) where the user
-    set one, no burst budget applies, or nothing was measured."""
-    scheduler = config.scheduler
-    measured = [s for s in seconds_per_token if s is not None]
-    if scheduler.burst_token_budget is None or scheduler.is_user_set("burst_token_budget"):
-        return None
-    if not measured:
-        return None
-    tokens = int(BURST_STEP_S / max(measured))
-    high = scheduler.burst_token_budget
-    chosen = max(scheduler.max_num_batched_tokens or high, min(tokens, high))
-    logger.info(
-        "burst steps of %d tokens (%.2f ms a prefill token measured; --burst-token-budget "
-        "sets them)", chosen, max(measured) * 1e3,
-    )  # fmt: skip
-    return chosen
-
-
 def _dtype_words(config: EngineConfig, platform: Platform) -> str:
     """The model's dtype and where it comes from: --dtype, or the platform's default and
     why (read only for "auto": the CPU platform may measure it)."""
@@ -141,12 +113,7 @@ class EngineCore:
         self.kv = self._init_kv_cache(platform)
         self.grammars = StructuredOutputManager(partial(_grammar_backend, config, checkpoint))
         self.scheduler = Scheduler(
-            config,
-            self.kv,
-            self.max_model_len,
-            self.grammars,
-            _num_lookahead_tokens(config),
-            burst_step_tokens=_burst_step_tokens(config, self.executor.prefill_seconds_per_token()),
+            config, self.kv, self.max_model_len, self.grammars, _num_lookahead_tokens(config)
         )
         # Pipeline parallelism: the steps in flight, oldest first (None: one at a time).
         self.batch_queue: deque | None = (

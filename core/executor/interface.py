@@ -53,10 +53,6 @@ class Executor(ABC):
         order; every rank runs its profiled forward at once."""
         return self.collective_rpc("profile_memory")
 
-    def prefill_seconds_per_token(self) -> list[float | None]:
-        """Each rank's measured cost of a prefill token (Worker.prefill_seconds_per_token)."""
-        return self.collective_rpc("prefill_seconds_per_token")
-
     def initialize_kv_cache(self, kv_cache_configs: list[KVCacheConfig]) -> None:
         """Give rank r the cache of `kv_cache_configs[r]`."""
         self.collective_rpc("initialize_kv_cache_of_rank", (kv_cache_configs,))

@@ -98,7 +98,6 @@ class Worker:
         # Set by init_device on a memory-profiling platform.
         self.free_memory_at_start: int | None = None
         self._loaded: LoadedModel | None = None  # set by load_model
-        self._prefill_seconds_per_token: float | None = None  # set by load_model
 
     @property
     def loaded(self) -> LoadedModel:
@@ -296,9 +295,6 @@ class Worker:
             return
         start = time.perf_counter()
         choices = KERNEL_CHOICES.measure(recorded, runner.max_num_tokens)
-        self._prefill_seconds_per_token = KERNEL_CHOICES.seconds_per_token(
-            recorded, runner.max_num_tokens
-        )
         logger.info(
             "kernel choices for %d weight shapes in %.2f s (`core info` lists them)",
             len(choices), time.perf_counter() - start,
@@ -351,12 +347,6 @@ class Worker:
             self.rank, format_bytes(peak), format_bytes(total), runner.max_num_tokens,
         )  # fmt: skip
         return MemoryProfile(total, self.free_memory_at_start, peak)
-
-    def prefill_seconds_per_token(self) -> float | None:
-        """What the kernels chosen at load measured a prefill token to cost on this rank
-        (its linear layers and prefill attention; core.kernel_choice), or None where no
-        kernel was chosen by measurement. The engine sizes a burst's steps with it."""
-        return self._prefill_seconds_per_token
 
     # -- 4. the KV cache ------------------------------------------------------------------
 
