@@ -57,16 +57,8 @@ COPYING = [p for p in [*LINEAR, *QUANT] if _keeps_copy(p.values[0])]
 
 
 @pytest.fixture(autouse=True)
-def choices(monkeypatch):
-    """Kernel choices of this test alone, holding this package's candidates: a problem's
-    kernel stays chosen once looked up, so a choice forced in one test would leak."""
-    fresh = KernelChoices()
-    monkeypatch.setattr(candidates, "KERNEL_CHOICES", fresh)
-    monkeypatch.setattr(ops, "KERNEL_CHOICES", fresh)
-    monkeypatch.delenv("CORE_KERNEL_CHOICE", raising=False)
-    monkeypatch.delenv("CORE_CPU_INT8_ACTIVATIONS", raising=False)
-    candidates.register()
-    return fresh
+def _own_choices(choices):
+    """Every test here gets its own kernel choices (conftest.py)."""
 
 
 def _linear_args(rows: int, dtype: torch.dtype, bias: bool = True) -> tuple:

@@ -7,14 +7,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from core.kernel_choice import KernelChoices
 from core.ops import linear_reference
 from core.ops.linear import TOLERANCES as LINEAR_TOLERANCES
 
 ops = pytest.importorskip(
     "core_cpu_kernels.ops", reason="core-cpu-kernels is not installed (optional plugin)"
 )
-from core_cpu_kernels import _C, candidates  # noqa: E402
+from core_cpu_kernels import _C  # noqa: E402
 
 ISAS = _C.dense_linear_isas()
 # (N, K): a row past the 4-row blocks and K past a vector (tails of both); K smaller than
@@ -91,15 +90,8 @@ def test_mismatched_dtypes_are_refused_by_the_kernel():
 
 
 @pytest.fixture(autouse=True)
-def choices(monkeypatch):
-    """Kernel choices of this test alone, holding this package's candidates: a problem's
-    kernel stays chosen once looked up, so a choice forced in one test would leak."""
-    fresh = KernelChoices()
-    monkeypatch.setattr(candidates, "KERNEL_CHOICES", fresh)
-    monkeypatch.setattr(ops, "KERNEL_CHOICES", fresh)
-    monkeypatch.delenv("CORE_KERNEL_CHOICE", raising=False)
-    candidates.register()
-    return fresh
+def _own_choices(choices):
+    """Every test here gets its own kernel choices (conftest.py)."""
 
 
 def _gemv_calls(monkeypatch):

@@ -25,7 +25,6 @@ import pytest
 import torch
 
 import core.ops
-from core.kernel_choice import KernelChoices
 from core.ops import quant_linear_reference
 from core.ops.quant_linear import dequantize, pack, unpack
 
@@ -64,16 +63,8 @@ ON_STRIPS = pytest.mark.skipif(
 
 
 @pytest.fixture(autouse=True)
-def choices(monkeypatch):
-    """Kernel choices of this test alone, holding this package's candidates: a problem's
-    kernel stays chosen once looked up, so a choice forced in one test would leak."""
-    fresh = KernelChoices()
-    monkeypatch.setattr(candidates, "KERNEL_CHOICES", fresh)
-    monkeypatch.setattr(ops, "KERNEL_CHOICES", fresh)
-    monkeypatch.delenv("CORE_KERNEL_CHOICE", raising=False)
-    monkeypatch.delenv("CORE_CPU_INT8_ACTIVATIONS", raising=False)
-    candidates.register()
-    return fresh
+def _own_choices(choices):
+    """Every test here gets its own kernel choices (conftest.py)."""
 
 
 def _isa(name: str):
