@@ -144,13 +144,6 @@ def bucket_index(rows: int) -> int:
 
 
 @dataclass
-class _Recorded:
-    args: tuple
-    max_rows: int
-    num_calls: int = 1
-
-
-@dataclass
 class KernelChoices:
     """The candidates of each op and the choices made for this process's problems."""
 
@@ -158,7 +151,7 @@ class KernelChoices:
     timings: dict[str, OpTiming] = field(default_factory=dict)
     chosen: dict[Problem, list[KernelCandidate]] = field(default_factory=dict)
     choices: dict[Problem, Choice] = field(default_factory=dict)
-    _recorded: dict[Problem, _Recorded] | None = None
+    _recorded: dict[Problem, tuple] | None = None  # first call's arguments, while recording
 
     # -- registration (kernel packages, from their core.general entry points) ----------
 
@@ -183,15 +176,15 @@ class KernelChoices:
         arguments, kept while recording). The op must have a registered candidate."""
         chosen = self.chosen.get(problem)
         if self._recorded is not None:
-            self._record(problem, rows, args)
+            self._recorded.setdefault(problem, args)
         if chosen is None:
             chosen = self._unmeasured(problem)
         return chosen[bucket_index(rows)]
 
     @contextmanager
-    def recording(self) -> Iterator[dict[Problem, _Recorded]]:
+    def recording(self) -> Iterator[dict[Problem, tuple]]:
         """Record every problem an op with candidates poses meanwhile (a dummy forward of
-        the model): its first call's arguments, the most rows and how many calls."""
+        the model), with its first call's arguments."""
         self._recorded = {}
         try:
             yield self._recorded
@@ -202,29 +195,29 @@ class KernelChoices:
 
     def measure(
         self,
-        recorded: dict[Problem, _Recorded],
+        recorded: dict[Problem, tuple],
         max_rows: int,
         timer: Timer | None = None,
-        use_cache: bool = True,
     ) -> dict[Problem, Choice]:
         """Choose the kernel of every row bucket up to `max_rows` of each recorded problem:
         the forced candidate, else the cached choice, else the fastest by `timer` (default:
         the best of a few calls on the model's real weights). Saves what it measured."""
         path = measurement_cache.cache_path(CACHE_FILE_NAME)
-        entries = measurement_cache.load_entries(path) if use_cache else {}
+        entries = measurement_cache.load_entries(path)
         measured: dict[str, object] = {}
+        machine = machine_key()
         deadline = time.perf_counter() + MEASURE_BUDGET_S
-        for problem, found in recorded.items():
+        for problem, args in recorded.items():
             live = self._live(problem)
             if len(live) < 2:
                 continue
-            key = self._cache_key(problem, live)
+            key = _cache_key(machine, problem, live)
             choice = _cached(entries.get(key), live)
             if choice is None:
-                choice = self._measure_one(problem, found.args, live, max_rows, timer, deadline)
+                choice = self._measure_one(problem, args, live, max_rows, timer, deadline)
                 measured[key] = choice.to_record()
             self._adopt(problem, choice, live)
-        if measured and use_cache:
+        if measured:
             measurement_cache.save_entries(path, {**entries, **measured})
         return {p: c for p, c in self.choices.items() if p in recorded}
 
@@ -301,22 +294,6 @@ class KernelChoices:
             raise ValueError(f"{envs.KERNEL_CHOICE_ENV}: {name} cannot run on this machine")
         return known[name] if known[name] in live else None
 
-    def _record(self, problem: Problem, rows: int, args: tuple) -> None:
-        assert self._recorded is not None
-        found = self._recorded.get(problem)
-        if found is None:
-            self._recorded[problem] = _Recorded(args, rows)
-        else:
-            found.max_rows = max(found.max_rows, rows)
-            found.num_calls += 1
-
-    def _cache_key(self, problem: Problem, live: list[KernelCandidate]) -> str:
-        versions = sorted({f"{c.provider} {_version(c.provider)}" for c in live})
-        names = "+".join(c.name for c in live)
-        return " | ".join(
-            [machine_key(), f"torch {torch.__version__}", *versions, problem.label(), names]
-        )
-
 
 def machine_key() -> str:
     """The CPU model (name, family, model, stepping) and the thread count: what a
@@ -327,6 +304,14 @@ def machine_key() -> str:
     model = info.get("model name", "unknown CPU")
     ids = "/".join(info.get(field, "?") for field in ("cpu family", "model", "stepping"))
     return f"{model} ({ids}) | {torch.get_num_threads()} threads"
+
+
+def _cache_key(machine: str, problem: Problem, live: list[KernelCandidate]) -> str:
+    """What a measured choice holds for: the machine, torch's and the candidates' package
+    versions, the problem and the candidates timed."""
+    versions = sorted({f"{c.provider} {_version(c.provider)}" for c in live})
+    names = "+".join(c.name for c in live)
+    return " | ".join([machine, f"torch {torch.__version__}", *versions, problem.label(), names])
 
 
 def _hopeless(seconds: float, best: float) -> bool:

@@ -289,6 +289,8 @@ class Worker:
         model's own weights and keep the fastest per weight shape and row bucket
         (core.kernel_choice): a one-token dummy forward names the problems, then each is
         measured, or read from the cache of an earlier start on this CPU."""
+        if not KERNEL_CHOICES.candidates:
+            return  # no kernel package offers a choice: no dummy forward to pay for
         with KERNEL_CHOICES.recording() as recorded:
             runner.dummy_run(1)
         if not recorded:
