@@ -106,10 +106,10 @@ class KernelCandidate(ABC):
 
 @dataclass(frozen=True)
 class OpTiming:
-    """How `measure` times an op: `resize(args, rows)` gives the op's recorded arguments
-    with a `rows`-row activation (new values, same dtype and layout)."""
+    """How `measure` times an op: `resize(problem, args, rows)` gives the op's recorded
+    arguments with a `rows`-row activation (new values, same dtype and layout)."""
 
-    resize: Callable[[tuple, int], tuple]
+    resize: Callable[[Problem, tuple, int], tuple]
 
 
 @dataclass
@@ -239,7 +239,7 @@ class KernelChoices:
             if names and (rows > max_rows or self._done(times[-1], deadline)):
                 names.append(names[-1])
                 continue
-            example = resize(args, rows)
+            example = resize(problem, args, rows)
             found = {c.name: timer(c, problem, example) for c in racing}
             best = min(found, key=found.__getitem__)
             if names and found.get(names[-1], math.inf) <= SWITCH_GAIN * found[best]:

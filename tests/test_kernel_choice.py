@@ -28,7 +28,7 @@ class Fake(KernelCandidate):
         return x @ weight.T
 
 
-def _resize(args: tuple, rows: int) -> tuple:
+def _resize(problem: Problem, args: tuple, rows: int) -> tuple:
     return (torch.zeros(rows, args[0].shape[1]), *args[1:])
 
 
@@ -195,4 +195,3 @@ def test_core_info_lists_the_candidates_and_the_cached_choices():
     assert "matmul float32 8x4" in text
     assert "rows 1-31: gemv" in text and "rows 32+: gemm" in text
     assert "32: gemm 23, gemv 32" in text  # microseconds, fastest first
-

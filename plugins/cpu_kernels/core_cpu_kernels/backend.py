@@ -53,16 +53,16 @@ class CpuPagedImpl(TorchRefImpl):
             query = query.contiguous()
         args = (query, kv_cache, chunk.block_ids, chunk.seq_len, self.scale,
                 self.sliding_window or 0)  # fmt: skip
-        problem = candidates.prefill_attention_problem(query, kv_cache)
+        problem = candidates.prefill_attention_problem(query, kv_cache.shape[3])
         return KERNEL_CHOICES.kernel(problem, query.shape[0], args)(*args)
 
     def record_kernel_problems(self, query: torch.Tensor) -> None:
         if self.attn_type is not AttentionType.DECODER:
             return
-        # A cache-shaped placeholder: the problem needs the KV heads; timing makes its own.
-        kv_cache = query.new_empty(0, 2, 1, self.num_kv_heads, self.head_size)
-        args = (query, kv_cache, None, query.shape[0], self.scale, self.sliding_window or 0)
-        KERNEL_CHOICES.kernel(candidates.prefill_attention_problem(query, kv_cache), 1, args)
+        # No cache exists yet: timing makes its own from the problem (candidates._prompt_of).
+        args = (query, None, None, query.shape[0], self.scale, self.sliding_window or 0)
+        problem = candidates.prefill_attention_problem(query, self.num_kv_heads)
+        KERNEL_CHOICES.kernel(problem, 1, args)
 
     def forward_decode(
         self, query: torch.Tensor, kv_cache: torch.Tensor, decode: DecodeBatch

@@ -40,7 +40,6 @@ from core.ops.quant_linear import dequantize, num_inputs
 from core_cpu_kernels import _C, packed_linear, sdpa_prefill, weight_copies
 
 PROVIDER = "core-cpu-kernels"
-_QUANT_ACTIVATIONS = (torch.float32, torch.bfloat16, torch.float16)
 _STRIP_ROWS = 64  # the strips' rows (quant_linear.h's kStripRows)
 
 
@@ -61,10 +60,20 @@ def _activation_dtype(problem: Problem) -> torch.dtype:
     return getattr(torch, problem.format.rpartition("/")[2])
 
 
-def _with_rows(args: tuple, rows: int) -> tuple:
+def _with_rows(problem: Problem, args: tuple, rows: int) -> tuple:
     """The op's arguments with a `rows`-row activation in place of the recorded one."""
     x = args[0]
     return (torch.randn(rows, x.shape[-1], dtype=x.dtype), *args[1:])
+
+
+def _dense_bytes(n: int, k: int, dtype: torch.dtype) -> int:
+    """A copy of an [n, k] weight in `dtype` (oneDNN's blocked layout pads nothing here)."""
+    return n * k * dtype.itemsize
+
+
+def _strips_bytes(n: int, k: int) -> int:
+    """A weight's bf16 strips: n rounded up to whole strips, k bf16 values a row."""
+    return -(-n // _STRIP_ROWS) * _STRIP_ROWS * k * 2
 
 
 # -- core::linear ------------------------------------------------------------------------
@@ -94,8 +103,7 @@ class OnednnLinear(KernelCandidate):
         return packed_linear.takes(_activation_dtype(problem))
 
     def copy_bytes(self, problem: Problem) -> int:
-        n, k = problem.shape
-        return n * k * _activation_dtype(problem).itemsize
+        return _dense_bytes(*problem.shape, _activation_dtype(problem))
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
         packed = packed_linear.packed_weight(weight)
@@ -126,14 +134,12 @@ class Strips(KernelCandidate):
         return _activation_dtype(problem) is torch.bfloat16 and not int8_activations()
 
     def copy_bytes(self, problem: Problem) -> int:
-        n, k = problem.shape
-        return -(-n // _STRIP_ROWS) * _STRIP_ROWS * k * 2
+        return _strips_bytes(*problem.shape)
 
     def __call__(self, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                  mins: torch.Tensor, bits: int) -> Any:  # fmt: skip
-        num_bytes = -(-qweight.shape[0] // _STRIP_ROWS) * _STRIP_ROWS * x.shape[1] * 2
         strips = weight_copies.copy_of(
-            "bf16-strips", (qweight, scales, mins), num_bytes,
+            "bf16-strips", (qweight, scales, mins), _strips_bytes(qweight.shape[0], x.shape[1]),
             lambda: _C.quant_linear_strips(qweight, scales, mins, bits),
         )  # fmt: skip
         return _C.quant_linear(x, qweight, scales, mins, bits, strips=strips)
@@ -164,12 +170,11 @@ class Dequantized(KernelCandidate):
         return packed_linear.takes(dtype) if self.onednn else True
 
     def copy_bytes(self, problem: Problem) -> int:
-        n, k = problem.shape
-        return n * k * _activation_dtype(problem).itemsize
+        return _dense_bytes(*problem.shape, _activation_dtype(problem))
 
     def __call__(self, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                  mins: torch.Tensor, bits: int) -> Any:  # fmt: skip
-        num_bytes = qweight.shape[0] * x.shape[1] * x.itemsize
+        num_bytes = _dense_bytes(qweight.shape[0], x.shape[1], x.dtype)
         copy = weight_copies.copy_of(
             f"{self.name} {x.dtype}", (qweight, scales, mins), num_bytes,
             lambda: self._make(qweight, scales, mins, bits, x.dtype),
@@ -191,31 +196,37 @@ class Dequantized(KernelCandidate):
 _BLOCK_SIZE = 16  # of the synthetic cache prefills are timed on
 
 
-def prefill_attention_problem(query: torch.Tensor, kv_cache: torch.Tensor) -> Problem:
+def prefill_attention_problem(query: torch.Tensor, num_kv_heads: int) -> Problem:
     _, hq, d = query.shape
-    return Problem("prefill_attention", _dtype_name(query.dtype), (hq, kv_cache.shape[3], d))
+    return Problem("prefill_attention", _dtype_name(query.dtype), (hq, num_kv_heads, d))
 
 
-def _prompt_of(args: tuple, rows: int) -> tuple:
-    """A `rows`-token prompt without cached context, its K/V in a fresh cache."""
-    query, kv_cache, _, _, scale, window = args
-    _, hq, d = query.shape
+def _prompt_of(problem: Problem, args: tuple, rows: int) -> tuple:
+    """A `rows`-token prompt without cached context, its K/V in a fresh cache (the
+    recorded call's scale and window kept)."""
+    query, _, _, _, scale, window = args
+    hq, hkv, d = problem.shape
     num_blocks = -(-rows // _BLOCK_SIZE)
-    cache = torch.randn(num_blocks, 2, _BLOCK_SIZE, kv_cache.shape[3], d).to(query.dtype)
+    cache = torch.randn(num_blocks, 2, _BLOCK_SIZE, hkv, d).to(query.dtype)
     q = torch.randn(rows, hq, d).to(query.dtype)
     return (q, cache, torch.arange(num_blocks), rows, scale, window)
+
+
+def _paged_prefill(query: torch.Tensor, kv_cache: torch.Tensor, block_ids: torch.Tensor,
+                   seq_len: int, scale: float, window: int) -> torch.Tensor:  # fmt: skip
+    """One chunk through the C++ flash kernel."""
+    out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    rows = [0, query.shape[0]]
+    _C.paged_prefill_attention(out, query, kv_cache, block_ids[None], rows, [seq_len],
+                               scale, window)  # fmt: skip
+    return out
 
 
 class PagedPrefill(KernelCandidate):
     op, name, provider = "prefill_attention", "paged", PROVIDER
 
-    def __call__(self, query: torch.Tensor, kv_cache: torch.Tensor, block_ids: torch.Tensor,
-                 seq_len: int, scale: float, window: int) -> torch.Tensor:  # fmt: skip
-        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-        rows = [0, query.shape[0]]
-        _C.paged_prefill_attention(out, query, kv_cache, block_ids[None], rows, [seq_len],
-                                   scale, window)  # fmt: skip
-        return out
+    def __call__(self, *args: Any) -> torch.Tensor:
+        return _paged_prefill(*args)
 
 
 class SdpaPrefill(KernelCandidate):
@@ -227,7 +238,7 @@ class SdpaPrefill(KernelCandidate):
     def __call__(self, query: torch.Tensor, kv_cache: torch.Tensor, block_ids: torch.Tensor,
                  seq_len: int, scale: float, window: int) -> torch.Tensor:  # fmt: skip
         if not sdpa_prefill.takes(query, kv_cache, seq_len, window):
-            return PagedPrefill()(query, kv_cache, block_ids, seq_len, scale, window)
+            return _paged_prefill(query, kv_cache, block_ids, seq_len, scale, window)
         return sdpa_prefill.sdpa_prefill(query, kv_cache, block_ids, seq_len, scale, window)
 
 

@@ -5,8 +5,9 @@ model calls it before building one. It serves core::rms_norm, core::fused_add_rm
 core::silu_and_mul, core::rotary_embedding (in place, in the fused QKV's views),
 core::linear and core::quant_linear (group-quantized 4- and 8-bit weights). The two
 linear ops each have several kernels (candidates.py) among which the worker chooses, per
-weight shape and row count, the one measured fastest on this CPU (core.kernel_choice);
-AVX-512, AVX2 or portable kernels, chosen by probing the CPU at load.
+weight shape and row count, the one measured fastest on this CPU (core.kernel_choice).
+The C++ kernels use the widest vector ISA the CPU runs (AVX-512, AVX2 or portable code),
+found by probing it at load.
 Inputs the C++ kernels do not take (another dtype, a weight of another dtype, a strided
 last dimension, a non-contiguous packed weight) go to core's reference, so the registered
 kernel serves the op's whole domain.

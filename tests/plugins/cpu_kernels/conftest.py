@@ -13,9 +13,10 @@ def choices(monkeypatch) -> KernelChoices:
     kernel stays chosen once looked up, so a choice forced in one test would leak."""
     candidates = pytest.importorskip("core_cpu_kernels.candidates")
     ops = pytest.importorskip("core_cpu_kernels.ops")
+    backend = pytest.importorskip("core_cpu_kernels.backend")
     fresh = KernelChoices()
-    monkeypatch.setattr(candidates, "KERNEL_CHOICES", fresh)
-    monkeypatch.setattr(ops, "KERNEL_CHOICES", fresh)
+    for module in (candidates, ops, backend):
+        monkeypatch.setattr(module, "KERNEL_CHOICES", fresh)
     monkeypatch.delenv("CORE_KERNEL_CHOICE", raising=False)
     monkeypatch.delenv("CORE_CPU_INT8_ACTIVATIONS", raising=False)
     candidates.register()

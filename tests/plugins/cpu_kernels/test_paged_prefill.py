@@ -8,6 +8,7 @@ import torch
 from core.attention.backends.torch_ref import TorchRefImpl
 from core.attention.interface import AttentionType
 from core.attention.paged_metadata import DecodeBatch, PagedAttentionMetadata, PrefillChunk
+from core.kernel_choice import Problem
 from core.kv_cache.layout import KVCacheTensor, create_kv_cache_view
 
 backend = pytest.importorskip(
@@ -226,3 +227,40 @@ def test_bad_inputs_are_refused_with_the_reason():
         call(query_start_loc=[0, 9])
     with pytest.raises(RuntimeError, match="sliding_window must be >= 0"):
         call(sliding_window=-1)
+
+
+@pytest.mark.parametrize(
+    ("kernel", "window", "context", "q_len", "runs"),
+    [
+        ("paged", None, 45, 40, "paged"),
+        ("sdpa", None, 0, 37, "sdpa"),
+        ("sdpa", None, 45, 40, "sdpa"),
+        ("sdpa", 20, 45, 40, "paged"),  # a window cutting keys off needs the C++ kernel
+    ],
+)
+def test_the_chosen_prefill_kernel_serves_the_chunk(
+    kernel, window, context, q_len, runs, choices, monkeypatch
+):
+    candidates = backend.candidates
+    ran: list[str] = []
+    for name, owner, attribute in [
+        ("paged", candidates, "_paged_prefill"),
+        ("sdpa", candidates.sdpa_prefill, "sdpa_prefill"),
+    ]:
+        real = getattr(owner, attribute)
+        monkeypatch.setattr(owner, attribute, lambda *a, n=name, f=real: ran.append(n) or f(*a))
+    monkeypatch.setenv("CORE_KERNEL_CHOICE", f"prefill_attention={kernel}")
+    cache = paged_cache(torch.float32, 3, 64)
+    assert_float32_close(*prefill_both((9, 64, 0.125, 3, window), cache, context, q_len))
+    assert ran == [runs]
+
+
+def test_a_dummy_forward_records_the_layers_prefill_problem(choices):
+    impl = backend.CpuPagedImpl(9, 64, 0.125, 3, None)
+    with choices.recording() as recorded:
+        impl.record_kernel_problems(torch.zeros(1, 9, 64, dtype=torch.bfloat16))
+    assert list(recorded) == [Problem("prefill_attention", "bfloat16", (9, 3, 64))]
+    encoder = backend.CpuPagedImpl(9, 64, 0.125, 3, None, AttentionType.ENCODER_ONLY)
+    with choices.recording() as recorded:
+        encoder.record_kernel_problems(torch.zeros(1, 9, 64))
+    assert recorded == {}  # encoder-only layers stay on the reference
