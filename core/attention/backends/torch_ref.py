@@ -31,7 +31,7 @@ from core.attention.paged_metadata import (
     PrefillChunk,
 )
 
-__all__ = ["TorchRefBackend", "TorchRefImpl"]
+__all__ = ["TorchRefBackend", "TorchRefImpl", "gather_pages"]
 
 
 class TorchRefImpl(AttentionImpl):
@@ -108,7 +108,7 @@ class TorchRefImpl(AttentionImpl):
         if cacheless:  # the new K/V are the whole context
             k, v = key, value
         else:
-            k, v = _gather_pages(kv_cache, chunk.block_ids)  # [>= seq_len, Hkv, D]
+            k, v = gather_pages(kv_cache, chunk.block_ids)  # [>= seq_len, Hkv, D]
             k, v = k[: chunk.seq_len], v[: chunk.seq_len]
         mask = None
         if not cacheless or self.sliding_window is not None:
@@ -166,7 +166,7 @@ class TorchRefImpl(AttentionImpl):
         decode.token_index[i]); all of each row's keys, its new one included, are read
         from `kv_cache` through `decode.block_table[i]` and `decode.seq_lens[i]`.
         """
-        k, v = _gather_pages(kv_cache, decode.block_table)  # [B, L, Hkv, D]
+        k, v = gather_pages(kv_cache, decode.block_table)  # [B, L, Hkv, D]
         k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, Hkv, L, D]
         seq_lens = decode.seq_lens[:, None]  # [B, 1]
         # Keys past each context (padding, other requests' blocks) do not exist.
@@ -184,10 +184,11 @@ class TorchRefImpl(AttentionImpl):
         return out[:, :, 0]
 
 
-def _gather_pages(
+def gather_pages(
     kv_cache: torch.Tensor, block_ids: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V of blocks [..., n] as [..., n * block_size, Hkv, D] each.
+    """K and V of blocks [..., n] as [..., n * block_size, Hkv, D] each (public: kernel
+    plugins that hand contiguous K/V to a dense kernel gather them the same way).
 
     index_select copies whole pages row by row (about 3x faster than advanced indexing on
     a CPU), and gathering K and V separately keeps each result contiguous, so the flatten

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from core.attention.backends.torch_ref import gather_pages
+
 __all__ = ["sdpa_prefill", "takes"]
 
 _DTYPES = frozenset({torch.float32, torch.bfloat16})
@@ -57,7 +59,7 @@ def sdpa_prefill(
     if query.stride(-1) != 1:  # the op reads a strided last dimension wrong, silently
         query = query.contiguous()
     context = seq_len - query.shape[0]
-    k, v = (_gather(kv_cache[:, i], block_ids) for i in (0, 1))  # [>= seq_len, Hkv, D]
+    k, v = gather_pages(kv_cache, block_ids)  # [>= seq_len, Hkv, D], contiguous
     out, lse = _attend(query, k[context:seq_len], v[context:seq_len], scale, causal=True)
     if context > 0:
         past, past_lse = _attend(query, k[:context], v[:context], scale, causal=False)
@@ -83,16 +85,6 @@ def _refusal(
     if 0 < sliding_window < seq_len:
         return f"sliding_window {sliding_window} < seq_len {seq_len} needs a mask"
     return None
-
-
-def _gather(pages: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
-    """[num_blocks, block_size, Hkv, D] pages -> [len(block_ids) * block_size, Hkv, D].
-
-    index_select copies whole pages (about 3x faster than advanced indexing on a CPU) into
-    a contiguous tensor, so the flatten is a view and its slices are strided views the
-    flash op reads in place.
-    """
-    return pages.index_select(0, block_ids).flatten(0, 1)
 
 
 def _attend(
