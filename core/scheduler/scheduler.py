@@ -72,18 +72,13 @@ class Scheduler:
         max_model_len: int,
         structured_outputs: StructuredOutputManager | None = None,
         num_lookahead_tokens: int = 0,
-        *,
-        burst_step_tokens: int | None = None,
     ) -> None:
-        """`burst_step_tokens`: the budget of each step of a burst, instead of the config's
-        (the engine may measure a better one); within [max_num_batched_tokens,
-        SchedulerConfig.max_step_tokens], since the latter sizes the model runner's buffers."""
         sched = config.scheduler
         self.max_num_seqs = sched.max_num_seqs
         self.max_num_batched_tokens = sched.max_num_batched_tokens or max_model_len
-        # The most tokens a step may schedule: what the model runner's buffers hold.
+        # A burst step's budget (max_num_batched_tokens where no burst budget is set): the
+        # most tokens a step may schedule, what the model runner's buffers hold.
         self.max_step_tokens = sched.max_step_tokens(max_model_len)
-        self.burst_step_tokens = self._check_burst_step_tokens(burst_step_tokens)
         # The requests the current burst has still to prefill (token_budget); empty: none.
         self._burst_ids: set[str] = set()
         self.long_prefill_threshold = sched.long_prefill_token_threshold
@@ -109,16 +104,6 @@ class Scheduler:
         # Requests finished outside a step (a grammar that failed to compile), reported
         # with the next step's outputs.
         self._pending_outputs: list[EngineCoreOutput] = []
-
-    def _check_burst_step_tokens(self, override: int | None) -> int:
-        if override is None:
-            return self.max_step_tokens
-        if not self.max_num_batched_tokens <= override <= self.max_step_tokens:
-            raise ValueError(
-                f"burst_step_tokens {override} must be within max_num_batched_tokens "
-                f"{self.max_num_batched_tokens} and max_step_tokens {self.max_step_tokens}"
-            )
-        return override
 
     # -- requests -------------------------------------------------------------------------
 
@@ -184,7 +169,7 @@ class Scheduler:
         return output
 
     def token_budget(self) -> int:
-        """The next step's token budget: `burst_step_tokens` while a burst lasts or would
+        """The next step's token budget: `max_step_tokens` while a burst lasts or would
         start, else max_num_batched_tokens.
 
         A burst starts when the running requests number at most 1 / BURST_RATIO of the
@@ -201,13 +186,13 @@ class Scheduler:
         The streams running beside a burst (at most a fifth) see one long gap per step.
         """
         if self._burst_ids or self._burst_arrivals():
-            return self.burst_step_tokens
+            return self.max_step_tokens
         return self.max_num_batched_tokens
 
     def _burst_arrivals(self) -> set[str]:
         """The ids of the waiting requests a burst starting now would admit; empty when no
         burst is due or none is configured."""
-        if self.burst_step_tokens == self.max_num_batched_tokens:
+        if self.max_step_tokens == self.max_num_batched_tokens:
             return set()
         running = len(self.running)
         admissible = min(len(self.waiting), self.max_num_seqs - running)

@@ -23,14 +23,12 @@ EOS = 0
 _arrivals = itertools.count()
 
 
-def make_scheduler(
-    num_blocks: int = 64, burst_step_tokens: int | None = None, **sched
-) -> Scheduler:
+def make_scheduler(num_blocks: int = 64, **sched) -> Scheduler:
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=2, dtype=torch.float32)
     kv_config = kv_cache_config_for_blocks({"layer.0": spec}, num_blocks)
     kv = KVCacheManager(kv_config, MAX_LEN, enable_caching=True)
     config = EngineConfig(scheduler=SchedulerConfig(**sched))
-    return Scheduler(config, kv, MAX_LEN, burst_step_tokens=burst_step_tokens)
+    return Scheduler(config, kv, MAX_LEN)
 
 
 def make_request(
@@ -231,25 +229,6 @@ def test_a_burst_under_preemption_finishes_every_request_without_a_leak():
     pool = scheduler.kv.coordinator.block_pools[0]
     assert pool.get_num_free_blocks() == 12
     assert scheduler.token_budget() == 8
-
-
-def test_the_burst_step_budget_can_be_set_below_the_configured_one():
-    scheduler = make_scheduler(
-        max_num_batched_tokens=8, burst_token_budget=256, burst_step_tokens=16
-    )
-    for i in range(3):
-        make_request(scheduler, f"r{i}", num_prompt=12)
-    assert scheduler.token_budget() == 16
-    assert step(scheduler).num_scheduled_tokens == {"r0": 12, "r1": 4}
-    assert step(scheduler).num_scheduled_tokens == {"r0": 1, "r1": 8, "r2": 7}
-
-
-@pytest.mark.parametrize("burst_step_tokens", [4, 257])
-def test_a_burst_step_budget_outside_the_step_and_buffer_budgets_is_refused(burst_step_tokens):
-    with pytest.raises(ValueError, match=f"burst_step_tokens {burst_step_tokens} must be"):
-        make_scheduler(
-            max_num_batched_tokens=8, burst_token_budget=256, burst_step_tokens=burst_step_tokens
-        )
 
 
 def test_without_a_burst_budget_every_step_keeps_the_step_budget():
