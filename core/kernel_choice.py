@@ -119,9 +119,11 @@ class Choice:
     names: list[str]  # by ROW_BUCKETS index
     times: list[dict[str, float]]  # seconds by candidate name, per bucket measured
     reason: str
+    copy_bytes: dict[str, int] = field(default_factory=dict)  # by candidate name, if any
 
     def to_record(self) -> dict[str, Any]:
-        return {"names": self.names, "times": self.times, "reason": self.reason}
+        return {"names": self.names, "times": self.times, "reason": self.reason,
+                "copy_bytes": self.copy_bytes}  # fmt: skip
 
     @classmethod
     def from_record(cls, record: object) -> Choice:
@@ -130,7 +132,11 @@ class Choice:
         names, times = record["names"], record["times"]
         if len(names) != len(ROW_BUCKETS) or not all(isinstance(n, str) for n in names):
             raise ValueError(f"names must list a kernel per row bucket, not {names!r}")
-        return cls(list(names), [dict(t) for t in times], str(record["reason"]))
+        copies = record.get("copy_bytes", {})
+        if not isinstance(copies, dict):
+            raise TypeError("copy_bytes is a JSON object")
+        copies = {str(n): int(b) for n, b in copies.items()}
+        return cls(list(names), [dict(t) for t in times], str(record["reason"]), copies)
 
 
 # Seconds one call of a candidate takes on a problem's arguments (the activation first);
@@ -247,7 +253,8 @@ class KernelChoices:
             racing = [c for c in racing if not _hopeless(found[c.name], found[best])]
             names.append(best)
             times.append(found)
-        return Choice(names, times, "measured")
+        copies = {c.name: c.copy_bytes(problem) for c in live if c.copy_bytes(problem)}
+        return Choice(names, times, "measured", copies)
 
     @staticmethod
     def _done(last: dict[str, float], deadline: float) -> bool:
@@ -354,9 +361,10 @@ def _best_time(candidate: KernelCandidate, problem: Problem, args: tuple) -> flo
 
 
 def table_lines(choices: KernelChoices) -> list[str]:
-    """`core info`'s table: the candidates of each op (with the memory their copies cost)
-    and every choice cached for this machine, as row ranges -> kernel and the timings that
-    made it (microseconds per call at each bucket's first row count)."""
+    """`core info`'s table: the candidates of each op and every choice cached for this
+    machine, as row ranges -> kernel, the memory the kernel's copy of that weight costs,
+    and the timings that made the choice (microseconds per call at each bucket's first
+    row count)."""
     lines = [f"kernel choices (core.kernel_choice; forced with {envs.KERNEL_CHOICE_ENV}):"]
     for op, found in sorted(choices.candidates.items()):
         names = ", ".join(c.name + ("" if c.available() else " (not on this CPU)") for c in found)
@@ -392,7 +400,10 @@ def _spans(choice: Choice) -> list[str]:
                                              sorted(choice.times[b].items(), key=lambda x: x[1]))
             for b in range(start, min(i, len(choice.times)))
         )  # fmt: skip
-        spans.append(f"rows {ROW_BUCKETS[start]}{last}: {choice.names[start]} (us: {times})")
+        name = choice.names[start]
+        copy = choice.copy_bytes.get(name, 0)
+        cost = f", a {copy / 2**20:.1f} MiB copy" if copy else ""
+        spans.append(f"rows {ROW_BUCKETS[start]}{last}: {name}{cost} (us: {times})")
         start = i
     return spans
 

@@ -15,14 +15,19 @@ PROBLEM = Problem("matmul", "float32", (8, 4))
 class Fake(KernelCandidate):
     op, provider = "matmul", "core"
 
-    def __init__(self, name: str, available: bool = True, takes: bool = True) -> None:
-        self.name, self._available, self._takes = name, available, takes
+    def __init__(
+        self, name: str, available: bool = True, takes: bool = True, copy: int = 0
+    ) -> None:
+        self.name, self._available, self._takes, self._copy = name, available, takes, copy
 
     def available(self) -> bool:
         return self._available
 
     def takes(self, problem: Problem) -> bool:
         return self._takes
+
+    def copy_bytes(self, problem: Problem) -> int:
+        return self._copy
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return x @ weight.T
@@ -187,11 +192,12 @@ def test_a_corrupt_cache_is_measured_again(tmp_path):
 
 
 def test_core_info_lists_the_candidates_and_the_cached_choices():
-    choices = make_choices(Fake("gemv"), Fake("gemm"), Fake("amx", available=False))
+    choices = make_choices(Fake("gemv"), Fake("gemm", copy=3 << 19), Fake("amx", available=False))
     timer = Timer(gemv=lambda r: 1e-6 * r, gemm=lambda r: 1e-6 * (20 + 0.1 * r))
     choices.measure(record(choices), max_rows=4096, timer=timer)
     text = "\n".join(kernel_choice.table_lines(choices))
     assert "matmul: gemv, gemm, amx (not on this CPU)" in text
     assert "matmul float32 8x4" in text
-    assert "rows 1-31: gemv" in text and "rows 32+: gemm" in text
+    assert "rows 1-31: gemv (us:" in text  # no copy
+    assert "rows 32+: gemm, a 1.5 MiB copy (us:" in text
     assert "32: gemm 23, gemv 32" in text  # microseconds, fastest first
