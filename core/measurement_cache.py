@@ -56,4 +56,3 @@ def save_entries(path: Path, entries: dict[str, object]) -> bool:
         if temporary is not None:
             Path(temporary).unlink(missing_ok=True)
         return False
-
