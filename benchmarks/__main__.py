@@ -36,6 +36,7 @@ from benchmarks import (
     workloads,
 )
 from benchmarks.workloads import Metrics, Prompts, Sizes
+from core import kernel_choice
 
 # Q, quality, is no engine's: it loads its three models itself, whatever --peers says.
 WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "Q")
@@ -408,7 +409,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)  # children get it through workloads.thread_env
     results, limits, warnings = run(args)
-    text = report.report_markdown(results, limits, warnings)
+    kernel_table = kernel_choice.table_lines(kernel_choice.KERNEL_CHOICES)
+    text = report.report_markdown(results, limits, warnings, kernel_table)
     print(text)
     data = {
         "environment": report.environment(versions(args.peers), args.threads),

@@ -621,8 +621,18 @@ def failure_warnings(results: Results) -> list[str]:
     ]
 
 
-def report_markdown(results: Results, c: Ceilings, warnings: Sequence[str] = ()) -> str:
-    """Warnings (a compiler running during the run, failed requests) first, then every table."""
+def kernel_choices_section(table: Sequence[str]) -> str:
+    """The kernels core chose by measurement on this machine and the timings behind them
+    (`core info`'s table, core.kernel_choice.table_lines), as the run left them cached."""
+    body = "\n".join(table)
+    return f"### Kernel choices (core info)\n\n```text\n{body}\n```"
+
+
+def report_markdown(
+    results: Results, c: Ceilings, warnings: Sequence[str] = (), kernel_table: Sequence[str] = ()
+) -> str:
+    """Warnings (a compiler running during the run, failed requests) first, then every table;
+    `kernel_table`, where given, after the ceilings."""
     parts = [f"**Warning: {w}**" for w in [*warnings, *failure_warnings(results)]]
     parts.append(targets_section(targets(results, c)))
     if any(engine in VLLM_ENGINES for engine in results.get("load", {})):
@@ -630,6 +640,8 @@ def report_markdown(results: Results, c: Ceilings, warnings: Sequence[str] = ())
         parts.append(targets_section(vllm_targets(results), title))
     parts += workload_sections(results, c)
     parts.append(ceilings_section(c))
+    if kernel_table:
+        parts.append(kernel_choices_section(kernel_table))
     return "\n\n".join(parts) + "\n"
 
 

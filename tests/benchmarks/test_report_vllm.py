@@ -180,3 +180,13 @@ def test_merge_section_appends_a_new_cpus_section():
     page = "# Benchmark results\n\n## B\n\nold b\n"
     merged = report.merge_section(page, "## A\n\nnew a\n")
     assert merged == "# Benchmark results\n\n## B\n\nold b\n\n## A\n\nnew a\n"
+
+
+def test_report_ends_with_the_kernel_choices_it_was_given():
+    results = {"load": {"core": {"dtype": "float32", "llm_s": 3.0}}}
+    table = ["kernel choices (core.kernel_choice; forced with CORE_KERNEL_CHOICE):",
+             "  linear: torch, gemv"]  # fmt: skip
+    text = report.report_markdown(results, _ceilings(), kernel_table=table)
+    expected = "### Kernel choices (core info)\n\n```text\n" + "\n".join(table) + "\n```\n"
+    assert text.endswith(expected)
+    assert "### Kernel choices" not in report.report_markdown(results, _ceilings())
