@@ -9,6 +9,10 @@ sizes, strided views) run through the kernel on the device and through the op's 
 on the CPU. The outputs must agree in dtype and shape and lie within the op's tolerance,
 and so must every tensor argument afterwards: an op that writes into its arguments writes
 what the reference writes, and one that does not leaves them alone.
+
+Where the target also registered several kernels for an op to be chosen among by
+measurement (core.kernel_choice), each available one runs the same samples forced
+(CORE_KERNEL_CHOICE): whichever the user's machine picks must equal the reference.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from typing import Any
 import pytest
 import torch
 
+from core.envs import KERNEL_CHOICE_ENV
+from core.kernel_choice import KERNEL_CHOICES
 from core.ops import CORE_OPS, KernelOp, Tolerance
 from core.testing.plugin import targets_of
 from core.testing.targets import Target
@@ -33,6 +39,7 @@ class KernelCase:
     op: KernelOp
     device_type: str
     dtype: torch.dtype | None  # None: the op declares no conformance (the test fails)
+    candidate: str | None = None  # a kernel-choice candidate forced, else as registered
 
 
 _served_by: dict[str, list[tuple[KernelOp, str]]] = {}
@@ -55,10 +62,13 @@ def _cases(target: Target, device_type: str) -> list[Any]:
         if served_type != device_type:
             continue
         dtypes = list(op.conformance.tolerances) if op.conformance is not None else [None]
+        candidates = [c.name for c in KERNEL_CHOICES.candidates.get(op.name, ()) if c.available()]
         for dtype in dtypes:
-            case = KernelCase(op, device_type, dtype)
             dtype_id = str(dtype).removeprefix("torch.")
-            params.append(pytest.param(case, id=f"{target.id}-{op.name}-{dtype_id}"))
+            for candidate in [None, *candidates]:
+                case = KernelCase(op, device_type, dtype, candidate)
+                suffix = f"-{candidate}" if candidate else ""
+                params.append(pytest.param(case, id=f"{target.id}-{op.name}-{dtype_id}{suffix}"))
     return params
 
 
@@ -82,6 +92,18 @@ def test_registers_a_kernel_for_the_device_under_test(target: Target, request) -
     )
 
 
+@pytest.fixture
+def forced_candidate(kernel_case: KernelCase, monkeypatch: pytest.MonkeyPatch):
+    """Force the case's candidate (if any) for its op, with no choice made before or kept
+    after: a problem's kernel stays chosen once looked up."""
+    if kernel_case.candidate is not None:
+        monkeypatch.setenv(KERNEL_CHOICE_ENV, f"{kernel_case.op.name}={kernel_case.candidate}")
+    KERNEL_CHOICES.chosen.clear()
+    yield
+    KERNEL_CHOICES.chosen.clear()
+
+
+@pytest.mark.usefixtures("forced_candidate")
 def test_kernel_matches_the_reference_on_every_sample(
     kernel_case: KernelCase, core_conformance_device: torch.device
 ) -> None:
@@ -99,6 +121,8 @@ def test_kernel_matches_the_reference_on_every_sample(
     for our_sample, their_sample in zip(ours, theirs, strict=True):
         got, want = kernel(*our_sample.args), op.reference(*their_sample.args)
         what = f"{op.qualname} in {str(dtype).removeprefix('torch.')}, sample {our_sample.name!r}"
+        if kernel_case.candidate is not None:
+            what += f" ({kernel_case.candidate})"
         _assert_outputs_close(got, want, tolerance, what)
         for name, got_arg, want_arg in zip(names, our_sample.args, their_sample.args, strict=True):
             if isinstance(want_arg, torch.Tensor):

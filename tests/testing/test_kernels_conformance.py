@@ -36,3 +36,16 @@ def test_a_kernel_that_loses_its_writes_to_strided_views_fails_naming_the_sample
         "core::rotary_embedding in float32, sample 'packed requests, views into a fused QKV': "
         "argument 'query' afterwards differs from the reference"
     ) in done.stdout
+
+
+def test_each_kernel_choice_candidate_is_checked_forced_and_a_wrong_one_fails(tmp_path):
+    done = run_pytest(
+        "--core-conformance=kernels:toy_kernels:register_silu_choices", "-rA", cwd=tmp_path
+    )
+    assert done.returncode == pytest.ExitCode.TESTS_FAILED, done.stdout + done.stderr
+    samples = "test_kernels.py::test_kernel_matches_the_reference_on_every_sample"
+    case = "register_silu_choices-silu_and_mul-float32"
+    assert f"PASSED {samples}[{case}]" in done.stdout  # as registered: `exact` serves first
+    assert f"PASSED {samples}[{case}-exact]" in done.stdout
+    assert f"FAILED {samples}[{case}-halved]" in done.stdout
+    assert "core::silu_and_mul in float32, sample" in done.stdout and "(halved)" in done.stdout

@@ -5,12 +5,15 @@ core's reference (float32 sigmoid, one rounding): it conforms. `register_copying
 serves core::rotary_embedding with a classic bug: it rotates `.contiguous()` copies, which
 are the tensors themselves when contiguous but copies of strided views, so a fused QKV's
 query and key are never written. `register_nothing` registers no kernel at all.
+`register_silu_choices` serves core::silu_and_mul through two kernel-choice candidates,
+`exact` and `halved` (which halves its output): the one measured fastest would serve.
 """
 
 from __future__ import annotations
 
 import torch
 
+from core.kernel_choice import KERNEL_CHOICES, KernelCandidate, OpTiming, Problem
 from core.ops import register_impl, rotary_embedding_reference
 
 PROVIDER = "toy-kernels"
@@ -37,3 +40,29 @@ def register_copying_rotary() -> None:
 
 def register_nothing() -> None:
     """A plugin whose registration forgot its kernels."""
+
+
+class _Exact(KernelCandidate):
+    op, name, provider = "silu_and_mul", "exact", PROVIDER
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return _silu_and_mul(x)
+
+
+class _Halved(_Exact):
+    name = "halved"
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return _silu_and_mul(x) / 2
+
+
+def _silu_by_choice(x: torch.Tensor) -> torch.Tensor:
+    problem = Problem("silu_and_mul", str(x.dtype), (x.shape[-1],))
+    return KERNEL_CHOICES.kernel(problem, max(x.numel() // x.shape[-1], 1), (x,))(x)
+
+
+def register_silu_choices() -> None:
+    KERNEL_CHOICES.declare_op("silu_and_mul", OpTiming(lambda problem, args, rows: args))
+    KERNEL_CHOICES.register(_Exact())
+    KERNEL_CHOICES.register(_Halved())
+    register_impl("silu_and_mul", "cpu", _silu_by_choice, PROVIDER)
