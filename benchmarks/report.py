@@ -555,6 +555,7 @@ VLLM_TARGETS = (
     ("W2 decode tok/s", "W2", "decode_tokens_per_s", True),
     ("W2 TTFT ms", "W2", "ttft_ms", False),
     ("W3 output tok/s", "W3", "output_tokens_per_s", True),
+    ("W3 TTFT median ms", "W3", "ttft_median_ms", False),
 )
 
 

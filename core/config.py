@@ -112,11 +112,10 @@ class CacheConfig(_Config):
 class SchedulerConfig(_Config):
     max_num_seqs: int = Field(default=64, ge=1)
     max_num_batched_tokens: int | None = Field(default=None, ge=1)
-    # The budget of each step of a burst of arrivals (Scheduler.token_budget), which
-    # prefills its wave over as many such steps as it needs: the few streams already
-    # decoding wait out those long steps, where a burst trickled in at max_num_batched_tokens
-    # staggers its requests' decodes and slows every stream for the rest of its life. None:
-    # every step keeps max_num_batched_tokens. At least that budget.
+    # Set: steps are sized from their measured cost and the pending prompt tokens
+    # (core/scheduler/step_budget.py), up to this many tokens; max_num_batched_tokens is
+    # then only the budget before any step is measured. None: every step keeps
+    # max_num_batched_tokens. At least that budget.
     burst_token_budget: int | None = Field(default=None, ge=1)
     long_prefill_token_threshold: int = Field(default=0, ge=0)
     enable_chunked_prefill: bool = True

@@ -128,7 +128,7 @@ class EngineArgs:
     )  # fmt: skip
     burst_token_budget: int | None = _option(
         "scheduler", "burst_token_budget", "--burst-token-budget",
-        "token budget of a step admitting a burst of arrivals", type=int,
+        "most tokens a step may take; set, steps are sized from measured step times", type=int,
     )  # fmt: skip
     long_prefill_token_threshold: int | None = _option(
         "scheduler", "long_prefill_token_threshold", "--long-prefill-token-threshold",

@@ -8,6 +8,7 @@ turns the scheduler's decision into model work and the results into EngineCoreOu
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,11 @@ if TYPE_CHECKING:
     from core.structured_output.xgrammar_backend import XgrammarBackend
 
 logger = logging.getLogger(__name__)
+
+# Dummy forwards timed at start to seed measured step budgets: a decode-sized step and a
+# prefill-sized one, at most what a step holds (step_budget.StepCost fits a line through
+# them until real steps come).
+SEED_STEP_TOKENS = (1, 128)
 
 # The EngineCore methods a client may call by name (EngineCoreClient.utility): maintenance
 # that takes no arguments and answers nothing, so a fire-and-forget message can carry it.
@@ -119,6 +125,7 @@ class EngineCore:
         self.batch_queue: deque | None = (
             deque() if config.parallel.pipeline_parallel_size > 1 else None
         )
+        self._seed_step_budget()
         self._call_hook("core_engine_started")
 
     def _init_kv_cache(self, platform: Platform) -> KVCacheManager:
@@ -154,6 +161,20 @@ class EngineCore:
             spec_registry=spec_registry,
             watermark=cache.watermark,
         )
+
+    def _seed_step_budget(self) -> None:
+        """Time dummy forwards (after one to warm up) as steps are timed, around the
+        executor call, so a measured step budget sizes even a fresh server's first steps."""
+        budget = self.scheduler.budget
+        if not budget.measured:
+            return
+        max_tokens = self.config.scheduler.max_step_tokens(self.max_model_len)
+        sizes = sorted({min(n, max_tokens) for n in SEED_STEP_TOKENS})
+        self.executor.collective_rpc("dummy_run", (sizes[-1],))
+        for num_tokens in sizes * 2:
+            start = time.perf_counter()
+            self.executor.collective_rpc("dummy_run", (num_tokens,))
+            budget.observe(num_tokens, time.perf_counter() - start)
 
     def _kv_cache_budget(self, platform: Platform) -> int:
         """--kv-cache-memory when given; else, on a platform that profiles memory, what
@@ -197,7 +218,9 @@ class EngineCore:
         if scheduler_output.total_num_scheduled_tokens == 0:
             # Only grammars still compiling: wait for one instead of spinning.
             self.grammars.wait(0.05)
+        start = time.perf_counter()
         runner_output = self.executor.execute_model(scheduler_output)
+        self.scheduler.observe_step(scheduler_output, time.perf_counter() - start)
         return self.scheduler.update_from_output(scheduler_output, runner_output)
 
     def _step_with_batch_queue(self, queue: deque) -> EngineCoreOutputs:

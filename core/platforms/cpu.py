@@ -12,14 +12,11 @@ from core.config import UsageContext
 from core.platforms.cpu_dtype import DtypeChoice, choose_cpu_dtype
 from core.platforms.interface import MemoryInfo, Platform
 
+# A server's steps are sized from measured step times (core/scheduler/step_budget.py, on
+# because the burst budget below is set): 80 tokens is only the budget of steps before a
+# step is timed (the engine core times two dummy forwards at start), and 8192 the most
+# tokens a step may take (what the model runner's buffers hold).
 SERVING_TOKEN_BUDGET = 80
-# W3 (32 streams of 128 tokens, 64 requests; SmolLM2 GGUF, bf16, AVX512_BF16 EPYC, 2 cores):
-# without bursts every arrival trickles in at 80 tokens a step beside the streams already
-# decoding, so the requests' decodes stagger and most steps carry a prefill chunk (236-243
-# output tok/s, ITL 95-100 ms median, 150-166 p99); with bursts of up to 8192 tokens each
-# wave of 32 arrivals is prefilled in one 3.5-4.4 s step and then decodes together (286
-# tok/s, ITL 79 ms median, 104 p99, TTFT p99 4.6 s instead of 7.8-9.6). 2048 took 13 of 31
-# requests at once and then trickled the rest (244 tok/s).
 SERVING_BURST_TOKEN_BUDGET = 8192
 
 
@@ -64,19 +61,14 @@ class CpuPlatform(Platform):
 
     def default_max_num_batched_tokens(self, usage: UsageContext) -> int:
         # A CPU step costs about as much per prefill token as per decode row, so a big
-        # prefill chunk stalls every stream beside it. W3 (32 streams, SmolLM2, 2 cores):
-        # bf16 on AMX, budget 128 -> ITL p99/median 2.06, 96 -> 2.01, 64 -> 1.87 (output
-        # 200, 211, 193 tok/s; median TTFT 2.0, 2.3, 4.4 s); fp32 on an AVX2 EPYC with
-        # core-cpu-kernels, 128 -> 2.16, 96 -> 1.79, 64 -> 1.18 (174, 175, 162 tok/s;
-        # median TTFT 2.7, 3.2, 5.2 s). Faster decode steps (the blocked GEMM) raised the
-        # ratio at 96 to 1.85-2.05 over six runs (173-186 tok/s); 80 -> 1.63 (177 tok/s),
-        # 64 -> 1.13 (177), 256 -> 4.05 (192). Offline keeps big prefill steps.
+        # prefill chunk stalls every stream beside it; a server sizes its steps from
+        # measured times instead (SERVING_TOKEN_BUDGET). Offline keeps big prefill steps.
         if usage is UsageContext.SERVING:
             return SERVING_TOKEN_BUDGET
         return super().default_max_num_batched_tokens(usage)
 
     def default_burst_token_budget(self, usage: UsageContext) -> int | None:
-        # Offline runs keep large steps anyway; a server's small budget protects its streams.
+        # Set for a server: its steps are sized from measured times, up to this many tokens.
         return SERVING_BURST_TOKEN_BUDGET if usage is UsageContext.SERVING else None
 
     def zeroed_bytes(self, num_bytes: int, device: torch.device) -> torch.Tensor:

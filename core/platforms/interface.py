@@ -133,8 +133,9 @@ class Platform(ABC):
         return DEFAULT_MAX_NUM_BATCHED_TOKENS
 
     def default_burst_token_budget(self, usage: UsageContext) -> int | None:
-        """The budget of steps that admit a burst of arrivals when the user sets no token
-        budget (SchedulerConfig.burst_token_budget), or None: no bursts. At least
+        """When the user sets no token budget: the most tokens a step may take, its steps
+        then sized from measured step times (SchedulerConfig.burst_token_budget,
+        core/scheduler/step_budget.py); None: every step keeps the fixed budget. At least
         `default_max_num_batched_tokens(usage)` where not None."""
         return None
 

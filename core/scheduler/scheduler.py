@@ -1,5 +1,5 @@
-"""The scheduler: one token budget per step, shared by running and waiting requests (a
-larger one, where configured, for the steps that admit a burst of arrivals: `token_budget`).
+"""The scheduler: one token budget per step, shared by running and waiting requests (fixed,
+or sized from measured step times where a burst budget is configured: step_budget.py).
 
 There are no prefill and decode phases. Each request has num_computed_tokens and
 num_tokens; a step moves the first towards the second for as many requests as the token
@@ -34,6 +34,7 @@ from core.scheduler.output import (
     SpecDecodingStats,
 )
 from core.scheduler.request_queue import RequestQueue
+from core.scheduler.step_budget import StepLoad, drain_tokens, step_budget
 from core.spec_decode.verification import num_accepted, num_drafts_within
 from core.structured_output.manager import StructuredOutputManager
 from core.worker.contract import (
@@ -43,10 +44,6 @@ from core.worker.contract import (
     NewRequestData,
     SchedulerOutput,
 )
-
-# A burst starts when the waiting requests outnumber the running ones this many times over
-# (SchedulerConfig.burst_token_budget, Scheduler.token_budget).
-BURST_RATIO = 4
 
 
 @dataclass
@@ -75,12 +72,7 @@ class Scheduler:
     ) -> None:
         sched = config.scheduler
         self.max_num_seqs = sched.max_num_seqs
-        self.max_num_batched_tokens = sched.max_num_batched_tokens or max_model_len
-        # A burst step's budget (max_num_batched_tokens where no burst budget is set): the
-        # most tokens a step may schedule, what the model runner's buffers hold.
-        self.max_step_tokens = sched.max_step_tokens(max_model_len)
-        # The requests the current burst has still to prefill (token_budget); empty: none.
-        self._burst_ids: set[str] = set()
+        self.budget = step_budget(sched, max_model_len)
         self.long_prefill_threshold = sched.long_prefill_token_threshold
         self.chunked_prefill = sched.enable_chunked_prefill
         self.policy = sched.policy
@@ -142,7 +134,6 @@ class Scheduler:
         if self.grammars is not None:
             self.grammars.remove(request.request_id)
         self.kv.free(request)
-        self._burst_ids.discard(request.request_id)
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
 
@@ -152,8 +143,6 @@ class Scheduler:
     # -- schedule -------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        if not self._burst_ids:
-            self._burst_ids = self._burst_arrivals()
         step = _Step(token_budget=self.token_budget())
         self._schedule_running(step)
         if not step.preempted:
@@ -165,57 +154,33 @@ class Scheduler:
             )
         for req_id, count in step.num_scheduled.items():
             self.requests[req_id].num_computed_tokens += count
-        self._advance_burst(step)
         return output
 
     def token_budget(self) -> int:
-        """The next step's token budget: `max_step_tokens` while a burst lasts or would
-        start, else max_num_batched_tokens.
+        """The next step's token budget (step_budget.py): fixed, or sized from the step's
+        load and measured step times."""
+        if not self.budget.measured:
+            return self.budget.tokens(StepLoad(0, 0))
+        return self.budget.tokens(self._load())
 
-        A burst starts when the running requests number at most 1 / BURST_RATIO of the
-        waiting ones the step may admit (max_num_seqs caps them: a saturated server's queue
-        is no burst). Its whole state is `_burst_ids`: those waiting requests (the first
-        that many in queue order), less those whose prompt has been computed (they sampled
-        their first token) or that finished. Each burst step schedules the running requests
-        first, then admits waiting ones in queue order in what is left, so a wave larger
-        than one step is prefilled over consecutive steps and its first requests sample
-        after the first step, not after the whole wave. The burst lasts while `_burst_ids`
-        is not empty and each step schedules one of them: a step that schedules none (all
-        blocked: KV blocks, preemption, max_num_seqs, a grammar, an adapter) ends it, and
-        later arrivals are admitted in its steps' leftover budget without prolonging it.
-        The streams running beside a burst (at most a fifth) see one long gap per step.
-        """
-        if self._burst_ids or self._burst_arrivals():
-            return self.max_step_tokens
-        return self.max_num_batched_tokens
+    def _load(self) -> StepLoad:
+        """The running requests' decode tokens, and the drain shares of the prompts still
+        to compute: of those prefilling and of the waiting ones the step may admit."""
+        num_decode = num_drain = 0
+        for request in self.running:
+            if request.num_tokens - request.num_computed_tokens > 1:
+                num_drain += drain_tokens(request.num_tokens, request.num_computed_tokens)
+            else:
+                num_decode += request.num_tokens_with_spec - request.num_computed_tokens
+        admissible = max(self.max_num_seqs - len(self.running), 0)
+        for request in itertools.islice(self.waiting, admissible):
+            num_drain += drain_tokens(request.num_tokens, request.num_computed_tokens)
+        return StepLoad(num_decode, num_drain)
 
-    def _burst_arrivals(self) -> set[str]:
-        """The ids of the waiting requests a burst starting now would admit; empty when no
-        burst is due or none is configured."""
-        if self.max_step_tokens == self.max_num_batched_tokens:
-            return set()
-        running = len(self.running)
-        admissible = min(len(self.waiting), self.max_num_seqs - running)
-        if admissible <= 0 or running * BURST_RATIO > admissible:
-            return set()
-        return {r.request_id for r in itertools.islice(self.waiting, admissible)}
-
-    def _advance_burst(self, step: _Step) -> None:
-        """Drop from the burst the requests whose prompt is now computed; end it when the
-        step scheduled none of its requests.
-
-        A request leaves once prefilled, not once admitted: a burst that ended on the
-        first chunk of its last request would leave the rest of that prompt to
-        max_num_batched_tokens beside all the streams the burst admitted, late by several
-        steps."""
-        if self._burst_ids.isdisjoint(step.num_scheduled):
-            self._burst_ids.clear()
-            return
-        self._burst_ids = {
-            req_id
-            for req_id in self._burst_ids
-            if self.requests[req_id].num_computed_tokens < self.requests[req_id].num_tokens
-        }
+    def observe_step(self, scheduler_output: SchedulerOutput, seconds: float) -> None:
+        """How long a step's execution took (not under pipeline parallelism, where steps
+        overlap): measured step budgets learn from it."""
+        self.budget.observe(scheduler_output.total_num_scheduled_tokens, seconds)
 
     def _sampling_grammars(self, step: _Step) -> list[str]:
         """Requests with a grammar that sample this step (they reach their last token)."""

@@ -417,6 +417,11 @@ class Worker:
         pipeline stage before the last returns no tokens, only the batch's request ids."""
         return self.runner.execute_model(scheduler_output)
 
+    def dummy_run(self, num_tokens: int) -> None:
+        """A forward of `num_tokens` placeholder tokens (ModelRunner.dummy_run) on every rank
+        at once: the engine core times a few to size its first steps (step_budget.py)."""
+        self.runner.dummy_run(num_tokens)
+
 
 def _find_attention_layers(
     model: nn.Module, speculator: Speculator | None

@@ -29,12 +29,13 @@ def _results() -> report.Results:
         "W3": {
             "core": {
                 "output_tokens_per_s": 150.0,
+                "ttft_median_ms": 900.0,
                 "itl_median_ms": 100.0,
                 "itl_p99_ms": 250.0,
                 "start_s": 4.0,
             },  # fmt: skip
-            "vllm-cpu": {"output_tokens_per_s": 100.0},
-            "vllm-cpu-fp32": {"output_tokens_per_s": 120.0},
+            "vllm-cpu": {"output_tokens_per_s": 100.0, "ttft_median_ms": 600.0},
+            "vllm-cpu-fp32": {"output_tokens_per_s": 120.0, "ttft_median_ms": 800.0},
         },
         "load": {
             "core": {"dtype": "float32", "llm_s": 3.0, "serve_s": 4.0},
@@ -89,6 +90,8 @@ def test_vllm_targets_divide_each_familys_best_and_judge_each_goal():
     w3 = by_name["W3 output tok/s, core / vLLM-CPU"]
     assert w3.ratio == pytest.approx(150 / 120) and w3.met is True
     assert "vllm-cpu-fp32 (float32)" in w3.detail
+    w3_ttft = by_name["W3 TTFT median ms, core / vLLM-CPU"]
+    assert w3_ttft.ratio == pytest.approx(900 / 600) and w3_ttft.met is False
     itl = by_name["core W3 ITL p99 / median"]
     assert itl.ratio == pytest.approx(2.5) and itl.met is False
     start = by_name["core serve start to /health, caches warm"]

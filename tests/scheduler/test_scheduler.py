@@ -101,126 +101,94 @@ def test_decodes_keep_progressing_while_a_long_prefill_runs():
     assert short.num_output_tokens == 5
 
 
-def test_a_burst_of_arrivals_is_admitted_in_one_step_beside_few_streams():
-    scheduler = make_scheduler(max_num_batched_tokens=8, burst_token_budget=256)
-    first = make_request(scheduler, "first", num_prompt=6, max_tokens=20)
-    step(scheduler)  # alone: a burst of one (6 tokens)
-    burst = [make_request(scheduler, f"b{i}", num_prompt=20) for i in range(4)]
-    so = step(scheduler)  # 1 running, 4 waiting: the burst budget
-    assert so.num_scheduled_tokens == {"first": 1, **{r.request_id: 20 for r in burst}}
-    assert all(r.num_output_tokens == 1 for r in burst)
-    assert step(scheduler).total_num_scheduled_tokens == 5  # then decodes as one wave
-    assert first.num_output_tokens == 3
-
-
-def test_the_step_budget_holds_while_the_streams_are_many_beside_the_arrivals():
-    scheduler = make_scheduler(max_num_batched_tokens=8, burst_token_budget=256)
-    for i in range(2):
-        make_request(scheduler, f"run{i}", num_prompt=3, max_tokens=20)
-    step(scheduler)  # both admitted in a burst (none running)
-    for i in range(7):  # 2 running * 4 > 7 waiting: no burst
-        make_request(scheduler, f"w{i}", num_prompt=20)
-    assert scheduler.token_budget() == 8
-    make_request(scheduler, "w7", num_prompt=20)  # 2 * 4 <= 8 waiting: a burst
-    assert scheduler.token_budget() == 256
-    assert step(scheduler).total_num_scheduled_tokens == 2 + 8 * 20
-
-
-def test_a_queue_behind_a_full_batch_is_no_burst():
-    scheduler = make_scheduler(max_num_batched_tokens=8, burst_token_budget=256, max_num_seqs=2)
-    for i in range(2):
-        make_request(scheduler, f"run{i}", num_prompt=3, max_tokens=20)
-    step(scheduler)  # both running: max_num_seqs reached
-    for i in range(12):  # 2 * 4 <= 12 waiting, but none may be admitted
-        make_request(scheduler, f"w{i}", num_prompt=20)
-    assert scheduler.token_budget() == 8
-
-
-def _wave_of_six(scheduler: Scheduler) -> list[Request]:
-    """Six arrivals of 12 prompt tokens (72 in all) onto an idle scheduler."""
-    return [make_request(scheduler, f"w{i}", num_prompt=12, max_tokens=20) for i in range(6)]
-
-
-def test_a_wave_larger_than_the_burst_budget_is_prefilled_over_consecutive_burst_steps():
-    scheduler = make_scheduler(max_num_batched_tokens=8, burst_token_budget=32, max_num_seqs=8)
-    wave = _wave_of_six(scheduler)
-    # 12 + 12 + 8 = 32: the third prompt is chunked at the end of the burst budget.
-    assert step(scheduler).num_scheduled_tokens == {"w0": 12, "w1": 12, "w2": 8}
-    assert [r.num_output_tokens for r in wave] == [1, 1, 0, 0, 0, 0]  # first tokens now
-    # 3 running, 3 waiting: past BURST_RATIO, but the burst goes on at 32 tokens.
-    so = step(scheduler)
-    assert so.num_scheduled_tokens == {"w0": 1, "w1": 1, "w2": 4, "w3": 12, "w4": 12, "w5": 2}
-    # The last prompt's remaining 10 tokens, not a trickle at 8 beside five decodes.
-    so = step(scheduler)
-    assert so.num_scheduled_tokens == {"w0": 1, "w1": 1, "w2": 1, "w3": 1, "w4": 1, "w5": 10}
-    assert [r.num_output_tokens for r in wave] == [3, 3, 2, 2, 2, 1]
-    # The burst is over: an arrival beside six streams gets what 8 tokens leave.
-    assert scheduler.token_budget() == 8
-    make_request(scheduler, "late", num_prompt=20)
-    assert step(scheduler).num_scheduled_tokens == {**{r.request_id: 1 for r in wave}, "late": 2}
-
-
-def test_streams_running_before_a_burst_are_scheduled_in_every_burst_step():
-    scheduler = make_scheduler(max_num_batched_tokens=8, burst_token_budget=24)
-    first = make_request(scheduler, "first", num_prompt=3, max_tokens=30)
-    step(scheduler)
-    for i in range(4):  # 64 tokens: three steps of at most 24
-        make_request(scheduler, f"w{i}", num_prompt=16)
-    burst_steps = [step(scheduler).num_scheduled_tokens for _ in range(3)]
-    assert burst_steps == [
-        {"first": 1, "w0": 16, "w1": 7},
-        {"first": 1, "w0": 1, "w1": 9, "w2": 13},
-        {"first": 1, "w0": 1, "w1": 1, "w2": 3, "w3": 16},
-    ]
-    assert first.num_output_tokens == 4  # one token per step, burst steps included
-    assert scheduler.token_budget() == 8
-
-
-def test_arrivals_during_a_burst_share_its_last_step_but_do_not_prolong_it():
-    scheduler = make_scheduler(max_num_batched_tokens=8, burst_token_budget=32, max_num_seqs=8)
-    wave = _wave_of_six(scheduler)
-    step(scheduler)
-    late = [make_request(scheduler, f"late{i}", num_prompt=12) for i in range(2)]
-    step(scheduler)  # the wave's w3, w4 and a chunk of w5 fill the budget
-    so = step(scheduler)  # w5's last 10 tokens and five decodes leave 17 tokens
-    assert so.num_scheduled_tokens == {
-        **{r.request_id: 1 for r in wave[:5]},
-        "w5": 10,
-        "late0": 12,
-        "late1": 5,
-    }
-    # The wave is prefilled: late1's last 7 tokens go at the step budget, 1 beside 7 decodes.
-    so = step(scheduler)
-    assert so.num_scheduled_tokens == {**{r.request_id: 1 for r in wave}, "late0": 1, "late1": 1}
-    assert late[1].num_output_tokens == 0
-
-
-def test_a_burst_whose_remaining_requests_are_all_blocked_ends():
-    from core.sampling_params import StructuredOutputsParams
-
-    scheduler = make_scheduler(max_num_batched_tokens=8, burst_token_budget=32)
-    grammars = scheduler.grammars = SlowGrammars()
-    params = SamplingParams(
-        temperature=0.0, max_tokens=8, structured_outputs=StructuredOutputsParams(regex="a+")
+def measured_scheduler(num_blocks: int = 64, burst: int = 256, **sched) -> Scheduler:
+    """Step budgets measured up to `burst` tokens, fit to 4 ms a step plus 2 ms a token: a
+    step's fixed cost is worth two prefill tokens (step_budget.py)."""
+    scheduler = make_scheduler(
+        num_blocks, max_num_batched_tokens=8, burst_token_budget=burst, **sched
     )
-    constrained = Request("regex", list(range(1, 13)), params, EOS, next(_arrivals),
-                          block_hasher=scheduler.kv.block_hasher,
-                          max_model_len=MAX_LEN)  # fmt: skip
-    scheduler.add_request(constrained)
+    for num_tokens in (1, 64):
+        scheduler.budget.observe(num_tokens, 0.004 + 0.002 * num_tokens)
+    return scheduler
+
+
+def _decoding(scheduler: Scheduler, num: int) -> list[Request]:
+    """`num` requests of 3 prompt tokens, admitted and past their first token."""
+    requests = [make_request(scheduler, f"s{i}", num_prompt=3, max_tokens=30) for i in range(num)]
+    while any(r.num_output_tokens == 0 for r in requests):
+        step(scheduler)
+    return requests
+
+
+def test_a_wave_onto_an_idle_engine_samples_its_first_tokens_chunk_by_chunk():
+    scheduler = measured_scheduler(max_num_seqs=8)
+    wave = [make_request(scheduler, f"w{i}", num_prompt=12, max_tokens=20) for i in range(6)]
+    # A quarter of each prompt (18 tokens) is within nine times the fixed cost's 2 tokens.
+    assert step(scheduler).num_scheduled_tokens == {"w0": 12, "w1": 6}
+    first_token_steps = {"w0": 1}
+    for index in range(2, 9):
+        so = step(scheduler)
+        for request in wave:
+            if request.request_id in first_token_steps:  # decoding: one token every step
+                assert so.num_scheduled_tokens[request.request_id] == 1
+            elif request.num_output_tokens:
+                first_token_steps[request.request_id] = index
+    assert first_token_steps == {"w0": 1, "w1": 2, "w2": 3, "w3": 4, "w4": 5, "w5": 8}
+
+
+def test_a_short_arrival_beside_streams_is_admitted_at_once():
+    scheduler = measured_scheduler()
+    streams = _decoding(scheduler, 8)
+    make_request(scheduler, "short", num_prompt=6)
+    # 0.75 of the decode part (2 + 8 tokens) lets 6 tokens in.
+    assert step(scheduler).num_scheduled_tokens == {**{r.request_id: 1 for r in streams},
+                                                    "short": 6}  # fmt: skip
+
+
+def test_a_long_arrival_beside_streams_is_prefilled_in_four_equal_chunks():
+    scheduler = measured_scheduler()
+    _decoding(scheduler, 8)
+    long = make_request(scheduler, "long", num_prompt=40)
+    chunks = [step(scheduler).num_scheduled_tokens["long"] for _ in range(4)]
+    assert chunks == [10, 10, 10, 10] and long.num_output_tokens == 1
+
+
+def test_arrivals_beyond_the_steady_share_raise_the_allowance():
+    scheduler = measured_scheduler()
+    _decoding(scheduler, 8)
     for i in range(4):
-        make_request(scheduler, f"p{i}", num_prompt=12, max_tokens=8)
-    assert step(scheduler).num_scheduled_tokens == {"p0": 12, "p1": 12, "p2": 8}
-    assert step(scheduler).num_scheduled_tokens == {"p0": 1, "p1": 1, "p2": 4, "p3": 12}
-    step(scheduler)  # only decodes: "regex", still compiling, is all the burst has left
-    grammars.ready.add("regex")
-    # The burst ended with that step: "regex" gets what 8 tokens leave beside 4 decodes.
-    so = step(scheduler)
-    assert so.num_scheduled_tokens == {"p0": 1, "p1": 1, "p2": 1, "p3": 1, "regex": 4}
+        make_request(scheduler, f"a{i}", num_prompt=40)
+    assert step(scheduler).total_num_scheduled_tokens == 8 + 4 * 10
 
 
-def test_a_burst_under_preemption_finishes_every_request_without_a_leak():
+def test_measured_steps_never_exceed_the_burst_budget():
+    scheduler = measured_scheduler(burst=24, max_num_seqs=16)
+    for i in range(12):
+        make_request(scheduler, f"r{i}", num_prompt=40, max_tokens=8)
+    sizes = []
+    while scheduler.has_unfinished_requests():
+        sizes.append(step(scheduler).total_num_scheduled_tokens)
+    assert max(sizes) == 24
+
+
+def test_a_queue_behind_a_full_batch_adds_nothing_to_the_allowance():
+    scheduler = measured_scheduler(max_num_seqs=2)
+    _decoding(scheduler, 2)
+    for i in range(12):
+        make_request(scheduler, f"w{i}", num_prompt=20)
+    assert scheduler.token_budget() == 2 + 3  # 0.75 of (2 + 2) tokens
+
+
+def test_a_measured_budget_keeps_the_step_budget_until_a_step_is_timed():
+    scheduler = make_scheduler(max_num_batched_tokens=8, burst_token_budget=256)
+    for i in range(6):
+        make_request(scheduler, f"r{i}", num_prompt=20)
+    assert step(scheduler).total_num_scheduled_tokens == 8
+
+
+def test_measured_budgets_under_preemption_finish_every_request_without_a_leak():
     # 13 blocks = null + 12 of 4 tokens: four requests of up to 20 tokens need 20.
-    scheduler = make_scheduler(num_blocks=13, max_num_batched_tokens=8, burst_token_budget=32)
+    scheduler = measured_scheduler(num_blocks=13, burst=32)
     requests = [make_request(scheduler, f"r{i}", num_prompt=8, max_tokens=12) for i in range(4)]
     while scheduler.has_unfinished_requests():
         assert step(scheduler).total_num_scheduled_tokens <= 32
@@ -228,13 +196,14 @@ def test_a_burst_under_preemption_finishes_every_request_without_a_leak():
     assert all(r.output_token_ids == [7] * 12 for r in requests)
     pool = scheduler.kv.coordinator.block_pools[0]
     assert pool.get_num_free_blocks() == 12
-    assert scheduler.token_budget() == 8
 
 
 def test_without_a_burst_budget_every_step_keeps_the_step_budget():
     scheduler = make_scheduler(max_num_batched_tokens=8)
     for i in range(6):
         make_request(scheduler, f"r{i}", num_prompt=20)
+    scheduler.budget.observe(1, 0.01)
+    scheduler.budget.observe(512, 1.0)
     assert scheduler.token_budget() == 8
     assert step(scheduler).total_num_scheduled_tokens == 8
 
