@@ -163,18 +163,22 @@ class EngineCore:
         )
 
     def _seed_step_budget(self) -> None:
-        """Time dummy forwards (after one to warm up) as steps are timed, around the
-        executor call, so a measured step budget sizes even a fresh server's first steps."""
+        """Time a decode-sized and a prefill-sized dummy forward (after one to warm up) as
+        steps are timed, around the executor call, so a measured step budget sizes even a
+        fresh server's first steps."""
         budget = self.scheduler.budget
         if not budget.measured:
             return
+        start = time.perf_counter()
         max_tokens = self.config.scheduler.max_step_tokens(self.max_model_len)
         sizes = sorted({min(n, max_tokens) for n in SEED_STEP_TOKENS})
         self.executor.collective_rpc("dummy_run", (sizes[-1],))
-        for num_tokens in sizes * 2:
-            start = time.perf_counter()
+        for num_tokens in sizes:
+            step_start = time.perf_counter()
             self.executor.collective_rpc("dummy_run", (num_tokens,))
-            budget.observe(num_tokens, time.perf_counter() - start)
+            budget.observe(num_tokens, time.perf_counter() - step_start)
+        logger.info("step budgets sized from measured step times (%s), seeded in %.2f s",
+                    budget.describe(), time.perf_counter() - start)  # fmt: skip
 
     def _kv_cache_budget(self, platform: Platform) -> int:
         """--kv-cache-memory when given; else, on a platform that profiles memory, what

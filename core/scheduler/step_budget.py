@@ -130,6 +130,14 @@ class MeasuredBudget(StepBudget):
     def observe(self, num_tokens: int, seconds: float) -> None:
         self.cost.observe(num_tokens, seconds)
 
+    def describe(self) -> str:
+        """The current fit in words, for logs."""
+        fit = self.cost.fit()
+        if fit is None:
+            return f"no fit yet: {self.cold_tokens} tokens a step"
+        fixed, per_token = fit
+        return f"a step costs {fixed * 1e3:.1f} ms + {per_token * 1e3:.3f} ms a token"
+
     def tokens(self, load: StepLoad) -> int:
         fit = self.cost.fit()
         if fit is None:

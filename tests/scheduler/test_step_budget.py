@@ -119,3 +119,10 @@ def test_a_burst_budget_makes_steps_measured_up_to_it():
     budget = step_budget(SchedulerConfig(max_num_batched_tokens=80, burst_token_budget=512), 2048)
     assert isinstance(budget, MeasuredBudget)
     assert (budget.cold_tokens, budget.max_tokens) == (80, 512)
+
+
+def test_a_measured_budget_describes_its_fit_for_the_logs():
+    budget = MeasuredBudget(cold_tokens=80, max_tokens=4096)
+    assert budget.describe() == "no fit yet: 80 tokens a step"
+    budget.cost = linear_cost(0.04, 0.002)
+    assert budget.describe() == "a step costs 40.0 ms + 2.000 ms a token"
