@@ -140,13 +140,35 @@ def _check_one_worker(config: EngineConfig, facts: ConfigFacts) -> str | None:
 
 
 @_rule(
-    "kv-transfer-unbuilt", ("--kv-transfer-config",), "a KV connector (none is wired yet)",
-    "leave --kv-transfer-config out",
+    "kv-transfer-names-a-connector", ("--kv-transfer-config",),
+    "a KV transfer config without its kv_connector", "name one: {\"kv_connector\": ...}",
 )  # fmt: skip
-def _check_kv_transfer(config: EngineConfig, facts: ConfigFacts) -> str | None:
-    if not config.kv_transfer.model_fields_set:
+def _check_kv_connector_named(config: EngineConfig, facts: ConfigFacts) -> str | None:
+    transfer = config.kv_transfer
+    if not transfer.model_fields_set or transfer.kv_connector is not None:
         return None
-    return "--kv-transfer-config: no KV connector is wired into the scheduler and worker yet"
+    return '--kv-transfer-config: kv_connector is required (name one: {"kv_connector": ...})'
+
+
+@_rule(
+    "kv-transfer-one-worker", ("--kv-transfer-config", "--tensor-parallel-size",
+                               "--pipeline-parallel-size", "--distributed-executor-backend"),
+    "a KV connector beside several workers or a worker process of its own "
+    "(each rank's transfers are not gathered yet)",
+    "one worker in the engine-core process: sizes 1 and the uni executor",
+)  # fmt: skip
+def _check_kv_transfer_one_worker(config: EngineConfig, facts: ConfigFacts) -> str | None:
+    parallel = config.parallel
+    if config.kv_transfer.kv_connector is None:
+        return None
+    if parallel.world_size == 1 and parallel.distributed_executor_backend in (None, "uni"):
+        return None
+    return (
+        "--kv-transfer-config is not available with --tensor-parallel-size "
+        f"{parallel.tensor_parallel_size}, --pipeline-parallel-size "
+        f"{parallel.pipeline_parallel_size} and --distributed-executor-backend "
+        f"{parallel.distributed_executor_backend}: use one worker in the engine-core process"
+    )
 
 
 # -- LoRA, memory, token budgets, the model's size -------------------------------------------

@@ -198,7 +198,10 @@ class EngineArgs:
         "components", "sampler_config", "--sampler-config", "JSON kwargs"
     )
     kv_transfer_config: str | dict | None = _option(
-        "kv_transfer", "", "--kv-transfer-config", "KV connector JSON (none is built yet)"
+        "kv_transfer",
+        "",
+        "--kv-transfer-config",
+        "KV connector JSON: kv_connector, kv_role, kv_connector_extra_config",
     )
     speculative_config: str | dict | None = _option(
         "speculative", "", "--speculative-config",

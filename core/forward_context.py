@@ -18,7 +18,7 @@ from typing import Any
 class ForwardContext:
     attn_metadata: dict[str, Any]  # layer name -> that layer's backend metadata this step
     num_tokens: int
-    extra: dict[str, Any] = field(default_factory=dict)  # e.g. the KV connector of the step
+    extra: dict[str, Any] = field(default_factory=dict)
     # Each token's LoRA adapter, in the form the LoRAManager's layers read (None: no LoRA).
     lora_mapping: Any = None
     # Layer name -> core.attention.layer.Attention: how the `core::unified_attention` op,
@@ -28,6 +28,9 @@ class ForwardContext:
     # -O2 PIECEWISE: the padded token count whose captured graphs the compiled pieces
     # replay (core.compilation.piecewise); None runs them without graphs.
     piecewise_size: int | None = None
+    # --kv-transfer-config's connector (worker role): each attention layer waits for its
+    # KV to load before attending and hands its KV to save after (None: no connector).
+    kv_connector: Any = None
 
 
 _current: ForwardContext | None = None

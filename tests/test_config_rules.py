@@ -78,9 +78,13 @@ REFUSED: dict[str, tuple[Case, tuple[str, ...]]] = {
         Case({"distributed_executor_backend": "uni", "tensor_parallel_size": 2}),
         ("--distributed-executor-backend uni", "--tensor-parallel-size 2", "use mp"),
     ),
-    "kv-transfer-unbuilt": (
-        Case({"kv_transfer_config": '{"kv_connector": "x"}'}),
-        ("--kv-transfer-config",),
+    "kv-transfer-names-a-connector": (
+        Case({"kv_transfer_config": '{"kv_role": "kv_both"}'}),
+        ("--kv-transfer-config", "kv_connector is required"),
+    ),
+    "kv-transfer-one-worker": (
+        Case({"kv_transfer_config": '{"kv_connector": "x"}', "tensor_parallel_size": 2}),
+        ("--kv-transfer-config", "--tensor-parallel-size 2", "one worker"),
     ),
     "lora-options-need-lora": (
         Case({"max_lora_rank": 8, "lora_implementation": "x"}),

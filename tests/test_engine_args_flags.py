@@ -195,7 +195,7 @@ CASES = {
     ),
     "kv_transfer_config": Case(
         ("--kv-transfer-config", '{"kv_connector": "x", "kv_role": "kv_both"}'),
-        refuses="--kv-transfer-config",
+        sets="config.kv_transfer",
     ),
     "speculative_config": Case(
         ("--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}'),
@@ -324,11 +324,18 @@ def test_the_uni_mp_and_ray_executors_are_accepted():
         )
 
 
-def test_kv_transfer_config_is_parsed_then_refused():
+def test_kv_transfer_config_is_parsed_with_vllms_keys_and_needs_a_connector():
     with pytest.raises(ValueError, match="--kv-transfer-config must be a JSON object"):
         EngineArgs(kv_transfer_config="{oops").create_engine_config(CpuPlatform())
-    with pytest.raises(ValueError, match="^--kv-transfer-config: no KV connector is wired"):
-        EngineArgs(kv_transfer_config='{"kv_connector": "x"}').create_engine_config(CpuPlatform())
+    with pytest.raises(ValueError, match="^--kv-transfer-config: kv_connector is required"):
+        EngineArgs(kv_transfer_config='{"kv_role": "kv_both"}').create_engine_config(CpuPlatform())
+    config = EngineArgs(
+        kv_transfer_config='{"kv_connector": "offload", "kv_role": "kv_both", '
+        '"kv_connector_extra_config": {"cpu_bytes": 1024}}'
+    ).create_engine_config(CpuPlatform())
+    transfer = config.kv_transfer
+    assert (transfer.kv_connector, transfer.kv_role) == ("offload", "kv_both")
+    assert transfer.kv_connector_extra_config == {"cpu_bytes": 1024}
 
 
 def test_kv_cache_memory_bytes_counts_bytes_as_vllm_does():

@@ -112,13 +112,19 @@ class Attention(nn.Module):
         if self.impl is None or self.kv_cache is None:
             raise RuntimeError(f"{self.layer_name}: no backend or KV cache bound")
         num_tokens = query.shape[0]
+        metadata = per_layer[self.layer_name]
+        connector = get_forward_context().kv_connector
+        if connector is not None:
+            connector.wait_for_layer_load(self.layer_name)
         out = self.impl.forward(
             query.view(num_tokens, self.num_heads, self.head_size),
             key.view(num_tokens, self.num_kv_heads, self.head_size),
             value.view(num_tokens, self.num_kv_heads, self.head_size),
             self.kv_cache,
-            per_layer[self.layer_name],
+            metadata,
         )
+        if connector is not None:
+            connector.save_kv_layer(self.layer_name, self.kv_cache, metadata)
         return out.reshape(num_tokens, self.num_heads * self.head_size)
 
 

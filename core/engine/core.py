@@ -27,6 +27,8 @@ from core.kv_cache.budget import (
 from core.kv_cache.grouping import kv_cache_config_for_blocks
 from core.kv_cache.kv_cache_manager import KVCacheManager
 from core.kv_cache.registry import load_spec_registry
+from core.kv_transfer.interface import KVConnectorRole
+from core.kv_transfer.selector import build_kv_connector
 from core.model_loader import Checkpoint, resolve_model
 from core.models.arch_config import ArchConfig
 from core.platforms.interface import Platform
@@ -119,7 +121,12 @@ class EngineCore:
         self.kv = self._init_kv_cache(platform)
         self.grammars = StructuredOutputManager(partial(_grammar_backend, config, checkpoint))
         self.scheduler = Scheduler(
-            config, self.kv, self.max_model_len, self.grammars, _num_lookahead_tokens(config)
+            config,
+            self.kv,
+            self.max_model_len,
+            self.grammars,
+            _num_lookahead_tokens(config),
+            build_kv_connector(config, KVConnectorRole.SCHEDULER),
         )
         # Pipeline parallelism: the steps in flight, oldest first (None: one at a time).
         self.batch_queue: deque | None = (

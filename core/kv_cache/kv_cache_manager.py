@@ -111,6 +111,7 @@ class KVCacheManager:
         new_computed_blocks: KVCacheBlocks | None = None,
         num_lookahead_tokens: int = 0,
         num_external_computed_tokens: int = 0,
+        cache_external: bool = True,
     ) -> KVCacheBlocks | None:
         """Give the request slots for its next tokens; None if they don't fit.
 
@@ -131,7 +132,9 @@ class KVCacheManager:
         Blocks full of computed, external and new tokens are indexed in the prefix cache
         now, before the step writes them. That is safe because an attention backend
         writes the KV of the whole batch before any request of it reads the cache, and
-        because `free` unindexes blocks that a step never wrote.
+        because `free` unindexes blocks that a step never wrote. External tokens that
+        load asynchronously (`cache_external` False) are indexed by `cache_blocks` once
+        they have loaded, not now: no other request may read a block before it is written.
         """
         _check_counts(
             num_new_tokens,
@@ -157,8 +160,14 @@ class KVCacheManager:
         self.coordinator.save_new_computed_blocks(request_id, new_computed)
         new_blocks = self.coordinator.allocate_new_blocks(request_id, num_with_slots)
         # Lookahead slots hold draft tokens that may be rejected: never cached.
-        self.coordinator.cache_blocks(request, min(num_to_compute, request.num_tokens))
+        num_cached = num_to_compute if cache_external else num_computed
+        self.coordinator.cache_blocks(request, min(num_cached, request.num_tokens))
         return KVCacheBlocks(new_blocks)
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Index the request's blocks full within its first `num_tokens` tokens in the
+        prefix cache (those an asynchronous load has just written)."""
+        self.coordinator.cache_blocks(request, min(num_tokens, request.num_tokens))
 
     def free(self, request: Request) -> None:
         """Give back all of the request's blocks (finished, aborted or preempted).

@@ -49,8 +49,23 @@ class KVConnectorOutput:
 class KVConnector(ABC):
     """Base class of KV connectors (`core.kv_connectors` entry points).
 
-    Constructed as `cls(config, role, **connector_config)`; methods of the other role
-    are never called on an instance.
+    Constructed as `cls(config, role)` in each role's process (the EngineConfig: its
+    `kv_transfer.kv_connector_extra_config` holds the connector's own keys); methods of
+    the other role are never called on an instance.
+
+    The scheduler role sees every admitted request: `update_state_after_alloc` follows
+    each admission (with 0 external tokens too; `request.num_computed_tokens` is then
+    the local prefix-cache hit, the external tokens start there), `build_connector_meta`
+    each step (after the step's tokens are counted as computed), `request_finished` each
+    request that leaves. External tokens are whole blocks; the scheduler keeps the
+    prompt's last token to compute. An asynchronous load must be reported in `get_finished`'s
+    `finished_recving` (its `failed_recving` too when it failed) of a later step; until
+    then the request waits and its blocks stay allocated and out of the prefix cache.
+    The worker role is called around every step: metadata bound, `start_load_kv` before
+    the step's inputs are prepared (with an empty forward context; on steps with nothing
+    to forward too), per attention layer `wait_for_layer_load` before and `save_kv_layer`
+    after the layer's KV is written, `wait_for_save` after the step's sampling, then
+    `get_finished`.
     """
 
     def __init__(self, config: Any, role: KVConnectorRole) -> None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from core.config import EngineConfig
 from core.kv_cache.kv_cache_manager import KVCacheBlocks, KVCacheManager
+from core.kv_transfer.interface import KVConnector
 from core.request import EngineCoreEventType, Request, RequestStatus
 from core.scheduler.output import (
     EngineCoreOutput,
@@ -33,6 +34,7 @@ from core.scheduler.output import (
     SchedulerStats,
     SpecDecodingStats,
 )
+from core.scheduler.remote_kv import RemoteKV
 from core.scheduler.request_queue import RequestQueue
 from core.scheduler.step_budget import StepLoad, drain_tokens, step_budget
 from core.spec_decode.verification import num_accepted, num_drafts_within
@@ -69,6 +71,7 @@ class Scheduler:
         max_model_len: int,
         structured_outputs: StructuredOutputManager | None = None,
         num_lookahead_tokens: int = 0,
+        kv_connector: KVConnector | None = None,
     ) -> None:
         sched = config.scheduler
         self.max_num_seqs = sched.max_num_seqs
@@ -96,6 +99,8 @@ class Scheduler:
         # Requests finished outside a step (a grammar that failed to compile), reported
         # with the next step's outputs.
         self._pending_outputs: list[EngineCoreOutput] = []
+        # The scheduler role of --kv-transfer-config's connector (None: no connector).
+        self.remote = RemoteKV(kv_connector) if kv_connector is not None else None
 
     # -- requests -------------------------------------------------------------------------
 
@@ -133,12 +138,15 @@ class Scheduler:
             self._unsent_tokens.pop(request.request_id, None)
         if self.grammars is not None:
             self.grammars.remove(request.request_id)
-        self.kv.free(request)
+        block_ids = self.kv.get_block_ids(request.request_id)
+        if self.remote is None or not self.remote.release(request, block_ids):
+            self.kv.free(request)
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.requests)
+        """Requests to serve, or blocks a KV transfer still holds (steps report its end)."""
+        return bool(self.requests) or bool(self.remote and self.remote.held)
 
     # -- schedule -------------------------------------------------------------------------
 
@@ -154,6 +162,8 @@ class Scheduler:
             )
         for req_id, count in step.num_scheduled.items():
             self.requests[req_id].num_computed_tokens += count
+        if self.remote is not None:
+            output.kv_connector_metadata = self.remote.connector.build_connector_meta(output)
         return output
 
     def token_budget(self) -> int:
@@ -261,6 +271,10 @@ class Scheduler:
         adapters = self._running_adapters()
         while self.waiting and step.token_budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting.peek()
+            if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                if not self._finish_loading(request):
+                    skipped.append(self.waiting.pop())  # keeps its place, blocks no one
+                    continue
             lora = request.lora_request
             if lora is not None and lora.lora_int_id not in adapters:
                 if len(adapters) >= self.max_loras:
@@ -276,7 +290,7 @@ class Scheduler:
                     self._finish_with_error(self.waiting.pop(), error)
                     continue
                 request.status = RequestStatus.WAITING
-            if not self._admit(request, step):
+            if not self._admit(request, step, skipped):
                 break
             if lora is not None:
                 adapters.add(lora.lora_int_id)
@@ -294,15 +308,28 @@ class Scheduler:
         self._pending_outputs.append(self._output(request, [], None, None))
         self._free(request)
 
-    def _admit(self, request: Request, step: _Step) -> bool:
-        """Schedule the head of the waiting queue; False when it does not fit."""
-        computed_blocks, num_computed = self.kv.get_computed_blocks(request)
-        count = self._num_new_tokens(request, num_computed, step.token_budget)
-        if not self.chunked_prefill and num_computed + count < request.num_tokens:
+    def _admit(self, request: Request, step: _Step, skipped: list[Request]) -> bool:
+        """Schedule the head of the waiting queue, or start loading its external KV (it
+        then joins `skipped`); False when it does not fit."""
+        if request.num_computed_tokens:  # its external KV loaded: it holds its blocks
+            computed_blocks, num_computed, num_external = None, request.num_computed_tokens, 0
+        else:
+            computed_blocks, num_computed = self.kv.get_computed_blocks(request)
+            num_external, load_async = (
+                (0, False)
+                if self.remote is None
+                else self.remote.external_tokens(request, num_computed)
+            )
+            if load_async:
+                return self._start_loading(request, computed_blocks, num_computed, num_external,
+                                           skipped)  # fmt: skip
+        num_known = num_computed + num_external
+        count = self._num_new_tokens(request, num_known, step.token_budget)
+        if not self.chunked_prefill and num_known + count < request.num_tokens:
             return False  # the whole prompt must fit in one step
-        blocks = self.kv.allocate_slots(
-            request, count, num_computed, computed_blocks, self.num_lookahead_tokens
-        )
+        new_computed = num_computed - request.num_computed_tokens
+        blocks = self.kv.allocate_slots(request, count, new_computed, computed_blocks,
+                                        self.num_lookahead_tokens, num_external)  # fmt: skip
         if blocks is None:
             return False
         self.waiting.pop()
@@ -311,10 +338,55 @@ class Scheduler:
         (step.resumed_reqs if resumed else step.new_reqs).append(request)
         request.status = RequestStatus.RUNNING
         request.record_event(EngineCoreEventType.SCHEDULED)
-        request.num_computed_tokens = num_computed
+        if computed_blocks is not None:
+            request.num_computed_tokens = num_computed
+            if self.remote is not None:
+                block_ids = self.kv.get_block_ids(request.request_id)
+                self.remote.connector.update_state_after_alloc(request, block_ids, num_external)
+            request.num_computed_tokens = num_known
         if request.num_cached_tokens < 0:
             request.num_cached_tokens = num_computed
         self._take(step, request, count, blocks)
+        return True
+
+    def _start_loading(
+        self,
+        request: Request,
+        computed_blocks: KVCacheBlocks,
+        num_computed: int,
+        num_external: int,
+        skipped: list[Request],
+    ) -> bool:
+        """Allocate the blocks an asynchronous load fills, unindexed until it finishes."""
+        assert self.remote is not None
+        blocks = self.kv.allocate_slots(request, 0, num_computed, computed_blocks,
+                                        num_external_computed_tokens=num_external,
+                                        cache_external=False)  # fmt: skip
+        if blocks is None:
+            return False
+        request.num_computed_tokens = num_computed
+        request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+        self.remote.start_loading(request, num_external)
+        block_ids = self.kv.get_block_ids(request.request_id)
+        self.remote.connector.update_state_after_alloc(request, block_ids, num_external)
+        skipped.append(self.waiting.pop())
+        return True
+
+    def _finish_loading(self, request: Request) -> bool:
+        """Whether a request waiting for its external KV may be scheduled: its load
+        finished (its blocks now join the prefix cache) or failed (it recomputes)."""
+        assert self.remote is not None
+        done = self.remote.finish_loading(request)
+        if done is None:
+            return False
+        loaded, num_external = done
+        if loaded:
+            request.num_computed_tokens += num_external
+            self.kv.cache_blocks(request, request.num_computed_tokens)
+        else:
+            self.kv.free(request)  # the loaded blocks were never indexed
+            request.num_computed_tokens = 0
+        request.status = RequestStatus.WAITING
         return True
 
     def _take(self, step: _Step, request: Request, count: int, blocks: KVCacheBlocks) -> None:
@@ -366,6 +438,9 @@ class Scheduler:
         self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
     ) -> EngineCoreOutputs:
         outputs, self._pending_outputs = self._pending_outputs, []
+        if self.remote is not None:
+            for request in self.remote.observe(runner_output.kv_connector_output):
+                self.kv.free(request)
         drafts = runner_output.spec_token_ids or [[] for _ in runner_output.req_ids]
         for req_id, sampled, next_drafts in zip(
             runner_output.req_ids, runner_output.sampled_token_ids, drafts, strict=True

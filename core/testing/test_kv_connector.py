@@ -6,7 +6,9 @@ scheduler role, on a prompt of one request, (matched tokens within the prompt, a
 flag), None after allocation, a KVConnectorMetadata for the step, (keep blocks, transfer
 params or None) when the request finishes; in the worker role, one whole step over
 reference-layout KV caches with that metadata bound (load, per-layer wait and save,
-wait for saves), then a KVConnectorOutput of request-id sets.
+wait for saves), then a KVConnectorOutput of request-id sets. A connector that offers
+saved KV back (a store, not a one-way sender) returns it byte for byte into other blocks
+for a request with the same prompt, and reports an asynchronous load in finished_recving.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 
 from core.attention.backends.torch_ref import TorchRefBackend
 from core.attention.interface import CommonAttentionMetadata
-from core.config import EngineConfig, KVTransferConfig
+from core.config import CacheConfig, EngineConfig, KVTransferConfig
 from core.forward_context import ForwardContext
 from core.kv_cache.spec import FullAttentionSpec
 from core.kv_transfer.interface import (
@@ -46,11 +48,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.fixture
 def config(connector_name: str) -> EngineConfig:
     transfer = KVTransferConfig(kv_connector=connector_name, kv_role="kv_both")
-    return EngineConfig(kv_transfer=transfer)
+    return EngineConfig(kv_transfer=transfer, cache=CacheConfig(block_size=BLOCK_SIZE))
 
 
 def request() -> Request:
-    return Request(REQ_ID, PROMPT, SamplingParams(max_tokens=4), eos_token_id=None, arrival_time=0)
+    return Request(REQ_ID, PROMPT, SamplingParams(max_tokens=4), eos_token_id=None,
+                   arrival_time=0, block_hasher=_hasher())  # fmt: skip
 
 
 def scheduler_output() -> SchedulerOutput:
@@ -115,6 +118,57 @@ def test_worker_role_runs_a_step(connector_cls, config) -> None:
     for field in ("finished_sending", "finished_recving", "failed_recving"):
         ids = getattr(output, field)
         assert isinstance(ids, set) and all(isinstance(i, str) for i in ids), f"{field}: {ids!r}"
+
+
+def test_saved_blocks_load_back_byte_for_byte(connector_cls, config) -> None:
+    scheduler = connector_cls(config, KVConnectorRole.SCHEDULER)
+    worker = connector_cls(config, KVConnectorRole.WORKER)
+    shape = TorchRefBackend.get_kv_cache_shape(NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE)
+    kv_caches = {layer: torch.randn(shape) for layer in LAYERS}
+    worker.register_kv_caches(kv_caches)
+    saver = request()  # its prompt computed in one step, blocks BLOCK_IDS
+    scheduler.update_state_after_alloc(saver, (BLOCK_IDS,), 0)
+    saver.num_computed_tokens = len(PROMPT)
+    _run_worker_step(worker, scheduler.build_connector_meta(scheduler_output()), kv_caches)
+    saved = {layer: cache.clone() for layer, cache in kv_caches.items()}
+
+    loader = Request("conformance-1", PROMPT, SamplingParams(max_tokens=4), eos_token_id=None,
+                     arrival_time=1, block_hasher=_hasher())  # fmt: skip
+    matched, is_async = scheduler.get_num_new_matched_tokens(loader, 0)
+    if matched == 0:
+        pytest.skip("the connector offers nothing back to the engine that saved (a sender)")
+    assert matched % BLOCK_SIZE == 0 and matched < len(PROMPT), f"{matched} matched tokens"
+    targets = [4, 5, 0][: matched // BLOCK_SIZE]  # free blocks of the reference cache
+    scheduler.update_state_after_alloc(loader, ([4, 5, 0],), matched)
+    output = _run_worker_step(worker, scheduler.build_connector_meta(SchedulerOutput()), kv_caches)
+    for layer in LAYERS:
+        for source, target in zip(BLOCK_IDS, targets, strict=False):
+            assert torch.equal(kv_caches[layer][target], saved[layer][source]), (
+                f"{layer}: block {target} does not hold what block {source} saved"
+            )
+    if is_async:
+        assert output.finished_recving == {loader.request_id}, output
+        assert not output.failed_recving, output
+
+
+def _hasher():
+    from core.kv_cache.block_hash import make_block_hasher
+
+    return make_block_hasher(BLOCK_SIZE, "sha256")
+
+
+def _run_worker_step(worker, metadata, kv_caches) -> KVConnectorOutput:
+    attn_metadata = _attention_metadata()
+    context = ForwardContext(dict.fromkeys(LAYERS, attn_metadata), len(PROMPT))
+    worker.bind_connector_metadata(metadata)
+    worker.start_load_kv(context)
+    for layer in LAYERS:
+        worker.wait_for_layer_load(layer)
+        worker.save_kv_layer(layer, kv_caches[layer], attn_metadata)
+    worker.wait_for_save()
+    output = worker.get_finished(set())
+    worker.clear_connector_metadata()
+    return output
 
 
 def _attention_metadata():

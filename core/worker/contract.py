@@ -135,3 +135,5 @@ class ModelRunnerOutput(msgspec.Struct, kw_only=True):
     # Pooled vectors of the requests whose prompt this step completed (--runner pooling);
     # each such request is done.
     pooler_output: dict[str, list[float]] = msgspec.field(default_factory=dict)
+    # With --kv-transfer-config: the connector's finished transfers (a KVConnectorOutput).
+    kv_connector_output: Any = None

@@ -49,6 +49,7 @@ from core.config import CUDAGraphMode
 from core.distributed.parallel_state import GroupCoordinator, get_pp_group
 from core.forward_context import ForwardContext, set_forward_context
 from core.kv_cache.layout import KVCacheConfig
+from core.kv_transfer.interface import KVConnector
 from core.lora.interface import NO_SLOT, LoRAManager
 from core.models.pipeline import IntermediateTensors
 from core.platforms.device_graph import CaptureGraph
@@ -122,6 +123,8 @@ class ModelRunner:
         # What runs the forward: the model, or its compiled form (`use_compiled`).
         self._forward: Callable[..., Any] = model
         self._graphs: GraphDispatcher | None = None  # -O2's captured graphs
+        # --kv-transfer-config's connector in its worker role (`use_kv_connector`).
+        self.kv_connector: KVConnector | None = None
         self.lora = lora
         self._row_slots = np.full(max_num_reqs, NO_SLOT, dtype=np.int64)  # per batch row
         self.sampler = sampler
@@ -287,6 +290,7 @@ class ModelRunner:
             else self.lora.mapping(self._tensor(self._row_slots[inputs.rows])),
             attention_layers=self._attention_layers,
             piecewise_size=_piecewise_size(graph),
+            kv_connector=self.kv_connector,
         )
 
     def _activate_adapters(self, lora: LoRAManager) -> None:
@@ -348,6 +352,24 @@ class ModelRunner:
         the last, or a step with nothing scheduled, emits nothing.
         """
         self._update_states(so)
+        connector = self.kv_connector
+        if connector is None:
+            return self._execute(so)
+        connector.bind_connector_metadata(so.kv_connector_metadata)
+        try:
+            connector.start_load_kv(ForwardContext({}, 0))
+            output = self._execute(so)
+            connector.wait_for_save()  # after sampling, which it may overlap
+            output.kv_connector_output = connector.get_finished(so.finished_req_ids)
+        finally:
+            connector.clear_connector_metadata()
+        return output
+
+    def use_kv_connector(self, connector: KVConnector) -> None:
+        """Run every step inside `connector`'s worker-role calls (its caches registered)."""
+        self.kv_connector = connector
+
+    def _execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
         if so.total_num_scheduled_tokens == 0 or self._require_batch().num_reqs == 0:
             return self._output()
         step = self._prepare_step(so)
@@ -414,6 +436,7 @@ class ModelRunner:
             graph.num_tokens,
             attention_layers=self._attention_layers,
             piecewise_size=_piecewise_size(graph),
+            kv_connector=self.kv_connector,
         )
 
     def _graph_for(self, inputs: _StepInputs) -> BatchDescriptor | None:

@@ -24,6 +24,8 @@ from core.kernel_choice import KERNEL_CHOICES
 from core.kv_cache.budget import MemoryProfile, format_bytes
 from core.kv_cache.layout import KVCacheConfig, create_kv_cache_view
 from core.kv_cache.spec import KVCacheSpec
+from core.kv_transfer.interface import KVConnectorRole
+from core.kv_transfer.selector import build_kv_connector
 from core.lora.interface import LoRAManager
 from core.lora.selector import lora_manager_class
 from core.model_loader import Checkpoint, resolve_model
@@ -358,13 +360,20 @@ class Worker:
 
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
         """Allocate the cache and bind every layer to its view, give the runner the
-        metadata builders, then capture -O2's graphs (they need both)."""
+        metadata builders and --kv-transfer-config's connector (its worker role, given
+        every layer's view), then capture -O2's graphs (they need all of it)."""
         loaded = self.loaded
         self._allocate_kv_cache(kv_cache_config, loaded.attention_layers, loaded.attention_backend)
         builders = self._build_metadata_builders(
             kv_cache_config, loaded.attention_backend, loaded.runner
         )
         loaded.runner.initialize_kv_cache(kv_cache_config, builders)
+        connector = build_kv_connector(self.config, KVConnectorRole.WORKER)
+        if connector is not None:
+            connector.register_kv_caches(
+                {layer.layer_name: layer.kv_cache for layer in loaded.attention_layers}
+            )
+            loaded.runner.use_kv_connector(connector)
         if loaded.graph_mode is not CUDAGraphMode.NONE:
             sizes = self.config.compilation.cudagraph_capture_sizes
             loaded.runner.capture_graphs(loaded.graph_mode, self.platform.capture_graph, sizes)

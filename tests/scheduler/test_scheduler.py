@@ -23,12 +23,12 @@ EOS = 0
 _arrivals = itertools.count()
 
 
-def make_scheduler(num_blocks: int = 64, **sched) -> Scheduler:
+def make_scheduler(num_blocks: int = 64, kv_connector=None, **sched) -> Scheduler:
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=2, dtype=torch.float32)
     kv_config = kv_cache_config_for_blocks({"layer.0": spec}, num_blocks)
     kv = KVCacheManager(kv_config, MAX_LEN, enable_caching=True)
     config = EngineConfig(scheduler=SchedulerConfig(**sched))
-    return Scheduler(config, kv, MAX_LEN)
+    return Scheduler(config, kv, MAX_LEN, kv_connector=kv_connector)
 
 
 def make_request(
