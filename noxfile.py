@@ -19,6 +19,7 @@ PLUGINS = [
     "plugins/quant_awq",
     "plugins/lora",
     "plugins/spec_decode",
+    "plugins/kv_connectors",
 ]
 CPU_KERNELS = "plugins/cpu_kernels"
 SHARED_ENV = Path(".nox/shared")
@@ -27,8 +28,8 @@ DURATIONS = ["--durations=15"]
 # A third-party plugin kept as an example: its own distribution, outside core and plugins/.
 EXAMPLE_PLUGIN = "tests/plugins/example_plugin"
 # The components the conformance kit checks in CI: core's built-ins, core-cpu-kernels'
-# backend, core-spec-decode's proposers and the example plugin's (its platform probes
-# unavailable here: see below).
+# backend, core-spec-decode's proposers, core-kv-connectors' offload and the example
+# plugin's (its platform probes unavailable here: see below).
 CONFORMANCE = [
     "attention:torch_ref",
     "attention:cpu_paged",
@@ -51,6 +52,7 @@ CONFORMANCE = [
     "spec_proposer:layer_skip",
     "quantization:gguf",
     "quantization:awq",
+    "kv_connector:offload",
     # core-cpu-kernels' registration callable: each kernel it serves against core's references.
     "kernels:kernel_ops",
 ]

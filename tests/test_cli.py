@@ -24,6 +24,7 @@ PLUGIN_DISTRIBUTIONS = (
     "core-quant-awq",
     "core-lora",
     "core-spec-decode",
+    "core-kv-connectors",
 )
 
 HOOKS_PLUGIN = {

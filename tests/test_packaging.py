@@ -33,6 +33,11 @@ DISTRIBUTIONS = {
     "core-quant-awq": ("plugins/quant_awq", "core_quant_awq", []),
     "core-lora": ("plugins/lora", "core_lora", []),
     "core-spec-decode": ("plugins/spec_decode", "core_spec_decode", []),
+    "core-kv-connectors": (
+        "plugins/kv_connectors",
+        "core_kv_connectors",
+        ["offload = core_kv_connectors.offload:OffloadConnector"],
+    ),
     "core-cpu-kernels": (
         "plugins/cpu_kernels",
         "core_cpu_kernels",
