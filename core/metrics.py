@@ -128,6 +128,18 @@ class EngineMetrics:
         self._cache_hits = self._family(
             Counter, "prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
         )
+        self._external_queries = self._family(
+            Counter,
+            "external_prefix_cache_queries",
+            "External prefix cache queries from KV connector cross-instance cache sharing, "
+            "in terms of number of queried tokens.",
+        )
+        self._external_hits = self._family(
+            Counter,
+            "external_prefix_cache_hits",
+            "External prefix cache hits from KV connector cross-instance cache sharing, "
+            "in terms of number of cached tokens.",
+        )
         self._preemptions = self._family(
             Counter, "num_preemptions", "Cumulative number of preemption from the engine."
         )
@@ -223,6 +235,8 @@ class EngineMetrics:
         for counter, field in (
             (self._cache_queries, "prefix_cache_queries"),
             (self._cache_hits, "prefix_cache_hits"),
+            (self._external_queries, "external_prefix_cache_queries"),
+            (self._external_hits, "external_prefix_cache_hits"),
             (self._preemptions, "num_preemptions"),
         ):
             before = None if last is None else getattr(last, field)

@@ -30,6 +30,8 @@ VLLM_FAMILIES = {
     "kv_cache_usage_perc": "gauge",
     "prefix_cache_queries": "counter",
     "prefix_cache_hits": "counter",
+    "external_prefix_cache_queries": "counter",
+    "external_prefix_cache_hits": "counter",
     "num_preemptions": "counter",
     "prompt_tokens": "counter",
     "generation_tokens": "counter",
@@ -149,6 +151,16 @@ def test_scheduler_stats_set_gauges_and_grow_counters():
     assert value(metrics, "prefix_cache_queries_total") == 130
     assert value(metrics, "prefix_cache_hits_total") == 52
     assert value(metrics, "num_preemptions_total") == 1
+
+
+def test_external_prefix_cache_counts_grow_from_the_connectors_totals():
+    metrics = EngineMetrics(MODEL, config())
+    for queries, hits in ((40, 16), (90, 48)):
+        stats = scheduler_stats()
+        stats.external_prefix_cache_queries, stats.external_prefix_cache_hits = queries, hits
+        metrics.record(step(scheduler=stats))
+    assert value(metrics, "external_prefix_cache_queries_total") == 90
+    assert value(metrics, "external_prefix_cache_hits_total") == 48
 
 
 def test_cumulative_count_that_restarts_adds_its_new_value():

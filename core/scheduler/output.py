@@ -88,6 +88,10 @@ class SchedulerStats(msgspec.Struct, kw_only=True):
     prefix_cache_queries: int
     prefix_cache_hits: int
     num_preemptions: int
+    # With a KV connector: prompt tokens of the requests that asked it, and those it
+    # supplied past the local prefix-cache hit (cumulative, as the local ones).
+    external_prefix_cache_queries: int = 0
+    external_prefix_cache_hits: int = 0
     spec_decoding: SpecDecodingStats | None = None  # None: speculation is off
     # {adapter name: number of requests} of the running and the waiting LoRA requests.
     running_lora_adapters: dict[str, int] = msgspec.field(default_factory=dict)

@@ -25,6 +25,9 @@ class RemoteKV:
         self._failed: set[str] = set()
         # Requests whose load failed: they recompute without asking the connector again.
         self._bypass: set[str] = set()
+        # Prompt tokens of the requests that asked the connector, and those it supplied.
+        self.num_queried_tokens = 0
+        self.num_hit_tokens = 0
         # Finished or aborted requests whose blocks wait for a transfer to finish: an
         # asynchronous send, or a load still writing them (leak rather than misuse).
         self.held: dict[str, Request] = {}
@@ -35,7 +38,9 @@ class RemoteKV:
         if request.request_id in self._bypass:
             return 0, False
         count, load_async = self.connector.get_num_new_matched_tokens(request, num_computed)
-        count = min(count, request.num_tokens - 1 - num_computed)
+        count = max(min(count, request.num_tokens - 1 - num_computed), 0)
+        self.num_queried_tokens += request.num_tokens
+        self.num_hit_tokens += count
         return (count, load_async) if count > 0 else (0, False)
 
     def start_loading(self, request: Request, num_external: int) -> None:

@@ -572,6 +572,8 @@ class Scheduler:
             prefix_cache_queries=cache.queries,
             prefix_cache_hits=cache.hits,
             num_preemptions=self.num_preemptions,
+            external_prefix_cache_queries=self.remote.num_queried_tokens if self.remote else 0,
+            external_prefix_cache_hits=self.remote.num_hit_tokens if self.remote else 0,
             spec_decoding=self.spec_stats and self.spec_stats.snapshot(),
             running_lora_adapters=_count_adapters(self.running),
             waiting_lora_adapters=_count_adapters(self.waiting),

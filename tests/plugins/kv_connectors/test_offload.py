@@ -69,6 +69,7 @@ def test_a_working_set_three_times_the_pool_is_served_again_from_host_memory(
         assert engine.core.num_gpu_blocks - 1 == 11
         first = serve(engine, list(PROMPTS))
         again = serve(engine, list(PROMPTS))
+        stats = engine.core.scheduler.make_stats()
     finally:
         engine.shutdown()
     for name in PROMPTS:
@@ -76,6 +77,9 @@ def test_a_working_set_three_times_the_pool_is_served_again_from_host_memory(
     assert all(cached == 0 for _, cached in first.values())
     # p0..p2 left the pool long ago: their three blocks (12 tokens) came from host memory.
     assert [again[name][1] for name in ("p0", "p1", "p2")] == [12, 12, 12]
+    # What the metrics export: every prompt asked the connector; it supplied those blocks.
+    assert stats.external_prefix_cache_queries == 12 * 13
+    assert stats.external_prefix_cache_hits == sum(again[name][1] for name in PROMPTS)
 
 
 def test_a_restarted_engine_reads_the_blocks_its_predecessor_spilled_to_disk(
