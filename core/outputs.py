@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
@@ -48,6 +49,9 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
+    # The KV connector's parameters for the client (vLLM's kv_transfer_params), once the
+    # request finished on an engine whose connector returns any.
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 @dataclass

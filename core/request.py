@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -202,6 +202,13 @@ class Request:
             max_model_len=max_model_len,
             pooling_params=request.pooling_params,
         )
+
+    @property
+    def kv_transfer_params(self) -> dict[str, Any] | None:
+        """What the client asked of the KV connector for this request (vLLM's
+        `kv_transfer_params`, carried in sampling_params.extra_args); None: nothing."""
+        extra = None if self.sampling_params is None else self.sampling_params.extra_args
+        return None if extra is None else extra.get("kv_transfer_params")
 
     @property
     def lora_name(self) -> str | None:

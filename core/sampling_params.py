@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
@@ -110,6 +111,9 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     detokenize: bool = True
+    # vLLM's free-form extras for plugins; "kv_transfer_params" reaches the KV connector
+    # (Request.kv_transfer_params).
+    extra_args: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self._normalize()

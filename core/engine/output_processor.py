@@ -17,7 +17,7 @@ import dataclasses
 import enum
 import time
 from collections.abc import Callable, Iterable
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 
@@ -256,6 +256,7 @@ class _RequestState:
         )
         self._num_sent_prompt_logprobs = 0
         self.num_cached_tokens = 0
+        self.kv_transfer_params: dict[str, Any] | None = None
         self.metrics = RequestMetrics(arrival_time=request.arrival_time)
 
     @property
@@ -276,6 +277,8 @@ class _RequestState:
             if output.new_prompt_logprobs is not None and self.prompt_logprobs is not None:
                 self.prompt_logprobs += _position_logprobs(output.new_prompt_logprobs, decode_token)
             self.num_cached_tokens = max(self.num_cached_tokens, output.num_cached_tokens)
+            if output.kv_transfer_params is not None:
+                self.kv_transfer_params = output.kv_transfer_params
         if output.new_token_ids:
             if self.metrics.first_token_time is None:
                 self.metrics.first_token_time = now
@@ -301,6 +304,7 @@ class _RequestState:
             finished=finished,
             num_cached_tokens=self.num_cached_tokens,
             metrics=dataclasses.replace(self.metrics),
+            kv_transfer_params=self.kv_transfer_params,
         )
 
     def _prompt_logprobs_output(self) -> list[PositionLogprobs | None] | None:

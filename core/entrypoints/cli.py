@@ -54,6 +54,37 @@ cli.add_command(complete)
 cli.add_command(run_batch)
 
 
+@cli.command(name="disagg-proxy")
+@click.option(
+    "--prefill",
+    "prefill_urls",
+    metavar="URL",
+    multiple=True,
+    required=True,
+    help="a prefill engine's base URL (repeatable; taken in turn)",
+)
+@click.option(
+    "--decode",
+    "decode_urls",
+    metavar="URL",
+    multiple=True,
+    required=True,
+    help="a decode engine's base URL (repeatable; taken in turn)",
+)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=8000, show_default=True)
+def disagg_proxy(
+    prefill_urls: tuple[str, ...], decode_urls: tuple[str, ...], host: str, port: int
+) -> None:
+    """Serve an OpenAI-compatible API over prefill and decode engines (`core serve` with a
+    KV connector): each request is prefilled on one engine, then decoded on another that
+    pulls its KV."""
+    # FastAPI, uvicorn and httpx load only for this command: `core --help` stays quick.
+    from core.entrypoints.disagg_proxy import serve_proxy
+
+    serve_proxy(prefill_urls, decode_urls, host, port)
+
+
 class _ServeCommand(click.Command):
     """`core serve`, whose options that take several values (--lora-modules, the CORS
     lists) take them after one flag as vLLM's do (`--lora-modules a=/x b=/y`), besides

@@ -57,10 +57,11 @@ class KVConnector(ABC):
     each admission (with 0 external tokens too; `request.num_computed_tokens` is then
     the local prefix-cache hit, the external tokens start there), `build_connector_meta`
     each step (after the step's tokens are counted as computed), `request_finished` each
-    request that leaves. External tokens are whole blocks; the scheduler keeps the
-    prompt's last token to compute. An asynchronous load must be reported in `get_finished`'s
-    `finished_recving` (its `failed_recving` too when it failed) of a later step; until
-    then the request waits and its blocks stay allocated and out of the prefix cache.
+    request that leaves. External tokens start at a block boundary (the local hit's end)
+    and end at one or at the prompt's last token, which the scheduler keeps to compute.
+    An asynchronous load must be reported in `get_finished`'s `finished_recving` (its
+    `failed_recving` too when it failed) of a later step; until then the request waits
+    and its blocks stay allocated and out of the prefix cache.
     The worker role is called around every step: metadata bound, `start_load_kv` before
     the step's inputs are prepared (with an empty forward context; on steps with nothing
     to forward too), per attention layer `wait_for_layer_load` before and `save_kv_layer`

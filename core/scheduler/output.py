@@ -8,6 +8,8 @@ token ids per request, never text: detokenization stays in the frontend process.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from core.request import EngineCoreEvent, FinishReason
@@ -28,6 +30,9 @@ class EngineCoreOutput(msgspec.Struct, kw_only=True, array_like=True, omit_defau
     events: list[EngineCoreEvent] | None = None
     # A pooled request's vector (--runner pooling), in its one and final output.
     pooling_output: list[float] | None = None
+    # The KV connector's answer for the client when the request finished (vLLM's
+    # kv_transfer_params: where a decode engine fetches this prefill's KV).
+    kv_transfer_params: dict[str, Any] | None = None
 
     @property
     def finished(self) -> bool:

@@ -11,6 +11,8 @@ load frees them unindexed and the request recomputes its prompt without the conn
 
 from __future__ import annotations
 
+from typing import Any
+
 from core.kv_transfer.interface import KVConnector, KVConnectorOutput
 from core.request import Request
 
@@ -79,16 +81,19 @@ class RemoteKV:
         freed += [self.held.pop(i) for i in output.finished_sending if i in self.held]
         return freed
 
-    def release(self, request: Request, block_ids: tuple[list[int], ...]) -> bool:
-        """The request left the engine (finished or aborted); whether its blocks must stay
-        allocated until a transfer finishes (`observe` hands them back)."""
+    def release(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """The request left the engine (finished or aborted): (whether its blocks must stay
+        allocated until a transfer finishes (`observe` hands them back), the connector's
+        kv_transfer_params for the client)."""
         req_id = request.request_id
         for ids in (self._loaded, self._failed, self._bypass):
             ids.discard(req_id)
         if req_id in self._loading:
             self.held[req_id] = request
-            return True
-        keep, _ = self.connector.request_finished(request, block_ids)
+            return True, None
+        keep, params = self.connector.request_finished(request, block_ids)
         if keep:
             self.held[req_id] = request
-        return keep
+        return keep, params

@@ -23,6 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from core.config import EngineConfig
 from core.kv_cache.kv_cache_manager import KVCacheBlocks, KVCacheManager
@@ -133,16 +134,21 @@ class Scheduler:
             request.status = status
             self._free(request)
 
-    def _free(self, request: Request) -> None:
+    def _free(self, request: Request) -> dict[str, Any] | None:
+        """Forget a request that left; the KV connector's kv_transfer_params for its client."""
         if self._unsent_tokens is not None:
             self._unsent_tokens.pop(request.request_id, None)
         if self.grammars is not None:
             self.grammars.remove(request.request_id)
-        block_ids = self.kv.get_block_ids(request.request_id)
-        if self.remote is None or not self.remote.release(request, block_ids):
+        keep, params = False, None
+        if self.remote is not None:
+            block_ids = self.kv.get_block_ids(request.request_id)
+            keep, params = self.remote.release(request, block_ids)
+        if not keep:
             self.kv.free(request)
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
+        return params
 
     def has_unfinished_requests(self) -> bool:
         """Requests to serve, or blocks a KV transfer still holds (steps report its end)."""
@@ -465,7 +471,9 @@ class Scheduler:
                 outputs.append(self._output(request, new_token_ids, logprobs, prompt_logprobs))
             if request.is_finished:
                 self.running.remove(request)
-                self._free(request)
+                params = self._free(request)
+                if params is not None:  # the request's output is the last one made
+                    outputs[-1].kv_transfer_params = params
         return EngineCoreOutputs(outputs=outputs, timestamp=time.monotonic())
 
     def _finish_pooled(self, request: Request, pooled: list[float]) -> EngineCoreOutput:

@@ -132,6 +132,8 @@ def _build(
     values.update(chosen)
     values["logit_bias"] = _logit_bias(req.logit_bias)
     values["structured_outputs"] = _structured_outputs(req)
+    if req.kv_transfer_params is not None:
+        values["extra_args"] = {"kv_transfer_params": req.kv_transfer_params}
     kwargs = {**(defaults or {}), **{k: v for k, v in values.items() if v is not None}}
     try:
         return SamplingParams(**kwargs)

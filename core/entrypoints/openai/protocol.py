@@ -238,6 +238,9 @@ class _SamplingRequest(_Request):
     # lower runs first, with --scheduling-policy priority; the engine core holds an int64
     priority: int = Field(default=0, ge=-(2**63), le=2**63 - 1)
     cache_salt: str | None = Field(default=None, min_length=1)  # prefix-cache isolation key
+    # vLLM's prefill/decode disaggregation: what the server's KV connector is asked to do
+    # (do_remote_decode on a prefill engine; a prefill's answer on a decode engine).
+    kv_transfer_params: dict[str, Any] | None = None
 
     @field_validator("stream_options")
     @classmethod
@@ -415,6 +418,7 @@ class CompletionResponse(_Response):
     model: str
     choices: list[CompletionResponseChoice]
     usage: UsageInfo
+    kv_transfer_params: dict[str, Any] | None = None  # the KV connector's, when it has any
 
 
 class CompletionStreamResponse(_Response):
@@ -500,6 +504,7 @@ class ChatCompletionResponse(_Response):
     model: str
     choices: list[ChatCompletionResponseChoice]
     usage: UsageInfo
+    kv_transfer_params: dict[str, Any] | None = None  # the KV connector's, when it has any
 
 
 class ChatCompletionStreamResponse(_Response):

@@ -9,6 +9,8 @@ request id, the scheduling priority and the prefix-cache salt.
   fcfs a nonzero priority is a 400 naming it, as vLLM answers, rather than ignored.
 - `cache_salt` keys the request's first KV block, so requests with different salts never
   share prefix-cache entries (per-tenant isolation).
+- `kv_transfer_params` goes to the server's KV connector; without one (no
+  --kv-transfer-config) it is a 400 naming it, not ignored.
 """
 
 from __future__ import annotations
@@ -33,9 +35,20 @@ class EngineRequestOptions:
 
 
 def engine_request_options(
-    req: CompletionRequest | ChatCompletionRequest, raw: Request, policy: str
+    req: CompletionRequest | ChatCompletionRequest,
+    raw: Request,
+    policy: str,
+    kv_connector: str | None = None,
 ) -> EngineRequestOptions:
-    """The request's options under the server's scheduling `policy` (fcfs or priority)."""
+    """The request's options under the server's scheduling `policy` (fcfs or priority)
+    and its KV connector (None: none)."""
+    if req.kv_transfer_params is not None and kv_connector is None:
+        raise OpenAIError(
+            HTTPStatus.BAD_REQUEST,
+            "kv_transfer_params: this server has no KV connector (start it with "
+            "--kv-transfer-config)",
+            param="kv_transfer_params",
+        )
     if req.priority != 0 and policy != "priority":
         raise OpenAIError(
             HTTPStatus.BAD_REQUEST,

@@ -71,6 +71,7 @@ class _Tracked:
     samples: dict[int, CompletionOutput] = field(default_factory=dict)
     prompt_logprobs: list | None = None
     num_cached_tokens: int = 0
+    kv_transfer_params: dict[str, Any] | None = None  # the KV connector's, once finished
 
 
 class Serving:
@@ -114,7 +115,10 @@ class Serving:
     def _options(
         self, req: p.CompletionRequest | p.ChatCompletionRequest, raw: Request
     ) -> EngineRequestOptions:
-        return engine_request_options(req, raw, self.engine.processor.config.scheduler.policy)
+        config = self.engine.processor.config
+        return engine_request_options(
+            req, raw, config.scheduler.policy, config.kv_transfer.kv_connector
+        )
 
     def decode_token(self, token_id: int) -> str:
         return self.engine.tokenizer.decode([token_id])
@@ -189,6 +193,8 @@ class Serving:
         if output.prompt_logprobs:
             tracked.prompt_logprobs = (tracked.prompt_logprobs or []) + output.prompt_logprobs
         tracked.num_cached_tokens = max(tracked.num_cached_tokens, output.num_cached_tokens)
+        if output.kv_transfer_params is not None:
+            tracked.kv_transfer_params = output.kv_transfer_params
 
     def _final_output(self, tracked: _Tracked) -> RequestOutput:
         return RequestOutput(
@@ -199,6 +205,7 @@ class Serving:
             outputs=[tracked.samples[i] for i in sorted(tracked.samples)],
             finished=True,
             num_cached_tokens=tracked.num_cached_tokens,
+            kv_transfer_params=tracked.kv_transfer_params,
         )
 
     def _usage(self, requests: list[_Tracked]) -> p.UsageInfo:
@@ -242,7 +249,10 @@ class Serving:
             for sample in self._final_output(t).outputs
         ]
         response = p.CompletionResponse(
-            model=self.models.model_name(lora), choices=choices, usage=self._usage(requests)
+            model=self.models.model_name(lora),
+            choices=choices,
+            usage=self._usage(requests),
+            kv_transfer_params=requests[0].kv_transfer_params,
         )
         return JSONResponse(response.model_dump(exclude_none=True))
 
@@ -381,7 +391,10 @@ class Serving:
         final = self._final_output(requests[0])
         choices = [r.chat_choice(o, self.decode_token, num_top, tools) for o in final.outputs]
         response = p.ChatCompletionResponse(
-            model=self.models.model_name(lora), choices=choices, usage=self._usage(requests)
+            model=self.models.model_name(lora),
+            choices=choices,
+            usage=self._usage(requests),
+            kv_transfer_params=requests[0].kv_transfer_params,
         )
         return JSONResponse(response.model_dump(exclude_none=True))
 

@@ -1,5 +1,6 @@
-"""`priority`, `cache_salt` and X-Request-Id reach the engine as the request asked, over a
-real InputProcessor (tiny checkpoint) and a stand-in engine that records each call."""
+"""`priority`, `cache_salt`, `kv_transfer_params` and X-Request-Id reach the engine as the
+request asked, over a real InputProcessor (tiny checkpoint) and a stand-in engine that
+records each call."""
 
 from __future__ import annotations
 
@@ -30,10 +31,13 @@ class RecordingEngine(StandInEngine):
         self.calls: list[dict] = []
 
     async def generate(self, request_id, prepared, priority=0, lora_request=None, cache_salt=None):
-        self.calls.append({"request_id": request_id, "priority": priority, "salt": cache_salt})
+        extra = prepared.params.extra_args or {}
+        self.calls.append({"request_id": request_id, "priority": priority, "salt": cache_salt,
+                           "kv": extra.get("kv_transfer_params")})  # fmt: skip
         sample = CompletionOutput(0, "w7", [VOCAB["w7"]], None, None, finish_reason="length")
+        answer = None if extra.get("kv_transfer_params") is None else {"remote_port": 1}
         yield RequestOutput(request_id, prepared.prompt, prepared.prompt_token_ids, None,
-                            [sample], finished=True)  # fmt: skip
+                            [sample], finished=True, kv_transfer_params=answer)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +45,8 @@ def model_dir(tmp_path_factory) -> Path:
     return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny"))
 
 
-def serve(model_dir: Path, policy: str) -> tuple[RecordingEngine, TestClient]:
-    args = EngineArgs(model=str(model_dir), max_model_len=32, scheduling_policy=policy)
+def serve(model_dir: Path, policy: str, **engine) -> tuple[RecordingEngine, TestClient]:
+    args = EngineArgs(model=str(model_dir), max_model_len=32, scheduling_policy=policy, **engine)
     setup = EngineSetup.from_engine_args(args, UsageContext.SERVING)
     engine = RecordingEngine(InputProcessor(setup))
     app = build_app(engine, frontend=FrontendArgs(disable_log_stats=True))
@@ -90,3 +94,23 @@ def test_x_request_id_is_the_engine_request_id_and_is_echoed(model_dir):
     plain = client.post("/v1/completions", json=body)
     assert "x-request-id" not in plain.headers
     assert [c["request_id"] for c in engine.calls[2:]] == ["req-0-0", "req-0-1"]
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_kv_transfer_params_reach_the_connector_and_its_answer_the_client(model_dir, route):
+    engine, client = serve(model_dir, "fcfs", kv_transfer_config='{"kv_connector": "p2p"}')
+    asked = {"do_remote_decode": True}
+    body = {"prompt": PROMPT, "messages": CHAT, "max_tokens": 1, "kv_transfer_params": asked}
+    response = client.post(route, json=body)
+    assert response.status_code == 200
+    assert engine.calls[0]["kv"] == asked
+    assert response.json()["kv_transfer_params"] == {"remote_port": 1}
+
+
+def test_kv_transfer_params_without_a_connector_are_a_400_naming_them(model_dir):
+    engine, client = serve(model_dir, "fcfs")
+    body = {"prompt": PROMPT, "kv_transfer_params": {"do_remote_decode": True}}
+    response = client.post("/v1/completions", json=body)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "kv_transfer_params"
+    assert engine.calls == []
