@@ -36,7 +36,11 @@ DISTRIBUTIONS = {
     "core-kv-connectors": (
         "plugins/kv_connectors",
         "core_kv_connectors",
-        ["offload = core_kv_connectors.offload:OffloadConnector"],
+        [
+            "offload = core_kv_connectors.offload:OffloadConnector",
+            "p2p = core_kv_connectors.p2p:P2PConnector",
+            "multi = core_kv_connectors.multi:MultiConnector",
+        ],
     ),
     "core-cpu-kernels": (
         "plugins/cpu_kernels",

@@ -170,3 +170,30 @@ def test_block_files_round_trip_and_refuse_damage_or_another_layout(tmp_path):
 def test_bad_options_are_refused_naming_the_key(tiny_checkpoint, extra, message):
     with pytest.raises(ValueError, match=message):
         offload_engine(tiny_checkpoint, **extra)
+
+
+def test_multi_takes_each_request_from_the_first_connector_that_has_its_blocks(
+    tiny_checkpoint, references
+):
+    # The first offload keeps one block in host memory, the second all of them: p0's
+    # blocks come back from the second.
+    connectors = [
+        {"kv_connector": "offload", "kv_connector_extra_config": {"num_cpu_blocks": 1}},
+        {"kv_connector": "offload", "kv_connector_extra_config": {"num_cpu_blocks": 64}},
+    ]
+    transfer = {"kv_connector": "multi", "kv_role": "kv_both",
+                "kv_connector_extra_config": {"connectors": connectors}}  # fmt: skip
+    engine = LLMEngine(engine_args(tiny_checkpoint, block_size=BLOCK, kv_cache_memory="12KiB",
+                                   kv_transfer_config=json.dumps(transfer)))  # fmt: skip
+    try:
+        serve(engine, list(PROMPTS))
+        again = serve(engine, ["p0", "p1"])
+    finally:
+        engine.shutdown()
+    assert again == {name: (references[name], 12) for name in ("p0", "p1")}
+
+
+def test_multi_refuses_a_list_that_names_no_connector(tiny_checkpoint):
+    transfer = {"kv_connector": "multi", "kv_connector_extra_config": {"connectors": [{}]}}
+    with pytest.raises(ValueError, match="names no connector"):
+        LLMEngine(engine_args(tiny_checkpoint, kv_transfer_config=json.dumps(transfer)))
