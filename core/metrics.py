@@ -140,6 +140,17 @@ class EngineMetrics:
             "External prefix cache hits from KV connector cross-instance cache sharing, "
             "in terms of number of cached tokens.",
         )
+        self._transfer_counters = [
+            (self._family(Counter, name, doc), field)
+            for name, field, doc in (
+                ("kv_transfer_blocks", "kv_transfer_blocks", "KV blocks a KV connector moved."),
+                ("kv_transfer_bytes", "kv_transfer_bytes", "Bytes of KV a KV connector moved."),
+                ("kv_transfer_seconds", "kv_transfer_seconds",
+                 "Seconds KV connector transfers took, summed."),
+                ("kv_transfer_failed_loads", "kv_transfer_failed_loads",
+                 "KV loads that failed; their requests recomputed their prompts."),
+            )
+        ]  # fmt: skip
         self._preemptions = self._family(
             Counter, "num_preemptions", "Cumulative number of preemption from the engine."
         )
@@ -237,6 +248,7 @@ class EngineMetrics:
             (self._cache_hits, "prefix_cache_hits"),
             (self._external_queries, "external_prefix_cache_queries"),
             (self._external_hits, "external_prefix_cache_hits"),
+            *self._transfer_counters,
             (self._preemptions, "num_preemptions"),
         ):
             before = None if last is None else getattr(last, field)
@@ -355,7 +367,7 @@ def _1_2_5_buckets(max_value: int | None) -> tuple[int, ...]:
         exponent += 1
 
 
-def _growth(now: int, before: int | None) -> int:
+def _growth(now: float, before: float | None) -> float:
     """How much a cumulative count grew; a smaller count means it restarted from 0."""
     if before is None or now < before:
         return now

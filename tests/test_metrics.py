@@ -32,6 +32,10 @@ VLLM_FAMILIES = {
     "prefix_cache_hits": "counter",
     "external_prefix_cache_queries": "counter",
     "external_prefix_cache_hits": "counter",
+    "kv_transfer_blocks": "counter",
+    "kv_transfer_bytes": "counter",
+    "kv_transfer_seconds": "counter",
+    "kv_transfer_failed_loads": "counter",
     "num_preemptions": "counter",
     "prompt_tokens": "counter",
     "generation_tokens": "counter",
@@ -155,12 +159,15 @@ def test_scheduler_stats_set_gauges_and_grow_counters():
 
 def test_external_prefix_cache_counts_grow_from_the_connectors_totals():
     metrics = EngineMetrics(MODEL, config())
-    for queries, hits in ((40, 16), (90, 48)):
+    for queries, hits, blocks in ((40, 16, 2), (90, 48, 5)):
         stats = scheduler_stats()
         stats.external_prefix_cache_queries, stats.external_prefix_cache_hits = queries, hits
+        stats.kv_transfer_blocks, stats.kv_transfer_seconds = blocks, blocks / 10
         metrics.record(step(scheduler=stats))
     assert value(metrics, "external_prefix_cache_queries_total") == 90
     assert value(metrics, "external_prefix_cache_hits_total") == 48
+    assert value(metrics, "kv_transfer_blocks_total") == 5
+    assert value(metrics, "kv_transfer_seconds_total") == pytest.approx(0.5)
 
 
 def test_cumulative_count_that_restarts_adds_its_new_value():

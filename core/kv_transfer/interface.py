@@ -41,9 +41,19 @@ class KVConnectorOutput:
     finished_sending: set[str] = field(default_factory=set)
     finished_recving: set[str] = field(default_factory=set)
     failed_recving: set[str] = field(default_factory=set)
+    # What moved since the last call (loads, saves and sends alike), for the metrics.
+    num_blocks_moved: int = 0
+    num_bytes_moved: int = 0
+    transfer_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         self.finished_recving |= self.failed_recving
+
+    def count_moved(self, num_blocks: int, num_bytes: int, seconds: float) -> None:
+        """Add one transfer to what moved."""
+        self.num_blocks_moved += num_blocks
+        self.num_bytes_moved += num_bytes
+        self.transfer_seconds += seconds
 
 
 class KVConnector(ABC):

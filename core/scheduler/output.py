@@ -97,6 +97,11 @@ class SchedulerStats(msgspec.Struct, kw_only=True):
     # supplied past the local prefix-cache hit (cumulative, as the local ones).
     external_prefix_cache_queries: int = 0
     external_prefix_cache_hits: int = 0
+    # KV the connector moved (blocks, bytes, seconds spent) and loads that failed.
+    kv_transfer_blocks: int = 0
+    kv_transfer_bytes: int = 0
+    kv_transfer_seconds: float = 0.0
+    kv_transfer_failed_loads: int = 0
     spec_decoding: SpecDecodingStats | None = None  # None: speculation is off
     # {adapter name: number of requests} of the running and the waiting LoRA requests.
     running_lora_adapters: dict[str, int] = msgspec.field(default_factory=dict)

@@ -11,10 +11,25 @@ load frees them unindexed and the request recomputes its prompt without the conn
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from core.kv_transfer.interface import KVConnector, KVConnectorOutput
 from core.request import Request
+
+
+@dataclass
+class TransferTotals:
+    num_blocks: int = 0
+    num_bytes: int = 0
+    seconds: float = 0.0
+    num_failed_loads: int = 0
+
+    def add(self, output: KVConnectorOutput, num_failed_loads: int) -> None:
+        self.num_blocks += output.num_blocks_moved
+        self.num_bytes += output.num_bytes_moved
+        self.seconds += output.transfer_seconds
+        self.num_failed_loads += num_failed_loads
 
 
 class RemoteKV:
@@ -30,6 +45,8 @@ class RemoteKV:
         # Prompt tokens of the requests that asked the connector, and those it supplied.
         self.num_queried_tokens = 0
         self.num_hit_tokens = 0
+        # What the workers moved, cumulative (SchedulerStats' kv_transfer_*).
+        self.transfers = TransferTotals()
         # Finished or aborted requests whose blocks wait for a transfer to finish: an
         # asynchronous send, or a load still writing them (leak rather than misuse).
         self.held: dict[str, Request] = {}
@@ -69,6 +86,7 @@ class RemoteKV:
         finished (their blocks may now be freed)."""
         if output is None:
             return []
+        self.transfers.add(output, len(output.failed_recving & self._loading.keys()))
         freed = []
         for req_id in output.finished_recving & self._loading.keys():
             if req_id in self.held:  # aborted while loading

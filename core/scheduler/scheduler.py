@@ -571,6 +571,20 @@ class Scheduler:
 
     # -- stats ----------------------------------------------------------------------------
 
+    def _transfer_stats(self) -> dict[str, Any]:
+        """SchedulerStats' KV connector fields (all 0 without one)."""
+        if self.remote is None:
+            return {}
+        totals = self.remote.transfers
+        return {
+            "external_prefix_cache_queries": self.remote.num_queried_tokens,
+            "external_prefix_cache_hits": self.remote.num_hit_tokens,
+            "kv_transfer_blocks": totals.num_blocks,
+            "kv_transfer_bytes": totals.num_bytes,
+            "kv_transfer_seconds": totals.seconds,
+            "kv_transfer_failed_loads": totals.num_failed_loads,
+        }
+
     def make_stats(self) -> SchedulerStats:
         cache = self.kv.prefix_cache_stats
         return SchedulerStats(
@@ -580,8 +594,7 @@ class Scheduler:
             prefix_cache_queries=cache.queries,
             prefix_cache_hits=cache.hits,
             num_preemptions=self.num_preemptions,
-            external_prefix_cache_queries=self.remote.num_queried_tokens if self.remote else 0,
-            external_prefix_cache_hits=self.remote.num_hit_tokens if self.remote else 0,
+            **self._transfer_stats(),
             spec_decoding=self.spec_stats and self.spec_stats.snapshot(),
             running_lora_adapters=_count_adapters(self.running),
             waiting_lora_adapters=_count_adapters(self.waiting),

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -258,6 +259,7 @@ class OffloadConnector(KVConnector):
         self._host_blocks: torch.Tensor | None = None  # [num_cpu_blocks, num_layers, *page]
         self._finished: set[str] = set()
         self._failed: set[str] = set()
+        self._moved = KVConnectorOutput()  # only its counts: blocks, bytes, seconds
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         # Sorted by name: every engine of the model lays a block's file out alike.
@@ -275,6 +277,7 @@ class OffloadConnector(KVConnector):
 
     def start_load_kv(self, forward_context: Any) -> None:
         for req_id, block_id, slot, key in self._meta().loads:
+            start = time.perf_counter()
             self._finished.add(req_id)
             try:
                 block = self._host_block(slot) if slot is not None else self._disk_block(key)
@@ -284,6 +287,7 @@ class OffloadConnector(KVConnector):
                 continue
             for layer, cache in enumerate(self._caches):
                 cache[block_id].copy_(block[layer])
+            self._count(1, start)
 
     def _host_block(self, slot: int) -> torch.Tensor:
         assert self._host_blocks is not None
@@ -302,18 +306,28 @@ class OffloadConnector(KVConnector):
     def wait_for_save(self) -> None:
         meta = self._meta()
         assert self._host_blocks is not None
+        start = time.perf_counter()
         for slot, key in meta.spills:
             assert self.root is not None
             write_block(block_path(self.root, key), self._host_blocks[slot])
         for block_id, slot in meta.saves:
             for layer, cache in enumerate(self._caches):
                 self._host_blocks[slot, layer].copy_(cache[block_id])
+        if meta.spills or meta.saves:
+            self._count(len(meta.spills) + len(meta.saves), start)
         for key in meta.deletes:
             assert self.root is not None
             block_path(self.root, key).unlink(missing_ok=True)
 
+    def _count(self, num_blocks: int, start: float) -> None:
+        assert self._host_blocks is not None
+        block_bytes = self._host_blocks[0].numel() * self._host_blocks.element_size()
+        self._moved.count_moved(num_blocks, num_blocks * block_bytes, time.perf_counter() - start)
+
     def get_finished(self, finished_req_ids: set[str]) -> KVConnectorOutput:
         output = KVConnectorOutput(finished_recving=self._finished, failed_recving=self._failed)
+        moved, self._moved = self._moved, KVConnectorOutput()
+        output.count_moved(moved.num_blocks_moved, moved.num_bytes_moved, moved.transfer_seconds)
         self._finished, self._failed = set(), set()
         return output
 

@@ -122,6 +122,7 @@ class P2PConnector(KVConnector):
         self._finished_sending: set[str] = set()
         self._finished_recving: set[str] = set()
         self._failed_recving: set[str] = set()
+        self._moved = KVConnectorOutput()  # only its counts: blocks, bytes, seconds
         self._server: socketserver.ThreadingTCPServer | None = None
         self._peers: dict[tuple[str, int], _Peer] = {}
         self._loader: ThreadPoolExecutor | None = None
@@ -225,8 +226,10 @@ class P2PConnector(KVConnector):
                 finished_recving=self._finished_recving,
                 failed_recving=self._failed_recving,
             )
+            moved, self._moved = self._moved, KVConnectorOutput()
             self._finished_sending, self._finished_recving = set(), set()
             self._failed_recving = set()
+        output.count_moved(moved.num_blocks_moved, moved.num_bytes_moved, moved.transfer_seconds)
         return output
 
     def _block_bytes(self, block_ids: list[int]) -> bytes:
@@ -294,6 +297,7 @@ class P2PConnector(KVConnector):
                 wire.send_message(sock, {"type": "ERROR", "reason": reason})
                 return
             lease.num_reading += 1
+        start = time.perf_counter()
         try:
             payload = self._block_bytes(block_ids)
             wire.send_message(sock, {"type": "DATA", "num_bytes": len(payload)})
@@ -301,6 +305,8 @@ class P2PConnector(KVConnector):
         finally:
             with self._lock:
                 lease.num_reading -= 1
+        with self._lock:
+            self._moved.count_moved(len(block_ids), len(payload), time.perf_counter() - start)
 
     def _expire_leases(self) -> None:
         """Free the blocks of leases past their expiry with no read under way (every
@@ -325,6 +331,7 @@ class P2PConnector(KVConnector):
     def _load(self, peer: _Peer, load: _Load) -> None:
         """Read one request's blocks into its local blocks; its id is then reported in
         finished_recving, and in failed_recving too when anything went wrong."""
+        start = time.perf_counter()
         try:
             with peer.lock:
                 peer.pending.discard(load.remote_request_id)
@@ -345,6 +352,9 @@ class P2PConnector(KVConnector):
             self._finished_recving.add(load.req_id)
             if failed:
                 self._failed_recving.add(load.req_id)
+            else:
+                seconds = time.perf_counter() - start
+                self._moved.count_moved(len(load.local_block_ids), len(payload), seconds)
 
     def _read(self, peer: _Peer, load: _Load) -> bytes:
         sock = peer.connect(self.facts, self.options.timeout_s)

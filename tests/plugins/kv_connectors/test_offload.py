@@ -80,6 +80,8 @@ def test_a_working_set_three_times_the_pool_is_served_again_from_host_memory(
     # What the metrics export: every prompt asked the connector; it supplied those blocks.
     assert stats.external_prefix_cache_queries == 12 * 13
     assert stats.external_prefix_cache_hits == sum(again[name][1] for name in PROMPTS)
+    # 18 blocks saved in the first round, the reads of the second and their saves after.
+    assert stats.kv_transfer_blocks >= 18 + 9 and stats.kv_transfer_failed_loads == 0
 
 
 def test_a_restarted_engine_reads_the_blocks_its_predecessor_spilled_to_disk(
@@ -116,6 +118,7 @@ def test_a_damaged_block_file_is_detected_and_its_prompt_recomputed(
     try:
         again = serve(engine, ["p0"])
         assert engine.core.scheduler.kv.coordinator.block_pools[0].get_num_free_blocks() == 11
+        assert engine.core.scheduler.make_stats().kv_transfer_failed_loads == 1
     finally:
         engine.shutdown()
     assert again == {"p0": (references["p0"], 0)}

@@ -102,7 +102,14 @@ def test_a_decode_engine_computes_only_the_last_prompt_token_and_answers_as_one_
         assert tokens == reference and cached == 13  # 14 prompt tokens: 13 read, 1 computed
         step_until_released(producer)  # the consumer's DONE frees the producer's blocks
         assert free_blocks(producer) == total and not producer.core.has_unfinished_requests()
-        assert consumer.core.scheduler.make_stats().external_prefix_cache_hits == 13
+        stats = consumer.core.scheduler.make_stats()
+        assert stats.external_prefix_cache_hits == 13
+        # Four blocks (the last partly filled) of every layer, moved once, nothing failed.
+        layers = consumer.core.executor.worker.loaded.attention_layers
+        block_bytes = sum(layer.kv_cache[0].numel() * layer.kv_cache.element_size()
+                          for layer in layers)  # fmt: skip
+        assert (stats.kv_transfer_blocks, stats.kv_transfer_bytes) == (4, 4 * block_bytes)
+        assert stats.kv_transfer_failed_loads == 0 and stats.kv_transfer_seconds > 0
     finally:
         producer.shutdown()
         consumer.shutdown()
@@ -154,6 +161,7 @@ def test_a_producer_killed_mid_transfer_leaves_the_consumer_to_recompute(
         with caplog.at_level(logging.WARNING, logger="core_kv_connectors.p2p"):
             tokens, cached, _ = run(consumer, "decode", MAX_TOKENS, params)
         assert free_blocks(consumer) == consumer.core.num_gpu_blocks - 1
+        assert consumer.core.scheduler.make_stats().kv_transfer_failed_loads == 1
     finally:
         consumer.shutdown()
     assert producer.wait(timeout=30) == -9
