@@ -103,6 +103,11 @@ class KVConnector(ABC):
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         """This step's metadata for the workers; resets the per-step state."""
 
+    def update_connector_output(self, output: KVConnectorOutput) -> None:
+        """The workers' report of a step, as the scheduler received it: a connector that
+        offers stored KV must stop offering what a failed load (`failed_recving`) could
+        not bring. Default: nothing to learn."""
+
     def request_finished(
         self, request: Any, block_ids: tuple[list[int], ...]
     ) -> tuple[bool, dict[str, Any] | None]:

@@ -86,6 +86,7 @@ class RemoteKV:
         finished (their blocks may now be freed)."""
         if output is None:
             return []
+        self.connector.update_connector_output(output)
         self.transfers.add(output, len(output.failed_recving & self._loading.keys()))
         freed = []
         for req_id in output.finished_recving & self._loading.keys():

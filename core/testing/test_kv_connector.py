@@ -8,7 +8,8 @@ params or None) when the request finishes; in the worker role, one whole step ov
 reference-layout KV caches with that metadata bound (load, per-layer wait and save,
 wait for saves), then a KVConnectorOutput of request-id sets. A connector that offers
 saved KV back (a store, not a one-way sender) returns it byte for byte into other blocks
-for a request with the same prompt, and reports an asynchronous load in finished_recving.
+for a request with the same prompt, reports an asynchronous load in finished_recving, and
+offers no block again once a load of it was reported failed.
 """
 
 from __future__ import annotations
@@ -121,19 +122,9 @@ def test_worker_role_runs_a_step(connector_cls, config) -> None:
 
 
 def test_saved_blocks_load_back_byte_for_byte(connector_cls, config) -> None:
-    scheduler = connector_cls(config, KVConnectorRole.SCHEDULER)
-    worker = connector_cls(config, KVConnectorRole.WORKER)
-    shape = TorchRefBackend.get_kv_cache_shape(NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE)
-    kv_caches = {layer: torch.randn(shape) for layer in LAYERS}
-    worker.register_kv_caches(kv_caches)
-    saver = request()  # its prompt computed in one step, blocks BLOCK_IDS
-    scheduler.update_state_after_alloc(saver, (BLOCK_IDS,), 0)
-    saver.num_computed_tokens = len(PROMPT)
-    _run_worker_step(worker, scheduler.build_connector_meta(scheduler_output()), kv_caches)
+    scheduler, worker, kv_caches = _saved_prompt(connector_cls, config)
     saved = {layer: cache.clone() for layer, cache in kv_caches.items()}
-
-    loader = Request("conformance-1", PROMPT, SamplingParams(max_tokens=4), eos_token_id=None,
-                     arrival_time=1, block_hasher=_hasher())  # fmt: skip
+    loader = _request("conformance-1")
     matched, is_async = scheduler.get_num_new_matched_tokens(loader, 0)
     if matched == 0:
         pytest.skip("the connector offers nothing back to the engine that saved (a sender)")
@@ -149,6 +140,39 @@ def test_saved_blocks_load_back_byte_for_byte(connector_cls, config) -> None:
     if is_async:
         assert output.finished_recving == {loader.request_id}, output
         assert not output.failed_recving, output
+
+
+def test_blocks_of_a_failed_load_are_not_offered_again(connector_cls, config) -> None:
+    scheduler, _, _ = _saved_prompt(connector_cls, config)
+    loader = _request("conformance-1")
+    matched, _ = scheduler.get_num_new_matched_tokens(loader, 0)
+    if matched == 0:
+        pytest.skip("the connector offers nothing back to the engine that saved (a sender)")
+    scheduler.update_state_after_alloc(loader, ([4, 5, 0],), matched)
+    scheduler.build_connector_meta(SchedulerOutput())
+    scheduler.update_connector_output(KVConnectorOutput(failed_recving={loader.request_id}))
+    again, _ = scheduler.get_num_new_matched_tokens(_request("conformance-2"), 0)
+    assert again == 0, f"{again} tokens offered again from blocks whose load failed"
+
+
+def _saved_prompt(connector_cls, config):
+    """Both roles, reference caches, and the conformance request's prompt computed in one
+    step (blocks BLOCK_IDS) with the connector's metadata."""
+    scheduler = connector_cls(config, KVConnectorRole.SCHEDULER)
+    worker = connector_cls(config, KVConnectorRole.WORKER)
+    shape = TorchRefBackend.get_kv_cache_shape(NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE)
+    kv_caches = {layer: torch.randn(shape) for layer in LAYERS}
+    worker.register_kv_caches(kv_caches)
+    saver = request()
+    scheduler.update_state_after_alloc(saver, (BLOCK_IDS,), 0)
+    saver.num_computed_tokens = len(PROMPT)
+    _run_worker_step(worker, scheduler.build_connector_meta(scheduler_output()), kv_caches)
+    return scheduler, worker, kv_caches
+
+
+def _request(req_id: str) -> Request:
+    return Request(req_id, PROMPT, SamplingParams(max_tokens=4), eos_token_id=None,
+                   arrival_time=1, block_hasher=_hasher())  # fmt: skip
 
 
 def _hasher():

@@ -150,6 +150,7 @@ class OffloadConnector(KVConnector):
             files = sorted(self.root.glob("*/*.kv"), key=lambda p: p.stat().st_mtime)
             self._disk.update((p.stem, None) for p in files)
         self._tracked: dict[str, _Tracked] = {}
+        self._loading: dict[str, list[str]] = {}  # request id -> the keys its load reads
         self._step = OffloadMetadata()
 
     def get_num_new_matched_tokens(
@@ -187,6 +188,7 @@ class OffloadConnector(KVConnector):
             elif key in self._disk:
                 self._disk.move_to_end(key)
             self._step.loads.append((request.request_id, ids[index], slot, key))
+            self._loading.setdefault(request.request_id, []).append(key)
         self._tracked[request.request_id] = _Tracked(request, ids, first + num_loaded)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
@@ -245,6 +247,19 @@ class OffloadConnector(KVConnector):
             old_key, _ = self._disk.popitem(last=False)
             self._step.deletes.append(old_key)
 
+    def update_connector_output(self, output: KVConnectorOutput) -> None:
+        """Forget the blocks of failed loads (the worker deleted their files), so no later
+        request is offered them."""
+        for req_id in output.finished_recving:
+            keys = self._loading.pop(req_id, [])
+            if req_id not in output.failed_recving:
+                continue
+            for key in keys:
+                slot = self._host.pop(key, None)
+                if slot is not None:
+                    self._free_slots.append(slot)
+                self._disk.pop(key, None)
+
     def request_finished(
         self, request: Request, block_ids: tuple[list[int], ...]
     ) -> tuple[bool, dict[str, Any] | None]:
@@ -283,6 +298,8 @@ class OffloadConnector(KVConnector):
                 block = self._host_block(slot) if slot is not None else self._disk_block(key)
             except BlockFileError as exc:
                 logger.warning("offload: %s; request %s recomputes its prompt", exc, req_id)
+                if self.root is not None:  # no engine sharing the directory reads it again
+                    block_path(self.root, key).unlink(missing_ok=True)
                 self._failed.add(req_id)
                 continue
             for layer, cache in enumerate(self._caches):
