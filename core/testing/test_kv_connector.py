@@ -105,16 +105,7 @@ def test_worker_role_runs_a_step(connector_cls, config) -> None:
     shape = TorchRefBackend.get_kv_cache_shape(NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE)
     kv_caches = {layer: torch.randn(shape) for layer in LAYERS}
     worker.register_kv_caches(kv_caches)
-    attn_metadata = _attention_metadata()
-    context = ForwardContext(dict.fromkeys(LAYERS, attn_metadata), len(PROMPT))
-    worker.bind_connector_metadata(metadata)
-    worker.start_load_kv(context)
-    for layer in LAYERS:
-        worker.wait_for_layer_load(layer)
-        worker.save_kv_layer(layer, kv_caches[layer], attn_metadata)
-    worker.wait_for_save()
-    output = worker.get_finished({REQ_ID})
-    worker.clear_connector_metadata()
+    output = _run_worker_step(worker, metadata, kv_caches, finished={REQ_ID})
     assert isinstance(output, KVConnectorOutput), f"get_finished returned {output!r}"
     for field in ("finished_sending", "finished_recving", "failed_recving"):
         ids = getattr(output, field)
@@ -181,7 +172,8 @@ def _hasher():
     return make_block_hasher(BLOCK_SIZE, "sha256")
 
 
-def _run_worker_step(worker, metadata, kv_caches) -> KVConnectorOutput:
+def _run_worker_step(worker, metadata, kv_caches, finished=frozenset()) -> KVConnectorOutput:
+    """One step's worker-role calls, in the engine's order, over the conformance prompt."""
     attn_metadata = _attention_metadata()
     context = ForwardContext(dict.fromkeys(LAYERS, attn_metadata), len(PROMPT))
     worker.bind_connector_metadata(metadata)
@@ -190,7 +182,7 @@ def _run_worker_step(worker, metadata, kv_caches) -> KVConnectorOutput:
         worker.wait_for_layer_load(layer)
         worker.save_kv_layer(layer, kv_caches[layer], attn_metadata)
     worker.wait_for_save()
-    output = worker.get_finished(set())
+    output = worker.get_finished(set(finished))
     worker.clear_connector_metadata()
     return output
 
