@@ -26,6 +26,7 @@ class ToyStoreConnector(KVConnector):
     def __init__(self, config: Any, role) -> None:
         super().__init__(config, role)
         self._loads: dict[tuple[int, ...], list[int]] = {}
+        self._loading: dict[str, tuple[int, ...]] = {}  # request id -> the prompt it loads
         self._kv_caches: dict[str, torch.Tensor] = {}
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
@@ -35,6 +36,11 @@ class ToyStoreConnector(KVConnector):
     def update_state_after_alloc(self, request, block_ids, num_external_tokens):
         if num_external_tokens:
             self._loads[self._key(request)] = block_ids[0]
+            self._loading[request.request_id] = self._key(request)
+
+    def update_connector_output(self, output):
+        for req_id in output.failed_recving:  # what failed to load is never offered again
+            self.STORE.pop(self._loading.pop(req_id, ()), None)
 
     def build_connector_meta(self, scheduler_output):
         saves = {
