@@ -272,9 +272,7 @@ class OffloadConnector(KVConnector):
     def _init_worker(self) -> None:
         self._caches: list[torch.Tensor] = []  # per layer: [num_blocks, *page_shape]
         self._host_blocks: torch.Tensor | None = None  # [num_cpu_blocks, num_layers, *page]
-        self._finished: set[str] = set()
-        self._failed: set[str] = set()
-        self._moved = KVConnectorOutput()  # only its counts: blocks, bytes, seconds
+        self._report = KVConnectorOutput()  # what get_finished hands over next
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         # Sorted by name: every engine of the model lays a block's file out alike.
@@ -293,14 +291,14 @@ class OffloadConnector(KVConnector):
     def start_load_kv(self, forward_context: Any) -> None:
         for req_id, block_id, slot, key in self._meta().loads:
             start = time.perf_counter()
-            self._finished.add(req_id)
+            self._report.finished_recving.add(req_id)
             try:
                 block = self._host_block(slot) if slot is not None else self._disk_block(key)
             except BlockFileError as exc:
                 logger.warning("offload: %s; request %s recomputes its prompt", exc, req_id)
                 if self.root is not None:  # no engine sharing the directory reads it again
                     block_path(self.root, key).unlink(missing_ok=True)
-                self._failed.add(req_id)
+                self._report.failed_recving.add(req_id)
                 continue
             for layer, cache in enumerate(self._caches):
                 cache[block_id].copy_(block[layer])
@@ -339,13 +337,10 @@ class OffloadConnector(KVConnector):
     def _count(self, num_blocks: int, start: float) -> None:
         assert self._host_blocks is not None
         block_bytes = self._host_blocks[0].numel() * self._host_blocks.element_size()
-        self._moved.count_moved(num_blocks, num_blocks * block_bytes, time.perf_counter() - start)
+        self._report.count_moved(num_blocks, num_blocks * block_bytes, time.perf_counter() - start)
 
     def get_finished(self, finished_req_ids: set[str]) -> KVConnectorOutput:
-        output = KVConnectorOutput(finished_recving=self._finished, failed_recving=self._failed)
-        moved, self._moved = self._moved, KVConnectorOutput()
-        output.count_moved(moved.num_blocks_moved, moved.num_bytes_moved, moved.transfer_seconds)
-        self._finished, self._failed = set(), set()
+        output, self._report = self._report, KVConnectorOutput()
         return output
 
     def _meta(self) -> OffloadMetadata:

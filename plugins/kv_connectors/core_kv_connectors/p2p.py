@@ -119,10 +119,7 @@ class P2PConnector(KVConnector):
         self.facts: dict[str, Any] = {}  # what the handshake compares (p2p_wire.COMPAT_FIELDS)
         self._lock = threading.Condition()
         self._leases: dict[str, _Lease] = {}
-        self._finished_sending: set[str] = set()
-        self._finished_recving: set[str] = set()
-        self._failed_recving: set[str] = set()
-        self._moved = KVConnectorOutput()  # only its counts: blocks, bytes, seconds
+        self._report = KVConnectorOutput()  # what get_finished hands over next (_lock)
         self._server: socketserver.ThreadingTCPServer | None = None
         self._peers: dict[tuple[str, int], _Peer] = {}
         self._loader: ThreadPoolExecutor | None = None
@@ -221,15 +218,7 @@ class P2PConnector(KVConnector):
     def get_finished(self, finished_req_ids: set[str]) -> KVConnectorOutput:
         with self._lock:
             self._expire_leases()
-            output = KVConnectorOutput(
-                finished_sending=self._finished_sending,
-                finished_recving=self._finished_recving,
-                failed_recving=self._failed_recving,
-            )
-            moved, self._moved = self._moved, KVConnectorOutput()
-            self._finished_sending, self._finished_recving = set(), set()
-            self._failed_recving = set()
-        output.count_moved(moved.num_blocks_moved, moved.num_bytes_moved, moved.transfer_seconds)
+            output, self._report = self._report, KVConnectorOutput()
         return output
 
     def _block_bytes(self, block_ids: list[int]) -> bytes:
@@ -277,7 +266,7 @@ class P2PConnector(KVConnector):
         elif kind == "DONE":
             with self._lock:
                 if self._leases.pop(str(message["req_id"]), None) is not None:
-                    self._finished_sending.add(str(message["req_id"]))
+                    self._report.finished_sending.add(str(message["req_id"]))
         elif kind == "HEARTBEAT":
             extended = time.monotonic() + self.options.lease_s * 2 / 3
             with self._lock:
@@ -306,7 +295,7 @@ class P2PConnector(KVConnector):
             with self._lock:
                 lease.num_reading -= 1
         with self._lock:
-            self._moved.count_moved(len(block_ids), len(payload), time.perf_counter() - start)
+            self._report.count_moved(len(block_ids), len(payload), time.perf_counter() - start)
 
     def _expire_leases(self) -> None:
         """Free the blocks of leases past their expiry with no read under way (every
@@ -317,7 +306,7 @@ class P2PConnector(KVConnector):
                 logger.warning("p2p: request %s's blocks were not fetched within the lease; "
                                "freeing them", req_id)  # fmt: skip
                 del self._leases[req_id]
-                self._finished_sending.add(req_id)
+                self._report.finished_sending.add(req_id)
 
     # -- worker role: consumer -------------------------------------------------------------
 
@@ -349,12 +338,12 @@ class P2PConnector(KVConnector):
             peer.close()
             failed = True
         with self._lock:
-            self._finished_recving.add(load.req_id)
+            self._report.finished_recving.add(load.req_id)
             if failed:
-                self._failed_recving.add(load.req_id)
+                self._report.failed_recving.add(load.req_id)
             else:
                 seconds = time.perf_counter() - start
-                self._moved.count_moved(len(load.local_block_ids), len(payload), seconds)
+                self._report.count_moved(len(load.local_block_ids), len(payload), seconds)
 
     def _read(self, peer: _Peer, load: _Load) -> bytes:
         sock = peer.connect(self.facts, self.options.timeout_s)

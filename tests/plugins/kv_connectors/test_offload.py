@@ -15,7 +15,6 @@ from tiny_engine_checkpoint import (
     engine_args,
     greedy_reference,
     reference_model,
-    write_tiny_checkpoint,
 )
 
 from core.engine.llm_engine import LLMEngine
@@ -27,11 +26,6 @@ WORDS = [w for w in VOCAB if w.startswith("w")]
 PROMPTS = {f"p{i}": [VOCAB[WORDS[(5 * i + j * (i + 2)) % len(WORDS)]] for j in range(13)]
            for i in range(6)}  # fmt: skip
 MAX_TOKENS = 3
-
-
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory) -> Path:
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="module")

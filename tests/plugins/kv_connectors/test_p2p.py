@@ -18,7 +18,6 @@ from tiny_engine_checkpoint import (
     engine_args,
     greedy_reference,
     reference_model,
-    write_tiny_checkpoint,
 )
 
 from core.engine.llm_engine import LLMEngine
@@ -28,11 +27,6 @@ BLOCK = 4
 WORDS = [w for w in VOCAB if w.startswith("w")]
 PROMPT = [VOCAB[WORDS[(3 * j + 1) % len(WORDS)]] for j in range(14)]  # 3 full blocks + 2
 MAX_TOKENS = 4
-
-
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory) -> Path:
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="module")
