@@ -52,6 +52,11 @@ _REQUEST_LATENCY_BUCKETS = (
     240.0, 480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
 _ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+# One KV transfer: a host-memory copy takes under a millisecond, a disk or network one
+# of a long prompt seconds.
+_KV_TRANSFER_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
 
 # FinishedRequestStats field -> (family, help): one histogram each, observed for every
 # finished request that reached the phase (a None duration is not observed).
@@ -145,12 +150,16 @@ class EngineMetrics:
             for name, field, doc in (
                 ("kv_transfer_blocks", "kv_transfer_blocks", "KV blocks a KV connector moved."),
                 ("kv_transfer_bytes", "kv_transfer_bytes", "Bytes of KV a KV connector moved."),
-                ("kv_transfer_seconds", "kv_transfer_seconds",
-                 "Seconds KV connector transfers took, summed."),
                 ("kv_transfer_failed_loads", "kv_transfer_failed_loads",
                  "KV loads that failed; their requests recomputed their prompts."),
             )
         ]  # fmt: skip
+        self._transfer_time = self._family(
+            Histogram,
+            "kv_transfer_time_seconds",
+            "Histogram of the time of one KV connector transfer (a load, save or send).",
+            buckets=_KV_TRANSFER_BUCKETS,
+        )
         self._preemptions = self._family(
             Counter, "num_preemptions", "Cumulative number of preemption from the engine."
         )
@@ -226,6 +235,8 @@ class EngineMetrics:
             self._ttft.labels(*labels).observe(seconds)
         for seconds in stats.inter_token_latencies:
             self._itl.labels(*labels).observe(seconds)
+        for seconds in stats.kv_transfer_times:
+            self._transfer_time.labels(*labels).observe(seconds)
         for finished in stats.finished_requests:
             self._record_finished(labels, finished)
 

@@ -34,7 +34,6 @@ VLLM_FAMILIES = {
     "external_prefix_cache_hits": "counter",
     "kv_transfer_blocks": "counter",
     "kv_transfer_bytes": "counter",
-    "kv_transfer_seconds": "counter",
     "kv_transfer_failed_loads": "counter",
     "num_preemptions": "counter",
     "prompt_tokens": "counter",
@@ -43,6 +42,7 @@ VLLM_FAMILIES = {
     "iteration_tokens_total": "histogram",
     "time_to_first_token_seconds": "histogram",
     "inter_token_latency_seconds": "histogram",
+    "kv_transfer_time_seconds": "histogram",
     "e2e_request_latency_seconds": "histogram",
     "request_queue_time_seconds": "histogram",
     "request_inference_time_seconds": "histogram",
@@ -162,12 +162,24 @@ def test_external_prefix_cache_counts_grow_from_the_connectors_totals():
     for queries, hits, blocks in ((40, 16, 2), (90, 48, 5)):
         stats = scheduler_stats()
         stats.external_prefix_cache_queries, stats.external_prefix_cache_hits = queries, hits
-        stats.kv_transfer_blocks, stats.kv_transfer_seconds = blocks, blocks / 10
+        stats.kv_transfer_blocks = blocks
         metrics.record(step(scheduler=stats))
     assert value(metrics, "external_prefix_cache_queries_total") == 90
     assert value(metrics, "external_prefix_cache_hits_total") == 48
     assert value(metrics, "kv_transfer_blocks_total") == 5
-    assert value(metrics, "kv_transfer_seconds_total") == pytest.approx(0.5)
+
+
+def test_each_kv_transfer_is_one_observation_of_the_transfer_time_histogram():
+    metrics = EngineMetrics(MODEL, config())
+    metrics.record(step(kv_transfer_times=[0.0003, 0.02]))
+    metrics.record(step(kv_transfer_times=[1.5]))
+    metrics.record(step())  # a step with no transfer observes nothing
+    assert value(metrics, "kv_transfer_time_seconds_count") == 3
+    assert value(metrics, "kv_transfer_time_seconds_sum") == pytest.approx(1.5203)
+    assert value(metrics, "kv_transfer_time_seconds_bucket", le="0.0005") == 1
+    assert value(metrics, "kv_transfer_time_seconds_bucket", le="0.025") == 2
+    assert value(metrics, "kv_transfer_time_seconds_bucket", le="1.0") == 2
+    assert value(metrics, "kv_transfer_time_seconds_bucket", le="2.5") == 3
 
 
 def test_cumulative_count_that_restarts_adds_its_new_value():

@@ -367,9 +367,7 @@ class OutputProcessor:
         (aborted, or finished here by a stop string) are ignored."""
         now = time.time()
         result = OutputProcessorOutput(request_outputs=[], reqs_to_abort=[])
-        stats = IterationStats(
-            engine_core_outputs.engine_index, engine_core_outputs.scheduler_stats, now
-        )
+        stats = IterationStats.of_step(engine_core_outputs, now)
         updated: dict[str, _RequestState] = {}
         for output in engine_core_outputs.outputs:
             entry = self._running.get(output.request_id)

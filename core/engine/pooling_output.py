@@ -77,9 +77,7 @@ class PoolingOutputProcessor:
         """Deliver the vector of every finished request; a request the engine core ended
         without one (aborted) gets an output with `outputs` None."""
         result = OutputProcessorOutput(request_outputs=[], reqs_to_abort=[])
-        stats = IterationStats(
-            engine_core_outputs.engine_index, engine_core_outputs.scheduler_stats, time.time()
-        )
+        stats = IterationStats.of_step(engine_core_outputs, time.time())
         for output in engine_core_outputs.outputs:
             pending = self._pending.get(output.request_id)
             if pending is not None:

@@ -21,6 +21,7 @@ from core.engine.protocol import (
     EngineCoreEvent,
     EngineCoreEventType,
     EngineCoreOutput,
+    EngineCoreOutputs,
     FinishReason,
     SchedulerStats,
 )
@@ -97,6 +98,17 @@ class IterationStats:
     time_to_first_tokens: list[float] = field(default_factory=list)
     inter_token_latencies: list[float] = field(default_factory=list)
     finished_requests: list[FinishedRequestStats] = field(default_factory=list)
+    kv_transfer_times: list[float] = field(default_factory=list)  # each transfer's seconds
+
+    @classmethod
+    def of_step(cls, outputs: EngineCoreOutputs, now: float) -> IterationStats:
+        """The update of one engine step, before its requests' outputs are observed."""
+        return cls(
+            outputs.engine_index,
+            outputs.scheduler_stats,
+            now,
+            kv_transfer_times=list(outputs.kv_transfer_times),
+        )
 
     @property
     def is_engine_step(self) -> bool:

@@ -41,10 +41,11 @@ class KVConnectorOutput:
     finished_sending: set[str] = field(default_factory=set)
     finished_recving: set[str] = field(default_factory=set)
     failed_recving: set[str] = field(default_factory=set)
-    # What moved since the last call (loads, saves and sends alike), for the metrics.
+    # What moved since the last call (loads, saves and sends alike), for the metrics:
+    # totals, and each transfer's seconds (the transfer-time histogram's observations).
     num_blocks_moved: int = 0
     num_bytes_moved: int = 0
-    transfer_seconds: float = 0.0
+    transfer_times: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.finished_recving |= self.failed_recving
@@ -53,7 +54,7 @@ class KVConnectorOutput:
         """Add one transfer to what moved."""
         self.num_blocks_moved += num_blocks
         self.num_bytes_moved += num_bytes
-        self.transfer_seconds += seconds
+        self.transfer_times.append(seconds)
 
 
 class KVConnector(ABC):

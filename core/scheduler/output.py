@@ -97,10 +97,9 @@ class SchedulerStats(msgspec.Struct, kw_only=True):
     # supplied past the local prefix-cache hit (cumulative, as the local ones).
     external_prefix_cache_queries: int = 0
     external_prefix_cache_hits: int = 0
-    # KV the connector moved (blocks, bytes, seconds spent) and loads that failed.
+    # KV the connector moved (blocks, bytes) and loads that failed.
     kv_transfer_blocks: int = 0
     kv_transfer_bytes: int = 0
-    kv_transfer_seconds: float = 0.0
     kv_transfer_failed_loads: int = 0
     spec_decoding: SpecDecodingStats | None = None  # None: speculation is off
     # {adapter name: number of requests} of the running and the waiting LoRA requests.
@@ -121,3 +120,6 @@ class EngineCoreOutputs(msgspec.Struct, kw_only=True, array_like=True, omit_defa
     # Requests the engine finished on its own (e.g. aborted) that the frontend must forget.
     finished_requests: set[str] = msgspec.field(default_factory=set)
     engine_index: int = 0  # the data-parallel rank of the engine core that sent them
+    # Seconds of each KV connector transfer the step's workers reported done: a histogram's
+    # observations, so per step rather than cumulative as SchedulerStats' counts are.
+    kv_transfer_times: list[float] = msgspec.field(default_factory=list)

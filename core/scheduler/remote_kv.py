@@ -22,13 +22,11 @@ from core.request import Request
 class TransferTotals:
     num_blocks: int = 0
     num_bytes: int = 0
-    seconds: float = 0.0
     num_failed_loads: int = 0
 
     def add(self, output: KVConnectorOutput, num_failed_loads: int) -> None:
         self.num_blocks += output.num_blocks_moved
         self.num_bytes += output.num_bytes_moved
-        self.seconds += output.transfer_seconds
         self.num_failed_loads += num_failed_loads
 
 

@@ -474,7 +474,12 @@ class Scheduler:
                 params = self._free(request)
                 if params is not None:  # the request's output is the last one made
                     outputs[-1].kv_transfer_params = params
-        return EngineCoreOutputs(outputs=outputs, timestamp=time.monotonic())
+        connector_output = runner_output.kv_connector_output
+        return EngineCoreOutputs(
+            outputs=outputs,
+            timestamp=time.monotonic(),
+            kv_transfer_times=connector_output.transfer_times if connector_output else [],
+        )
 
     def _finish_pooled(self, request: Request, pooled: list[float]) -> EngineCoreOutput:
         """A pooled request is done once its prompt is computed: its vector is its output."""
@@ -581,7 +586,6 @@ class Scheduler:
             "external_prefix_cache_hits": self.remote.num_hit_tokens,
             "kv_transfer_blocks": totals.num_blocks,
             "kv_transfer_bytes": totals.num_bytes,
-            "kv_transfer_seconds": totals.seconds,
             "kv_transfer_failed_loads": totals.num_failed_loads,
         }
 

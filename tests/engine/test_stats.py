@@ -143,3 +143,10 @@ def test_aborts_are_reported_at_once_per_engine_without_a_step(processor, update
     assert served.prefill_time == 0.5 and served.decode_time == 0.0
     assert (queued.queued_time, queued.prefill_time, queued.decode_time) == (None, None, None)
     assert all(u.num_tokens == 0 for u in updates)
+
+
+def test_a_steps_kv_transfer_times_become_its_updates_observations(processor, updates):
+    outputs = batch(1.0)
+    outputs.kv_transfer_times = [0.002, 0.03]
+    processor.process_outputs(outputs)
+    assert updates[-1].kv_transfer_times == [0.002, 0.03]

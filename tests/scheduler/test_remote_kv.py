@@ -150,3 +150,18 @@ def test_blocks_a_send_holds_are_freed_when_the_send_finishes():
     assert scheduler.has_unfinished_requests()  # steps go on to hear the send end
     step(scheduler, KVConnectorOutput(finished_sending={"r"}))
     assert free_blocks(scheduler) == 63 and not scheduler.has_unfinished_requests()
+
+
+def test_each_transfer_the_workers_timed_reaches_the_steps_outputs_once():
+    scheduler = connected(FakeConnector(keep_on_finish=True))
+    make_request(scheduler, "r", num_prompt=6, max_tokens=1)
+    so = scheduler.schedule()
+    output = fake_run(scheduler, so)
+    output.kv_connector_output = KVConnectorOutput()
+    output.kv_connector_output.count_moved(2, 2048, 0.25)
+    output.kv_connector_output.count_moved(1, 1024, 0.5)
+    assert scheduler.update_from_output(so, output).kv_transfer_times == [0.25, 0.5]
+    so = scheduler.schedule()
+    assert scheduler.update_from_output(so, fake_run(scheduler, so)).kv_transfer_times == []
+    stats = scheduler.make_stats()
+    assert (stats.kv_transfer_blocks, stats.kv_transfer_bytes) == (3, 3072)

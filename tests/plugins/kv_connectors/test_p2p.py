@@ -103,7 +103,7 @@ def test_a_decode_engine_computes_only_the_last_prompt_token_and_answers_as_one_
         block_bytes = sum(layer.kv_cache[0].numel() * layer.kv_cache.element_size()
                           for layer in layers)  # fmt: skip
         assert (stats.kv_transfer_blocks, stats.kv_transfer_bytes) == (4, 4 * block_bytes)
-        assert stats.kv_transfer_failed_loads == 0 and stats.kv_transfer_seconds > 0
+        assert stats.kv_transfer_failed_loads == 0
     finally:
         producer.shutdown()
         consumer.shutdown()
