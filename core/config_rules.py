@@ -151,23 +151,18 @@ def _check_kv_connector_named(config: EngineConfig, facts: ConfigFacts) -> str |
 
 
 @_rule(
-    "kv-transfer-one-worker", ("--kv-transfer-config", "--tensor-parallel-size",
-                               "--pipeline-parallel-size", "--distributed-executor-backend"),
-    "a KV connector beside several workers or a worker process of its own "
-    "(each rank's transfers are not gathered yet)",
-    "one worker in the engine-core process: sizes 1 and the uni executor",
+    "kv-transfer-no-pipeline", ("--kv-transfer-config", "--pipeline-parallel-size"),
+    "a KV connector with pipeline stages (several steps in flight: each rank's transfer "
+    "reports would have to be matched to their step)",
+    "--pipeline-parallel-size 1 (tensor parallelism is fine)",
 )  # fmt: skip
-def _check_kv_transfer_one_worker(config: EngineConfig, facts: ConfigFacts) -> str | None:
-    parallel = config.parallel
-    if config.kv_transfer.kv_connector is None:
-        return None
-    if parallel.world_size == 1 and parallel.distributed_executor_backend in (None, "uni"):
+def _check_kv_transfer_no_pipeline(config: EngineConfig, facts: ConfigFacts) -> str | None:
+    size = config.parallel.pipeline_parallel_size
+    if config.kv_transfer.kv_connector is None or size == 1:
         return None
     return (
-        "--kv-transfer-config is not available with --tensor-parallel-size "
-        f"{parallel.tensor_parallel_size}, --pipeline-parallel-size "
-        f"{parallel.pipeline_parallel_size} and --distributed-executor-backend "
-        f"{parallel.distributed_executor_backend}: use one worker in the engine-core process"
+        f"--kv-transfer-config is not available with --pipeline-parallel-size {size}: use "
+        "--pipeline-parallel-size 1 (--tensor-parallel-size may be larger)"
     )
 
 

@@ -82,9 +82,9 @@ REFUSED: dict[str, tuple[Case, tuple[str, ...]]] = {
         Case({"kv_transfer_config": '{"kv_role": "kv_both"}'}),
         ("--kv-transfer-config", "kv_connector is required"),
     ),
-    "kv-transfer-one-worker": (
-        Case({"kv_transfer_config": '{"kv_connector": "x"}', "tensor_parallel_size": 2}),
-        ("--kv-transfer-config", "--tensor-parallel-size 2", "one worker"),
+    "kv-transfer-no-pipeline": (
+        Case({"kv_transfer_config": '{"kv_connector": "x"}', "pipeline_parallel_size": 2}),
+        ("--kv-transfer-config", "--pipeline-parallel-size 2", "--pipeline-parallel-size 1"),
     ),
     "lora-options-need-lora": (
         Case({"max_lora_rank": 8, "lora_implementation": "x"}),

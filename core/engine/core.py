@@ -49,6 +49,12 @@ logger = logging.getLogger(__name__)
 # them until real steps come).
 SEED_STEP_TOKENS = (1, 128)
 
+# How often a step with nothing to compute polls the KV transfers it waits for (a load
+# before its request can run, a send before its blocks are freed). Polling in a loop
+# would take a core from the engine's own transfer threads, and on a small machine from
+# the other engines.
+TRANSFER_POLL_S = 0.005
+
 # The EngineCore methods a client may call by name (EngineCoreClient.utility): maintenance
 # that takes no arguments and answers nothing, so a fire-and-forget message can carry it.
 UTILITIES = frozenset({"reset_prefix_cache"})
@@ -226,13 +232,17 @@ class EngineCore:
         if self.batch_queue is not None:
             return self._step_with_batch_queue(self.batch_queue)
         scheduler_output = self.scheduler.schedule()
-        if scheduler_output.total_num_scheduled_tokens == 0:
-            # Only grammars still compiling: wait for one instead of spinning.
-            self.grammars.wait(0.05)
+        idle = scheduler_output.total_num_scheduled_tokens == 0
+        # Nothing to compute: grammars still compiling (wait for one) or KV transfers
+        # under way (the step starts and reports them; poll again a little later).
+        waited = idle and self.grammars.wait(0.05)
         start = time.perf_counter()
         runner_output = self.executor.execute_model(scheduler_output)
         self.scheduler.observe_step(scheduler_output, time.perf_counter() - start)
-        return self.scheduler.update_from_output(scheduler_output, runner_output)
+        outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        if idle and not waited and not outputs.outputs:
+            time.sleep(TRANSFER_POLL_S)
+        return outputs
 
     def _step_with_batch_queue(self, queue: deque) -> EngineCoreOutputs:
         """Pipeline parallelism: keep up to one step in flight per stage. Schedule and start

@@ -10,6 +10,7 @@ from core.config import EngineConfig
 from core.kv_cache.budget import MemoryProfile
 from core.kv_cache.layout import KVCacheConfig
 from core.kv_cache.spec import KVCacheSpec
+from core.kv_transfer.aggregator import KVOutputAggregator
 from core.worker.contract import ModelRunnerOutput, SchedulerOutput
 
 
@@ -21,6 +22,8 @@ class Executor(ABC):
     rank order. The other methods are that call with a fixed method name; `execute_model`
     returns the output of `output_rank`, the first tensor-parallel rank of the last
     pipeline stage: it sampled (and every rank of that stage samples the same tokens).
+    With a KV connector and several ranks, a step's output is needed from every rank
+    (`step_reply_ranks`): each reports its own transfers, and `step_output` gathers them.
     """
 
     def __init__(self, config: EngineConfig) -> None:
@@ -29,6 +32,12 @@ class Executor(ABC):
         # run steps, e.g. a worker process died: the engine-core process stops at once
         # instead of at its next step. None: the next call raises instead.
         self.on_failure: Callable[[str], None] | None = None
+        world_size = config.parallel.world_size
+        self._kv_outputs = (
+            KVOutputAggregator(world_size)
+            if config.kv_transfer.kv_connector is not None and world_size > 1
+            else None
+        )
 
     @abstractmethod
     def collective_rpc(
@@ -44,6 +53,23 @@ class Executor(ABC):
         parallel = self.config.parallel
         return (parallel.pipeline_parallel_size - 1) * parallel.tensor_parallel_size
 
+    def step_reply_ranks(self) -> tuple[int, ...]:
+        """The ranks whose `execute_model` outputs a step needs."""
+        if self._kv_outputs is None:
+            return (self.output_rank,)
+        return tuple(range(self.config.parallel.world_size))
+
+    def step_output(self, replies: list[ModelRunnerOutput]) -> ModelRunnerOutput:
+        """The step's output from the replies of `step_reply_ranks()`, in that order: the
+        output rank's, with every rank's KV connector report gathered into one."""
+        if self._kv_outputs is None:
+            return replies[0]
+        output = replies[self.output_rank]
+        output.kv_connector_output = self._kv_outputs.aggregate(
+            [reply.kv_connector_output for reply in replies]
+        )
+        return output
+
     def get_kv_cache_specs(self) -> list[dict[str, KVCacheSpec]]:
         """Each rank's attention layers' specs, in rank order (pipeline stages differ)."""
         return self.collective_rpc("get_kv_cache_spec")
@@ -58,8 +84,10 @@ class Executor(ABC):
         self.collective_rpc("initialize_kv_cache_of_rank", (kv_cache_configs,))
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        reply = (self.output_rank,)
-        return self.collective_rpc("execute_model", (scheduler_output,), reply_ranks=reply)[0]
+        replies = self.collective_rpc(
+            "execute_model", (scheduler_output,), reply_ranks=self.step_reply_ranks()
+        )
+        return self.step_output(replies)
 
     def execute_model_async(
         self, scheduler_output: SchedulerOutput

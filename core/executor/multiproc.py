@@ -2,8 +2,9 @@
 
 Each call is broadcast to every worker through one shared-memory ring buffer
 (core.distributed.shm_broadcast: one write per step, whatever the number of ranks) and
-answered over a ZMQ socket: by rank 0 alone for `execute_model` (every rank samples the
-same tokens), by every rank for the calls whose answers differ. A monitor thread watches
+answered over a ZMQ socket: by the output rank alone for `execute_model` (every rank samples
+the same tokens; every rank with a KV connector, each reporting its own transfers), by every
+rank for the calls whose answers differ. A monitor thread watches
 the workers; when one dies the others are stopped (they would wait forever in a
 collective) and the pending and every later call raise WorkerDiedError, which fails the
 engine's requests instead of hanging it.
@@ -129,16 +130,18 @@ class MultiprocExecutor(Executor):
         self, scheduler_output: SchedulerOutput
     ) -> Callable[[], ModelRunnerOutput]:
         self._check_alive()
-        self._calls.enqueue(("execute_model", (scheduler_output,), {}, (self.output_rank,)))
+        ranks = self.step_reply_ranks()
+        self._calls.enqueue(("execute_model", (scheduler_output,), {}, ranks))
         self._started += 1
         step = self._started
 
         def wait() -> ModelRunnerOutput:
-            # Only the output rank answers, one reply per step, in the order they started.
+            # Each step's replies (the output rank's alone unless a KV connector needs every
+            # rank's: then no two steps are in flight) come in the order the steps started.
             if step != self._waited + 1:
                 raise RuntimeError("steps' outputs must be waited for in the order they started")
             self._waited = step
-            return self._collect((self.output_rank,), timeout_s=None)[0]
+            return self.step_output(self._collect(ranks, timeout_s=None))
 
         return wait
 

@@ -78,11 +78,17 @@ class KVConnector(ABC):
     to forward too), per attention layer `wait_for_layer_load` before and `save_kv_layer`
     after the layer's KV is written, `wait_for_save` after the step's sampling, then
     `get_finished`.
+    Under tensor parallelism each rank has a worker-role instance: `rank` (the worker's
+    global rank, 0 in the scheduler role) is set before `register_kv_caches`, whose caches
+    then hold the rank's KV heads only; a connector keys what it keeps per rank (files,
+    ports) by it. Each rank reports its own transfers; the scheduler sees one report where
+    a transfer is done once every rank reported it (core/kv_transfer/aggregator.py).
     """
 
     def __init__(self, config: Any, role: KVConnectorRole) -> None:
         self.config = config
         self.role = role
+        self.rank = 0
         self._metadata: KVConnectorMetadata | None = None
 
     # -- scheduler role --------------------------------------------------------------------

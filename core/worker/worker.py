@@ -370,6 +370,7 @@ class Worker:
         loaded.runner.initialize_kv_cache(kv_cache_config, builders)
         connector = build_kv_connector(self.config, KVConnectorRole.WORKER)
         if connector is not None:
+            connector.rank = self.rank
             connector.register_kv_caches(
                 {layer.layer_name: layer.kv_cache for layer in loaded.attention_layers}
             )

@@ -89,6 +89,11 @@ def _count(extra: dict[str, Any], key: str, default: int = 0) -> int:
     return value
 
 
+def rank_dir(root: Path, rank: int) -> Path:
+    """Where tensor-parallel rank `rank` keeps its share (its KV heads) of every block."""
+    return root / f"rank{rank}"
+
+
 def interchange_key(config: EngineConfig) -> str:
     """What must match for two engines' blocks to be interchangeable, as a directory name."""
     facts = {
@@ -98,6 +103,7 @@ def interchange_key(config: EngineConfig) -> str:
         "quantization": config.model.quantization,
         "block_size": config.cache.block_size,
         "kv_cache_dtype": config.cache.kv_cache_dtype,
+        "tensor_parallel_size": config.parallel.tensor_parallel_size,
         "hash": config.cache.prefix_caching_hash_algo,
         "core": __version__,
     }
@@ -146,9 +152,13 @@ class OffloadConnector(KVConnector):
         self._host: OrderedDict[str, int] = OrderedDict()  # hash -> slot, oldest first
         self._free_slots = list(range(self.options.num_cpu_blocks - 1, -1, -1))
         self._disk: OrderedDict[str, None] = OrderedDict()  # hashes with a file, oldest first
-        if self.root is not None and self.root.is_dir():
-            files = sorted(self.root.glob("*/*.kv"), key=lambda p: p.stat().st_mtime)
-            self._disk.update((p.stem, None) for p in files)
+        num_ranks = self.config.parallel.tensor_parallel_size
+        self._rank_dirs = (
+            [] if self.root is None else [rank_dir(self.root, r) for r in range(num_ranks)]
+        )
+        if self._rank_dirs and self._rank_dirs[0].is_dir():
+            files = sorted(self._rank_dirs[0].glob("*/*.kv"), key=lambda p: p.stat().st_mtime)
+            self._disk.update((p.stem, None) for p in files if self._on_disk(p.stem))
         self._tracked: dict[str, _Tracked] = {}
         self._loading: dict[str, list[str]] = {}  # request id -> the keys its load reads
         self._step = OffloadMetadata()
@@ -169,10 +179,14 @@ class OffloadConnector(KVConnector):
         if key in self._host or key in self._disk:
             return True
         # Another engine sharing the directory may have written it.
-        if self.root is not None and block_path(self.root, key).is_file():
+        if self._rank_dirs and self._on_disk(key):
             self._disk[key] = None
             return True
         return False
+
+    def _on_disk(self, key: str) -> bool:
+        """Whether every rank's share of `key`'s block has its file."""
+        return all(block_path(directory, key).is_file() for directory in self._rank_dirs)
 
     def update_state_after_alloc(
         self, request: Request, block_ids: tuple[list[int], ...], num_external_tokens: int
@@ -273,6 +287,7 @@ class OffloadConnector(KVConnector):
         self._caches: list[torch.Tensor] = []  # per layer: [num_blocks, *page_shape]
         self._host_blocks: torch.Tensor | None = None  # [num_cpu_blocks, num_layers, *page]
         self._report = KVConnectorOutput()  # what get_finished hands over next
+        self._files: Path | None = None  # this rank's directory of the disk tier
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         # Sorted by name: every engine of the model lays a block's file out alike.
@@ -282,6 +297,7 @@ class OffloadConnector(KVConnector):
             raise ValueError("offload: every attention layer must share one page shape and dtype")
         shape = (self.options.num_cpu_blocks, len(self._caches), *first.shape[1:])
         self._host_blocks = torch.empty(shape, dtype=first.dtype)
+        self._files = None if self.root is None else rank_dir(self.root, self.rank)
 
     @property
     def _block_shape(self) -> tuple[int, ...]:
@@ -296,8 +312,8 @@ class OffloadConnector(KVConnector):
                 block = self._host_block(slot) if slot is not None else self._disk_block(key)
             except BlockFileError as exc:
                 logger.warning("offload: %s; request %s recomputes its prompt", exc, req_id)
-                if self.root is not None:  # no engine sharing the directory reads it again
-                    block_path(self.root, key).unlink(missing_ok=True)
+                if self._files is not None:  # no engine sharing the directory reads it again
+                    block_path(self._files, key).unlink(missing_ok=True)
                 self._report.failed_recving.add(req_id)
                 continue
             for layer, cache in enumerate(self._caches):
@@ -309,10 +325,10 @@ class OffloadConnector(KVConnector):
         return self._host_blocks[slot]
 
     def _disk_block(self, key: str) -> torch.Tensor:
-        if self.root is None:
+        if self._files is None:
             raise BlockFileError(f"block {key}: no disk tier")
         assert self._host_blocks is not None
-        return read_block(block_path(self.root, key), self._block_shape, self._host_blocks.dtype)
+        return read_block(block_path(self._files, key), self._block_shape, self._host_blocks.dtype)
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any) -> None:
         """Saves wait for the whole forward (`wait_for_save`): a block is one file of every
@@ -323,16 +339,16 @@ class OffloadConnector(KVConnector):
         assert self._host_blocks is not None
         start = time.perf_counter()
         for slot, key in meta.spills:
-            assert self.root is not None
-            write_block(block_path(self.root, key), self._host_blocks[slot])
+            assert self._files is not None
+            write_block(block_path(self._files, key), self._host_blocks[slot])
         for block_id, slot in meta.saves:
             for layer, cache in enumerate(self._caches):
                 self._host_blocks[slot, layer].copy_(cache[block_id])
         if meta.spills or meta.saves:
             self._count(len(meta.spills) + len(meta.saves), start)
         for key in meta.deletes:
-            assert self.root is not None
-            block_path(self.root, key).unlink(missing_ok=True)
+            assert self._files is not None
+            block_path(self._files, key).unlink(missing_ok=True)
 
     def _count(self, num_blocks: int, start: float) -> None:
         assert self._host_blocks is not None

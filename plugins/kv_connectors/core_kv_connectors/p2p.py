@@ -13,13 +13,14 @@ the prompt's full blocks, reads them from the producer in a background thread (t
 request waits meanwhile, others run), and computes only the rest of the prompt.
 
 Failure handling (the reference's chapter 9): a handshake exchanges compatibility facts
-(core version, model, dtype, block size, layers, page shape) and a mismatch is refused
-naming the first that differs; the producer holds sent blocks under a lease (`lease_s`)
-that the consumer's heartbeats extend while its read waits, and frees them on the
-consumer's DONE or when the lease expires, never while a read of them is under way; a
-consumer's idle connections close after `peer_ttl_s`, busy ones never; a failed, refused
-or timed-out read makes the decode engine recompute the prompt (never garbage, never a
-hang). Wire format: p2p_wire.py.
+(core version, model, dtype, block size, tensor-parallel size, layers, page shape) and a
+mismatch is refused naming the first that differs; the producer holds sent blocks under a
+lease (`lease_s`) that the consumer's heartbeats extend while its read waits, and frees
+them on the consumer's DONE or when the lease expires, never while a read of them is under
+way; a consumer's idle connections close after `peer_ttl_s`, busy ones never; a failed,
+refused or timed-out read makes the decode engine recompute the prompt (never garbage,
+never a hang). Under tensor parallelism rank r of the producer serves its KV heads on
+kv_port + r and rank r of the consumer reads them from there. Wire format: p2p_wire.py.
 """
 
 from __future__ import annotations
@@ -112,7 +113,13 @@ class P2PConnector(KVConnector):
         kv_role = config.kv_transfer.kv_role or "kv_both"
         self.produces = kv_role in ("kv_producer", "kv_both")
         self.consumes = kv_role in ("kv_consumer", "kv_both")
-        self.engine_id = f"{self.options.kv_host}:{self.options.kv_port}"
+        # Tensor-parallel rank r of this engine serves its share of the blocks (its KV
+        # heads) on port + r; data-parallel engines take consecutive ranges.
+        parallel = config.parallel
+        self.port = (
+            self.options.kv_port + parallel.data_parallel_rank * parallel.tensor_parallel_size
+        )
+        self.engine_id = f"{self.options.kv_host}:{self.port}"
         self._step = P2PMetadata()
         # Worker role state (set in register_kv_caches).
         self._caches: list[torch.Tensor] = []
@@ -175,7 +182,7 @@ class P2PConnector(KVConnector):
             "remote_block_ids": ids,
             "remote_request_id": request.request_id,
             "remote_host": self.options.kv_host,
-            "remote_port": self.options.kv_port,
+            "remote_port": self.port,
         }
 
     # -- worker role: both sides -----------------------------------------------------------
@@ -188,6 +195,7 @@ class P2PConnector(KVConnector):
             "model": self.config.model.model,
             "dtype": str(first.dtype),
             "block_size": self.block_size,
+            "tensor_parallel_size": self.config.parallel.tensor_parallel_size,
             "num_layers": len(self._caches),
             "page_shape": list(first.shape[1:]),
         }
@@ -208,7 +216,7 @@ class P2PConnector(KVConnector):
             self._lock.notify_all()
         for load in meta.loads:
             assert self._loader is not None  # loads are only planned by consumers
-            peer = self._peer(load.host, load.port)
+            peer = self._peer(load.host, load.port + self.rank)
             peer.pending.add(load.remote_request_id)
             self._loader.submit(self._load, peer, load)
 
@@ -221,10 +229,18 @@ class P2PConnector(KVConnector):
             output, self._report = self._report, KVConnectorOutput()
         return output
 
-    def _block_bytes(self, block_ids: list[int]) -> bytes:
-        # [num_blocks, num_layers, *page]
-        blocks = torch.stack([torch.stack([c[b] for c in self._caches]) for b in block_ids])
-        return blocks.contiguous().view(torch.uint8).numpy().tobytes()
+    def _gather(self, block_ids: list[int]) -> torch.Tensor:
+        """The blocks as the wire carries them: [num_layers, num_blocks, *page], one gather
+        per layer (not one copy per block and layer: the other thread of this process runs
+        the model and waits for the GIL between those)."""
+        ids = torch.tensor(block_ids)
+        return torch.stack([cache.index_select(0, ids) for cache in self._caches])
+
+    def _layout(self, num_blocks: int) -> tuple[torch.Size, int]:
+        """The wire shape of `num_blocks` blocks and its size in bytes."""
+        first = self._caches[0]
+        shape = torch.Size((len(self._caches), num_blocks, *first.shape[1:]))
+        return shape, shape.numel() * first.element_size()
 
     # -- worker role: producer -------------------------------------------------------------
 
@@ -236,11 +252,12 @@ class P2PConnector(KVConnector):
                 connector._handle(self.request)
 
         socketserver.ThreadingTCPServer.allow_reuse_address = True
-        self._server = socketserver.ThreadingTCPServer(("0.0.0.0", self.options.kv_port), Handler)
+        port = self.port + self.rank
+        self._server = socketserver.ThreadingTCPServer(("0.0.0.0", port), Handler)
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, daemon=True,
                          name="core-p2p-server").start()  # fmt: skip
-        logger.info("p2p: serving KV blocks on port %d", self.options.kv_port)
+        logger.info("p2p: rank %d serves KV blocks on port %d", self.rank, port)
 
     def _handle(self, sock: socket.socket) -> None:
         """One consumer connection: the handshake, then READ / DONE / HEARTBEAT."""
@@ -288,14 +305,14 @@ class P2PConnector(KVConnector):
             lease.num_reading += 1
         start = time.perf_counter()
         try:
-            payload = self._block_bytes(block_ids)
-            wire.send_message(sock, {"type": "DATA", "num_bytes": len(payload)})
+            payload = _as_bytes(self._gather(block_ids))
+            wire.send_message(sock, {"type": "DATA", "num_bytes": payload.nbytes})
             sock.sendall(payload)
         finally:
             with self._lock:
                 lease.num_reading -= 1
         with self._lock:
-            self._report.count_moved(len(block_ids), len(payload), time.perf_counter() - start)
+            self._report.count_moved(len(block_ids), payload.nbytes, time.perf_counter() - start)
 
     def _expire_leases(self) -> None:
         """Free the blocks of leases past their expiry with no read under way (every
@@ -324,17 +341,17 @@ class P2PConnector(KVConnector):
         try:
             with peer.lock:
                 peer.pending.discard(load.remote_request_id)
-                payload = self._read(peer, load)
-                blocks = self._as_blocks(payload, len(load.local_block_ids))
-                for block, local in zip(blocks, load.local_block_ids, strict=True):
-                    for layer, cache in enumerate(self._caches):
-                        cache[local].copy_(block[layer])
+                blocks = self._read(peer, load)
+                local = torch.tensor(load.local_block_ids)
+                for cache, layer_blocks in zip(self._caches, blocks, strict=True):
+                    cache.index_copy_(0, local, layer_blocks)
                 wire.send_message(peer.sock, {"type": "DONE", "req_id": load.remote_request_id})
                 peer.last_used = time.monotonic()
             failed = False
         except (OSError, wire.WireError, ValueError) as exc:
             logger.warning("p2p: reading %s's KV from %s:%d failed (%s); it recomputes its "
-                           "prompt", load.req_id, load.host, load.port, exc)  # fmt: skip
+                           "prompt", load.req_id, load.host, load.port + self.rank,
+                           exc)  # fmt: skip
             peer.close()
             failed = True
         with self._lock:
@@ -343,22 +360,20 @@ class P2PConnector(KVConnector):
                 self._report.failed_recving.add(load.req_id)
             else:
                 seconds = time.perf_counter() - start
-                self._report.count_moved(len(load.local_block_ids), len(payload), seconds)
+                self._report.count_moved(len(load.local_block_ids), blocks.nbytes, seconds)
 
-    def _read(self, peer: _Peer, load: _Load) -> bytes:
+    def _read(self, peer: _Peer, load: _Load) -> torch.Tensor:
+        """The producer's blocks of `load`, received straight into one tensor."""
         sock = peer.connect(self.facts, self.options.timeout_s)
         wire.send_message(sock, {"type": "READ", "req_id": load.remote_request_id,
                                  "block_ids": load.remote_block_ids})  # fmt: skip
         reply = wire.expect(wire.recv_message(sock), "DATA")
-        return wire.recv_exact(sock, int(reply["num_bytes"]))
-
-    def _as_blocks(self, payload: bytes, num_blocks: int) -> torch.Tensor:
-        first = self._caches[0]
-        shape = (num_blocks, len(self._caches), *first.shape[1:])
-        expected = first.element_size() * torch.Size(shape).numel()
-        if len(payload) != expected:
-            raise wire.WireError(f"{len(payload)} bytes of blocks, expected {expected}")
-        return torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(first.dtype).view(shape)
+        shape, expected = self._layout(len(load.local_block_ids))
+        if int(reply["num_bytes"]) != expected:
+            raise wire.WireError(f"{reply['num_bytes']} bytes of blocks, expected {expected}")
+        blocks = torch.empty(shape, dtype=self._caches[0].dtype)
+        wire.recv_into(sock, _as_bytes(blocks))
+        return blocks
 
     def _heartbeat_loop(self) -> None:
         """Extend the leases of reads still waiting their turn, and close connections idle
@@ -424,3 +439,8 @@ class _Peer:
 
     def idle_for(self) -> float:
         return time.monotonic() - self.last_used
+
+
+def _as_bytes(tensor: torch.Tensor) -> memoryview:
+    """A contiguous tensor's bytes, without a copy (what sockets send and receive into)."""
+    return memoryview(tensor.view(torch.uint8).reshape(-1).numpy())

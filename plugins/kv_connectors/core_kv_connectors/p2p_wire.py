@@ -4,7 +4,7 @@ TCP, and the compatibility check of the handshake.
 Every message is a 4-byte big-endian length and a msgpack map with a "type". A consumer
 opens with HELLO (its compatibility facts); the producer answers OK, or REFUSED naming
 the first fact that differs. Then READ (request id, block ids) is answered by DATA (the
-byte count) and that many bytes, [num_blocks, num_layers, *page] of the producer's
+byte count) and that many bytes, [num_layers, num_blocks, *page] of the producer's
 dtype, or by ERROR; DONE (request id) releases the producer's blocks; HEARTBEAT (request
 ids) extends their leases.
 """
@@ -21,7 +21,9 @@ _LENGTH = struct.Struct(">I")
 MAX_MESSAGE = 1 << 20  # a header, never a payload: bounds what a bad peer makes us allocate
 
 # What must match for a producer's blocks to be a consumer's, in the order checked.
-COMPAT_FIELDS = ("core", "model", "dtype", "block_size", "num_layers", "page_shape")
+COMPAT_FIELDS = (
+    "core", "model", "dtype", "block_size", "tensor_parallel_size", "num_layers", "page_shape",
+)  # fmt: skip
 
 
 class WireError(ConnectionError):
@@ -46,13 +48,18 @@ def recv_message(sock: socket.socket) -> dict[str, Any]:
 def recv_exact(sock: socket.socket, num_bytes: int) -> bytes:
     """Exactly `num_bytes`, or WireError when the peer closes first."""
     buffer = bytearray(num_bytes)
-    view, received = memoryview(buffer), 0
-    while received < num_bytes:
+    recv_into(sock, memoryview(buffer))
+    return bytes(buffer)
+
+
+def recv_into(sock: socket.socket, view: memoryview) -> None:
+    """Fill `view` (of bytes) from `sock`, or WireError when the peer closes first."""
+    received = 0
+    while received < view.nbytes:
         count = sock.recv_into(view[received:])
         if count == 0:
-            raise WireError(f"the peer closed after {received} of {num_bytes} bytes")
+            raise WireError(f"the peer closed after {received} of {view.nbytes} bytes")
         received += count
-    return bytes(buffer)
 
 
 def expect(message: dict[str, Any], kind: str) -> dict[str, Any]:

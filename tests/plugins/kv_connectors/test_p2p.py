@@ -20,6 +20,7 @@ from tiny_engine_checkpoint import (
     reference_model,
 )
 
+from core.engine.core import TRANSFER_POLL_S
 from core.engine.llm_engine import LLMEngine
 from core.sampling_params import SamplingParams
 
@@ -49,6 +50,12 @@ def p2p_engine(checkpoint: Path, role: str, block_size: int = BLOCK, **extra) ->
 
 def free_blocks(engine: LLMEngine) -> int:
     return engine.core.scheduler.kv.coordinator.block_pools[0].get_num_free_blocks()
+
+
+def block_bytes(engine: LLMEngine) -> int:
+    """One block's bytes over every layer of `engine`'s KV cache."""
+    layers = engine.core.executor.worker.loaded.attention_layers
+    return sum(layer.kv_cache[0].numel() * layer.kv_cache.element_size() for layer in layers)
 
 
 def run(engine: LLMEngine, req_id: str, max_tokens: int, kv_transfer_params: dict):
@@ -99,10 +106,7 @@ def test_a_decode_engine_computes_only_the_last_prompt_token_and_answers_as_one_
         stats = consumer.core.scheduler.make_stats()
         assert stats.external_prefix_cache_hits == 13
         # Four blocks (the last partly filled) of every layer, moved once, nothing failed.
-        layers = consumer.core.executor.worker.loaded.attention_layers
-        block_bytes = sum(layer.kv_cache[0].numel() * layer.kv_cache.element_size()
-                          for layer in layers)  # fmt: skip
-        assert (stats.kv_transfer_blocks, stats.kv_transfer_bytes) == (4, 4 * block_bytes)
+        assert (stats.kv_transfer_blocks, stats.kv_transfer_bytes) == (4, 4 * block_bytes(consumer))
         assert stats.kv_transfer_failed_loads == 0
     finally:
         producer.shutdown()
@@ -145,10 +149,11 @@ def test_a_producer_killed_mid_transfer_leaves_the_consumer_to_recompute(
     tiny_checkpoint, reference, caplog
 ):
     port = free_port()
-    producer = subprocess.Popen([sys.executable, "-c", _DYING_PRODUCER, str(port)],
-                                stdout=subprocess.PIPE)  # fmt: skip
-    assert producer.stdout.readline().strip() == b"listening"
     consumer = p2p_engine(tiny_checkpoint, "kv_consumer")
+    num_bytes = 4 * block_bytes(consumer)
+    producer = subprocess.Popen([sys.executable, "-c", _DYING_PRODUCER, str(port),
+                                 str(num_bytes)], stdout=subprocess.PIPE)  # fmt: skip
+    assert producer.stdout.readline().strip() == b"listening"
     params = {"do_remote_prefill": True, "remote_host": "127.0.0.1", "remote_port": port,
               "remote_block_ids": [1, 2, 3, 4], "remote_request_id": "gone"}  # fmt: skip
     try:
@@ -160,10 +165,10 @@ def test_a_producer_killed_mid_transfer_leaves_the_consumer_to_recompute(
         consumer.shutdown()
     assert producer.wait(timeout=30) == -9
     assert tokens == reference and cached == 0
-    assert "the peer closed after 100 of 1048576 bytes" in caplog.text
+    assert f"the peer closed after 100 of {num_bytes} bytes" in caplog.text
 
 
-# Accepts the handshake, announces a megabyte of blocks, sends 100 bytes and is killed.
+# Accepts the handshake, announces the four blocks asked for, sends 100 bytes, is killed.
 _DYING_PRODUCER = """
 import os, signal, socket, sys
 from core_kv_connectors import p2p_wire as wire
@@ -173,7 +178,7 @@ sock, _ = server.accept()
 wire.expect(wire.recv_message(sock), "HELLO")
 wire.send_message(sock, {"type": "OK", "engine_id": "dying"})
 wire.expect(wire.recv_message(sock), "READ")
-wire.send_message(sock, {"type": "DATA", "num_bytes": 1 << 20})
+wire.send_message(sock, {"type": "DATA", "num_bytes": int(sys.argv[2])})
 sock.sendall(bytes(100))
 os.kill(os.getpid(), signal.SIGKILL)
 """
@@ -226,3 +231,16 @@ def test_a_request_without_do_remote_decode_frees_its_blocks_at_once(tiny_checkp
 def test_bad_options_are_refused_naming_the_key(tiny_checkpoint, extra, message):
     with pytest.raises(ValueError, match=message):
         p2p_engine(tiny_checkpoint, "kv_producer", **extra)
+
+
+def test_an_engine_that_only_waits_for_a_transfer_polls_it_instead_of_spinning(tiny_checkpoint):
+    producer = p2p_engine(tiny_checkpoint, "kv_producer", kv_port=free_port())
+    try:
+        prefill(producer)
+        assert producer.core.has_unfinished_requests()  # the blocks wait for their reader
+        start = time.perf_counter()
+        for _ in range(20):
+            assert producer.core.step().outputs == []
+        assert time.perf_counter() - start >= 20 * TRANSFER_POLL_S
+    finally:
+        producer.shutdown()
