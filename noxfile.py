@@ -53,12 +53,18 @@ CONFORMANCE = [
     "quantization:gguf",
     "quantization:awq",
     "kv_connector:offload",
+    "kv_connector:p2p",
+    "kv_connector:multi",
     # core-cpu-kernels' registration callable: each kernel it serves against core's references.
     "kernels:kernel_ops",
 ]
 # The kit's layers have 64 inputs: AWQ groups of 32.
 QUANT_CONFIGS = [
     '{"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": true, "version": "gemm"}',
+]
+# The composite connector's list: the two it is deployed with.
+KV_CONFIGS = [
+    'multi={"connectors": [{"kv_connector": "p2p"}, {"kv_connector": "offload"}]}',
 ]
 # Method options of the proposers' engine runs: lookups short enough to hit on the kit's
 # random model, the target as its own draft, the target's first layer.
@@ -132,6 +138,7 @@ def conformance(session: nox.Session) -> None:
     targets = [f"--core-conformance={target}" for target in CONFORMANCE]
     targets += [f"--core-conformance-spec-options={options}" for options in SPEC_OPTIONS]
     targets += [f"--core-conformance-quant-config={config}" for config in QUANT_CONFIGS]
+    targets += [f"--core-conformance-kv-config={config}" for config in KV_CONFIGS]
     session.run(pytest, *targets, *session.posargs, external=True)
     # The example platform is available only when asked for; check its class that way too.
     session.run(

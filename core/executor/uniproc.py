@@ -28,3 +28,6 @@ class UniProcExecutor(Executor):
         reply_ranks: tuple[int, ...] | None = None,
     ) -> list[Any]:
         return [getattr(self.worker, method)(*args, **(kwargs or {}))]  # rank 0 is all
+
+    def shutdown(self) -> None:
+        self.worker.shutdown()

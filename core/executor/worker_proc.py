@@ -130,6 +130,7 @@ def _serve(worker: Any, calls: Any, reply: zmq.Socket, rank: int) -> None:
     while True:
         method, args, kwargs, reply_ranks = calls.dequeue()
         if method == SHUTDOWN:
+            worker.shutdown()
             return
         try:
             answer = Reply(rank, value=getattr(worker, method)(*args, **kwargs))

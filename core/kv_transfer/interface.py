@@ -56,6 +56,15 @@ class KVConnectorOutput:
         self.num_bytes_moved += num_bytes
         self.transfer_times.append(seconds)
 
+    def add(self, other: KVConnectorOutput) -> None:
+        """Take in the report of another connector of the same worker (a composite's)."""
+        self.finished_sending |= other.finished_sending
+        self.finished_recving |= other.finished_recving
+        self.failed_recving |= other.failed_recving
+        self.num_blocks_moved += other.num_blocks_moved
+        self.num_bytes_moved += other.num_bytes_moved
+        self.transfer_times += other.transfer_times
+
 
 class KVConnector(ABC):
     """Base class of KV connectors (`core.kv_connectors` entry points).
@@ -156,3 +165,8 @@ class KVConnector(ABC):
     def get_finished(self, finished_req_ids: set[str]) -> KVConnectorOutput:
         """Transfers completed since the last call; default: synchronous, none pending."""
         return KVConnectorOutput()
+
+    def shutdown(self) -> None:
+        """Release what the worker role holds (listening sockets, threads, connections)
+        when its engine stops, though the process may go on (an in-process engine, a
+        test); called once, after the last step. Default: nothing to release."""

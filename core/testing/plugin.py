@@ -25,6 +25,7 @@ KIT_DIR = Path(__file__).parent
 _TARGETS = pytest.StashKey["dict[str, list[Target]]"]()
 _QUANT_CONFIGS = pytest.StashKey["list[dict]"]()
 _SPEC_OPTIONS = pytest.StashKey["dict[str, str]"]()
+_KV_CONFIGS = pytest.StashKey["dict[str, str]"]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -63,6 +64,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         '(e.g. draft_model={"model": "{target}"}); repeatable; default: {}',
     )
     group.addoption(
+        "--core-conformance-kv-config",
+        action="append",
+        default=[],
+        metavar="NAME=JSON",
+        dest="core_conformance_kv_config",
+        help="connector NAME's kv_connector_extra_config in the kit's kv_connector checks "
+        '(e.g. p2p={"kv_port": 14650}); repeatable; default: {}',
+    )
+    group.addoption(
         "--core-conformance-device",
         default="cpu",
         metavar="DEVICE",
@@ -85,7 +95,12 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[_QUANT_CONFIGS] = [
             parse_json_object(flag, raw) for raw in config.getoption(raw_configs)
         ]
-        config.stash[_SPEC_OPTIONS] = _named_json(config.getoption("core_conformance_spec_options"))
+        config.stash[_SPEC_OPTIONS] = _named_json(
+            "--core-conformance-spec-options", config.getoption("core_conformance_spec_options")
+        )
+        config.stash[_KV_CONFIGS] = _named_json(
+            "--core-conformance-kv-config", config.getoption("core_conformance_kv_config")
+        )
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from exc
     by_kind: dict[str, list[Target]] = {}
@@ -116,13 +131,14 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Mod
     return pytest.Module.from_parent(parent, path=file_path)
 
 
-def _named_json(items: list[str]) -> dict[str, str]:
-    """{NAME: JSON text} of `NAME=JSON` items; the JSON is parsed after "{target}" is filled."""
+def _named_json(flag: str, items: list[str]) -> dict[str, str]:
+    """{NAME: JSON text} of `flag`'s `NAME=JSON` items (parsed when used: the spec
+    options' "{target}" is filled first)."""
     named = {}
     for item in items:
         name, sep, text = item.partition("=")
         if not sep or not name:
-            raise ValueError(f"--core-conformance-spec-options {item!r}: expected NAME=JSON")
+            raise ValueError(f"{flag} {item!r}: expected NAME=JSON")
         named[name] = text
     return named
 
@@ -154,6 +170,14 @@ def spec_options_of(config: pytest.Config, name: str, target_dir: str) -> dict:
     return parse_json_object(
         "--core-conformance-spec-options", text.replace("{target}", target_dir)
     )
+
+
+def kv_config_of(config: pytest.Config, name: str) -> dict:
+    """Connector `name`'s --core-conformance-kv-config ({} when none was given)."""
+    from core.plugins.components import parse_json_object
+
+    text = config.stash.get(_KV_CONFIGS, {}).get(name, "{}")
+    return parse_json_object("--core-conformance-kv-config", text)
 
 
 def quant_configs_of(config: pytest.Config) -> list[dict]:

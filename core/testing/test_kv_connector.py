@@ -9,7 +9,12 @@ reference-layout KV caches with that metadata bound (load, per-layer wait and sa
 wait for saves), then a KVConnectorOutput of request-id sets. A connector that offers
 saved KV back (a store, not a one-way sender) returns it byte for byte into other blocks
 for a request with the same prompt, reports an asynchronous load in finished_recving, and
-offers no block again once a load of it was reported failed.
+offers no block again once a load of it was reported failed. Every instance is shut down
+after its check (`shutdown`: a listening socket is released, so the next check may bind
+it again).
+
+`--core-conformance-kv-config NAME=JSON` gives connector NAME its
+kv_connector_extra_config (e.g. a port, or the list a composite connector wraps).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from core.kv_transfer.interface import (
 )
 from core.request import Request
 from core.sampling_params import SamplingParams
-from core.testing.plugin import targets_of
+from core.testing.plugin import kv_config_of, targets_of
 from core.worker.contract import NewRequestData, SchedulerOutput
 
 REQ_ID = "conformance-0"
@@ -48,9 +53,26 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 @pytest.fixture
-def config(connector_name: str) -> EngineConfig:
-    transfer = KVTransferConfig(kv_connector=connector_name, kv_role="kv_both")
+def config(connector_name: str, request: pytest.FixtureRequest) -> EngineConfig:
+    extra = kv_config_of(request.config, connector_name)
+    transfer = KVTransferConfig(
+        kv_connector=connector_name, kv_role="kv_both", kv_connector_extra_config=extra
+    )
     return EngineConfig(kv_transfer=transfer, cache=CacheConfig(block_size=BLOCK_SIZE))
+
+
+@pytest.fixture
+def make(connector_cls: type[KVConnector], config: EngineConfig):
+    """`make(role)`: a connector of the class under test, shut down after the check."""
+    made: list[KVConnector] = []
+
+    def build(role: KVConnectorRole) -> KVConnector:
+        made.append(connector_cls(config, role))
+        return made[-1]
+
+    yield build
+    for connector in made:
+        connector.shutdown()
 
 
 def request() -> Request:
@@ -74,17 +96,13 @@ def scheduler_output() -> SchedulerOutput:
 
 
 @pytest.mark.parametrize("role", list(KVConnectorRole), ids=lambda r: r.value)
-def test_constructs_in_both_roles(
-    connector_cls: type[KVConnector], config: EngineConfig, role: KVConnectorRole
-) -> None:
-    assert connector_cls(config, role).role is role
+def test_constructs_in_both_roles(make, role: KVConnectorRole) -> None:
+    assert make(role).role is role
 
 
 @pytest.mark.parametrize("num_computed", [0, BLOCK_SIZE])
-def test_scheduler_role_answers_in_the_documented_types(
-    connector_cls, config, num_computed: int
-) -> None:
-    connector = connector_cls(config, KVConnectorRole.SCHEDULER)
+def test_scheduler_role_answers_in_the_documented_types(make, num_computed: int) -> None:
+    connector = make(KVConnectorRole.SCHEDULER)
     req = request()
     matched, is_async = connector.get_num_new_matched_tokens(req, num_computed)
     assert type(matched) is int and type(is_async) is bool, f"{(matched, is_async)!r}"
@@ -95,14 +113,14 @@ def test_scheduler_role_answers_in_the_documented_types(
     assert type(keep) is bool and (params is None or isinstance(params, dict)), (keep, params)
 
 
-def test_worker_role_runs_a_step(connector_cls, config) -> None:
-    scheduler = connector_cls(config, KVConnectorRole.SCHEDULER)
+def test_worker_role_runs_a_step(make) -> None:
+    scheduler = make(KVConnectorRole.SCHEDULER)
     req = request()
     matched, _ = scheduler.get_num_new_matched_tokens(req, 0)
     scheduler.update_state_after_alloc(req, (BLOCK_IDS,), matched)
     metadata = scheduler.build_connector_meta(scheduler_output())
 
-    worker = connector_cls(config, KVConnectorRole.WORKER)
+    worker = make(KVConnectorRole.WORKER)
     shape = TorchRefBackend.get_kv_cache_shape(NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE)
     kv_caches = {layer: torch.randn(shape) for layer in LAYERS}
     worker.register_kv_caches(kv_caches)
@@ -113,8 +131,8 @@ def test_worker_role_runs_a_step(connector_cls, config) -> None:
         assert isinstance(ids, set) and all(isinstance(i, str) for i in ids), f"{field}: {ids!r}"
 
 
-def test_saved_blocks_load_back_byte_for_byte(connector_cls, config) -> None:
-    scheduler, worker, kv_caches = _saved_prompt(connector_cls, config)
+def test_saved_blocks_load_back_byte_for_byte(make) -> None:
+    scheduler, worker, kv_caches = _saved_prompt(make)
     saved = {layer: cache.clone() for layer, cache in kv_caches.items()}
     loader = _request("conformance-1")
     matched, is_async = scheduler.get_num_new_matched_tokens(loader, 0)
@@ -136,8 +154,8 @@ def test_saved_blocks_load_back_byte_for_byte(connector_cls, config) -> None:
         assert not output.failed_recving, output
 
 
-def test_blocks_of_a_failed_load_are_not_offered_again(connector_cls, config) -> None:
-    scheduler, _, _ = _saved_prompt(connector_cls, config)
+def test_blocks_of_a_failed_load_are_not_offered_again(make) -> None:
+    scheduler, _, _ = _saved_prompt(make)
     loader = _request("conformance-1")
     matched, _ = scheduler.get_num_new_matched_tokens(loader, 0)
     if matched == 0:
@@ -149,11 +167,11 @@ def test_blocks_of_a_failed_load_are_not_offered_again(connector_cls, config) ->
     assert again == 0, f"{again} tokens offered again from blocks whose load failed"
 
 
-def _saved_prompt(connector_cls, config):
+def _saved_prompt(make):
     """Both roles, reference caches, and the conformance request's prompt computed in one
     step (blocks BLOCK_IDS) with the connector's metadata."""
-    scheduler = connector_cls(config, KVConnectorRole.SCHEDULER)
-    worker = connector_cls(config, KVConnectorRole.WORKER)
+    scheduler = make(KVConnectorRole.SCHEDULER)
+    worker = make(KVConnectorRole.WORKER)
     shape = TorchRefBackend.get_kv_cache_shape(NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE)
     kv_caches = {layer: torch.randn(shape) for layer in LAYERS}
     worker.register_kv_caches(kv_caches)

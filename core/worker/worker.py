@@ -427,6 +427,13 @@ class Worker:
         pipeline stage before the last returns no tokens, only the batch's request ids."""
         return self.runner.execute_model(scheduler_output)
 
+    def shutdown(self) -> None:
+        """Release what outlives a step outside this process's memory (the KV connector's
+        sockets and threads) when the engine stops; the process may go on."""
+        connector = None if self._loaded is None else self._loaded.runner.kv_connector
+        if connector is not None:
+            connector.shutdown()
+
     def dummy_run(self, num_tokens: int) -> None:
         """A forward of `num_tokens` placeholder tokens (ModelRunner.dummy_run) on every rank
         at once: the engine core times a few to size its first steps (step_budget.py)."""

@@ -105,11 +105,21 @@ class MultiConnector(KVConnector):
                                f"{request.request_id}'s blocks; at most one may")  # fmt: skip
         return bool(keepers), params
 
+    def update_connector_output(self, output: KVConnectorOutput) -> None:
+        # Each connector ignores the requests of the others (it never loaded them).
+        for connector in self.connectors:
+            connector.update_connector_output(output)
+
     # -- worker role -----------------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         for connector in self.connectors:
+            connector.rank = self.rank
             connector.register_kv_caches(kv_caches)
+
+    def shutdown(self) -> None:
+        for connector in self.connectors:
+            connector.shutdown()
 
     def bind_connector_metadata(self, metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(metadata)
@@ -142,8 +152,5 @@ class MultiConnector(KVConnector):
     def get_finished(self, finished_req_ids: set[str]) -> KVConnectorOutput:
         merged = KVConnectorOutput()
         for connector in self.connectors:
-            output = connector.get_finished(finished_req_ids)
-            merged.finished_sending |= output.finished_sending
-            merged.finished_recving |= output.finished_recving
-            merged.failed_recving |= output.failed_recving
+            merged.add(connector.get_finished(finished_req_ids))
         return merged

@@ -130,6 +130,7 @@ class P2PConnector(KVConnector):
         self._server: socketserver.ThreadingTCPServer | None = None
         self._peers: dict[tuple[str, int], _Peer] = {}
         self._loader: ThreadPoolExecutor | None = None
+        self._stopped = threading.Event()
 
     # -- scheduler role --------------------------------------------------------------------
 
@@ -222,6 +223,19 @@ class P2PConnector(KVConnector):
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any) -> None:
         """Nothing to do per layer: a producer serves a request's blocks once it finished."""
+
+    def shutdown(self) -> None:
+        """Stop serving (the port is free again), drop queued reads, close connections."""
+        self._stopped.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._loader is not None:
+            self._loader.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            peers, self._peers = list(self._peers.values()), {}
+        for peer in peers:
+            peer.close()
 
     def get_finished(self, finished_req_ids: set[str]) -> KVConnectorOutput:
         with self._lock:
@@ -378,8 +392,7 @@ class P2PConnector(KVConnector):
     def _heartbeat_loop(self) -> None:
         """Extend the leases of reads still waiting their turn, and close connections idle
         past peer_ttl_s (never one with a read waiting or under way)."""
-        while True:
-            time.sleep(max(self.options.lease_s / 3, 0.05))
+        while not self._stopped.wait(max(self.options.lease_s / 3, 0.05)):
             with self._lock:
                 peers = list(self._peers.items())
             for key, peer in peers:

@@ -185,9 +185,13 @@ def test_multi_takes_each_request_from_the_first_connector_that_has_its_blocks(
     try:
         serve(engine, list(PROMPTS))
         again = serve(engine, ["p0", "p1"])
+        stats = engine.core.scheduler.make_stats()
     finally:
         engine.shutdown()
     assert again == {name: (references[name], 12) for name in ("p0", "p1")}
+    # Both connectors' moves reach the metrics: each saved the 18 blocks of the first
+    # round, and p0's and p1's three blocks each were read back.
+    assert stats.kv_transfer_blocks >= 2 * 18 + 6
 
 
 def test_multi_refuses_a_list_that_names_no_connector(tiny_checkpoint):

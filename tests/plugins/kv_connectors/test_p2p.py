@@ -244,3 +244,9 @@ def test_an_engine_that_only_waits_for_a_transfer_polls_it_instead_of_spinning(t
         assert time.perf_counter() - start >= 20 * TRANSFER_POLL_S
     finally:
         producer.shutdown()
+
+
+def test_a_stopped_producer_frees_its_port_for_the_next_one(tiny_checkpoint):
+    port = free_port()
+    for _ in range(2):  # the second would find the port taken
+        p2p_engine(tiny_checkpoint, "kv_producer", kv_port=port).shutdown()
