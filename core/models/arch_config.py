@@ -20,6 +20,53 @@ _DEFAULT_ROPE_THETA = 10000.0  # transformers' default for the Llama family
 
 
 @dataclass(frozen=True)
+class MoEConfig:
+    """The mixture-of-experts hyperparameters of a decoder, in transformers' vocabulary:
+    `num_experts` (Mixtral's num_local_experts), `top_k` (num_experts_per_tok), each
+    expert's `intermediate_size` (moe_intermediate_size where the config has one),
+    `shared_expert_intermediate_size` (0: none), `norm_topk_prob` (the top-k weights
+    renormalized to sum to 1), and which layers are sparse (`decoder_sparse_step`,
+    `mlp_only_layers`: the rest keep a dense MLP)."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    shared_expert_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+
+    @classmethod
+    def from_hf(cls, d: dict[str, Any]) -> MoEConfig | None:
+        """None for a dense model (no expert count in the config)."""
+        num_experts = d.get("num_local_experts") or d.get("num_experts")
+        if not num_experts:
+            return None
+        top_k = int(_required(d, "num_experts_per_tok"))
+        if not 1 <= top_k <= int(num_experts):
+            raise ValueError(f"config 'num_experts_per_tok' ({top_k}) should be 1.."
+                             f"{num_experts} (the experts)")  # fmt: skip
+        return cls(
+            num_experts=int(num_experts),
+            top_k=top_k,
+            intermediate_size=int(
+                d.get("moe_intermediate_size") or _required(d, "intermediate_size")
+            ),
+            shared_expert_intermediate_size=int(d.get("shared_expert_intermediate_size") or 0),
+            norm_topk_prob=bool(d.get("norm_topk_prob", False)),
+            decoder_sparse_step=int(d.get("decoder_sparse_step") or 1),
+            mlp_only_layers=tuple(int(i) for i in d.get("mlp_only_layers") or ()),
+        )
+
+    def is_sparse(self, layer_idx: int) -> bool:
+        """Whether layer `layer_idx` has experts (else a dense MLP)."""
+        return (
+            layer_idx not in self.mlp_only_layers
+            and (layer_idx + 1) % self.decoder_sparse_step == 0
+        )
+
+
+@dataclass(frozen=True)
 class ArchConfig:
     """Hyperparameters of a Llama-family decoder or a BERT encoder, in transformers'
     vocabulary.
@@ -57,6 +104,8 @@ class ArchConfig:
     eos_token_ids: tuple[int, ...] = ()
     hidden_act: str = "silu"
     type_vocab_size: int = 0
+    moe: MoEConfig | None = None  # None: a dense model
+    clip_qkv: float | None = None  # OLMoE's clamp of q, k and v (None: none)
 
     @classmethod
     def from_hf(cls, d: dict[str, Any]) -> ArchConfig:
@@ -96,6 +145,8 @@ class ArchConfig:
             eos_token_ids=_token_ids(d.get("eos_token_id")),
             hidden_act=hidden_act,
             type_vocab_size=int(d.get("type_vocab_size") or 0),
+            moe=MoEConfig.from_hf(d),
+            clip_qkv=None if d.get("clip_qkv") is None else float(d["clip_qkv"]),
         )
         config._validate()
         return config
@@ -128,6 +179,11 @@ class ArchConfig:
             problems.append(f"the {kv} KV heads (nor is it a multiple of them)")
         if self.intermediate_size % tp_size:
             problems.append(f"the MLP width {self.intermediate_size}")
+        if self.moe is not None and self.moe.intermediate_size % tp_size:
+            problems.append(f"the experts' width {self.moe.intermediate_size}")
+        shared = 0 if self.moe is None else self.moe.shared_expert_intermediate_size
+        if shared % tp_size:
+            problems.append(f"the shared expert's width {shared}")
         if problems:
             raise ValueError(
                 f"{flag} does not divide {', '.join(problems)} of this model; choose a size "

@@ -3,6 +3,11 @@
 Checkpoints name each projection separately ("...self_attn.q_proj.weight"); the models
 fuse some of them into one parameter ("...self_attn.qkv_proj.weight"). A `StackedParam`
 table maps one onto the other, and each parameter's `weight_loader` places the shard.
+Mixture-of-experts checkpoints name every expert's projections too
+("...mlp.experts.3.gate_proj.weight"); an `ExpertParam` table maps those onto the
+experts' stacked parameters ("...mlp.experts.w13_weight", shard (3, 0)). transformers 5
+keeps experts stacked in memory ("...mlp.experts.gate_up_proj" [E, 2 * I, H],
+"...mlp.experts.down_proj" [E, H, I]): those load whole (shard None).
 """
 
 from __future__ import annotations
@@ -25,11 +30,26 @@ class StackedParam:
     shard_id: ShardId
 
 
+# transformers 5's stacked expert tensors -> the model's stacked parameters.
+_STACKED_EXPERTS = {"gate_up_proj": "w13_weight", "down_proj": "w2_weight"}
+
+
+@dataclass(frozen=True)
+class ExpertParam:
+    """Checkpoint tensors "{...}.experts.{e}.{hf_module}.weight" are shard (e, `shard`) of
+    the model's stacked "{...}.experts.{stacked_param}"."""
+
+    stacked_param: str  # e.g. "w13_weight"
+    hf_module: str  # e.g. "gate_proj" (Mixtral: "w1")
+    shard: int  # the projection within the stacked parameter: gate 0, up 1
+
+
 def load_hf_weights(
     model: nn.Module,
     weights: Iterable[tuple[str, torch.Tensor]],
     stacked: Sequence[StackedParam],
     skip: Callable[[str], bool],
+    experts: Sequence[ExpertParam] = (),
 ) -> None:
     """Load every `(hf_name, tensor)` into `model`; names for which `skip` is true are ignored.
 
@@ -43,7 +63,7 @@ def load_hf_weights(
     for hf_name, tensor in weights:
         if skip(hf_name):
             continue
-        name, shard_id = _param_name(hf_name, stacked)
+        name, shard_id = _expert_param_name(hf_name, experts) or _param_name(hf_name, stacked)
         if name not in params:
             unexpected.append(hf_name)
             continue
@@ -53,7 +73,9 @@ def load_hf_weights(
         except ValueError as exc:
             raise ValueError(f"checkpoint weight {hf_name!r}: {exc}") from exc
         seen.add(hf_name)
-    missing = _hf_names(params, stacked) - seen
+        if name.endswith(tuple(_STACKED_EXPERTS.values())) and shard_id is None:
+            seen |= _expert_names(name, param, experts)  # every expert at once
+    missing = _hf_names(params, stacked, experts) - seen
     if missing or unexpected:
         raise ValueError(
             f"checkpoint does not fit {type(model).__name__}: "
@@ -81,10 +103,36 @@ def _param_name(hf_name: str, stacked: Sequence[StackedParam]) -> tuple[str, Sha
     return hf_name, None
 
 
-def _hf_names(params: dict[str, nn.Parameter], stacked: Sequence[StackedParam]) -> set[str]:
+def _expert_param_name(hf_name: str, experts: Sequence[ExpertParam]) -> tuple[str, ShardId] | None:
+    """(stacked parameter name, (expert, shard)) of an expert's checkpoint tensor; None
+    for any other tensor."""
+    parts = hf_name.split(".")
+    if experts and parts[-2:-1] == ["experts"] and parts[-1] in _STACKED_EXPERTS:
+        return ".".join([*parts[:-1], _STACKED_EXPERTS[parts[-1]]]), None
+    for i in range(len(parts) - 3):
+        if parts[i] != "experts" or not parts[i + 1].isdigit() or parts[i + 3] != "weight":
+            continue
+        for entry in experts:
+            if entry.hf_module == parts[i + 2]:
+                return ".".join([*parts[: i + 1], entry.stacked_param]), (
+                    int(parts[i + 1]),
+                    entry.shard,
+                )
+    return None
+
+
+def _hf_names(
+    params: dict[str, nn.Parameter],
+    stacked: Sequence[StackedParam],
+    experts: Sequence[ExpertParam],
+) -> set[str]:
     """The checkpoint names that together fill every parameter of `params`."""
     names: set[str] = set()
-    for name in params:
+    for name, param in params.items():
+        expert_names = _expert_names(name, param, experts)
+        if expert_names:
+            names |= expert_names
+            continue
         parts = name.split(".")
         shards = [entry for entry in stacked if entry.fused_module in parts]
         if not shards:
@@ -93,3 +141,15 @@ def _hf_names(params: dict[str, nn.Parameter], stacked: Sequence[StackedParam]) 
             index = parts.index(entry.fused_module)
             names.add(".".join([*parts[:index], entry.hf_module, *parts[index + 1 :]]))
     return names
+
+
+def _expert_names(name: str, param: nn.Parameter, experts: Sequence[ExpertParam]) -> set[str]:
+    """The per-expert checkpoint names that fill the stacked parameter `name` (none when it
+    is not one)."""
+    parts = name.split(".")
+    return {
+        ".".join([*parts[:-1], str(expert), entry.hf_module, "weight"])
+        for entry in experts
+        if parts[-2:] == ["experts", entry.stacked_param]
+        for expert in range(param.shape[0])
+    }

@@ -1,4 +1,5 @@
-"""The Llama-family decoder, shared by Llama, Mistral, Qwen2 and Qwen3.
+"""The Llama-family decoder, shared by Llama, Mistral, Qwen2, Qwen3 and the mixtures of
+experts built on it (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE).
 
 One implementation, parameterized by the ArchConfig and a few per-architecture switches
 (`DecoderOptions`); the other architectures are subclasses that only choose switches.
@@ -18,7 +19,7 @@ from torch import nn
 from core.attention.layer import Attention
 from core.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_world_size
 from core.models.arch_config import ArchConfig
-from core.models.hf_weights import StackedParam, load_hf_weights
+from core.models.hf_weights import ExpertParam, StackedParam, load_hf_weights
 from core.models.layers import (
     LMHead,
     MergedLinear,
@@ -30,6 +31,7 @@ from core.models.layers import (
     TiedLMHead,
     VocabEmbedding,
 )
+from core.models.layers.fused_moe import FusedMoE
 from core.models.pipeline import IntermediateTensors, MissingLayer, stage_layers
 from core.quantization.interface import QuantizationConfig
 
@@ -51,7 +53,13 @@ class DecoderOptions:
     o_proj_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False  # RMSNorm of each query / key head before RoPE (Qwen3)
+    # RMSNorm of all query / all key heads together, one statistic per token (OLMoE).
+    qk_norm_across_heads: bool = False
+    clip_qkv: bool = False  # clamp q, k and v to the config's clip_qkv (OLMoE)
     sliding_window: bool = False  # honour the config's sliding window on its layers
+    # The config's sparse layers are mixtures of experts; renormalize their top-k weights.
+    moe: bool = False
+    moe_renormalize: bool = False
 
 
 class LlamaMLP(nn.Module):
@@ -62,9 +70,10 @@ class LlamaMLP(nn.Module):
         quant_config: QuantizationConfig | None,
         prefix: str,
         dtype: torch.dtype,
+        intermediate_size: int | None = None,  # default: the config's
     ) -> None:
         super().__init__()
-        hidden, inter = config.hidden_size, config.intermediate_size
+        hidden, inter = config.hidden_size, intermediate_size or config.intermediate_size
         self.gate_up_proj = MergedLinear(
             hidden, [inter, inter], options.mlp_bias, quant_config, f"{prefix}.gate_up_proj", dtype
         )
@@ -113,8 +122,10 @@ class LlamaAttention(nn.Module):
             prefix=f"{prefix}.o_proj",
             dtype=dtype,
         )
-        self.q_norm = _head_norm(config, options, dtype)
-        self.k_norm = _head_norm(config, options, dtype)
+        self.q_norm = _qk_norm(config, options, config.num_attention_heads, dtype)
+        self.k_norm = _qk_norm(config, options, config.num_key_value_heads, dtype)
+        self.norm_across_heads = options.qk_norm_across_heads
+        self.clip_qkv = config.clip_qkv if options.clip_qkv else None
         self.rotary_emb = rotary_emb  # the model's one table, shared by every layer
         window = config.layer_sliding_window(layer_idx) if options.sliding_window else None
         self.attn = Attention(
@@ -135,11 +146,17 @@ class LlamaAttention(nn.Module):
         qkv = self.qkv_proj(hidden)  # [T, (H + 2 * H_kv) * D]
         kv_size = self.qkv_proj.kv_size
         q, k, v = qkv.split([self.qkv_proj.q_size, kv_size, kv_size], dim=-1)
+        if self.norm_across_heads:  # one statistic over all of a token's heads
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.clip_qkv is not None:  # after the norms, as transformers' OLMoE
+            q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
         # Views into qkv (or the head norms' outputs), rotated in place. `view` rather than
         # `reshape` back: a compiled graph would guard reshape's copy-or-view choice on
         # T == 1 (rows of a strided view) and trace a second graph for one-token steps.
-        q = self.q_norm(q.view(num_tokens, self.num_heads, self.head_dim))  # [T, H, D]
-        k = self.k_norm(k.view(num_tokens, self.num_kv_heads, self.head_dim))  # [T, H_kv, D]
+        q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, H, D]
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, H_kv, D]
+        if not self.norm_across_heads:
+            q, k = self.q_norm(q), self.k_norm(k)
         self.rotary_emb(positions, q, k)
         out = self.attn(q.view(num_tokens, -1), k.view(num_tokens, -1), v)  # [T, H * D]
         return self.o_proj(out)
@@ -171,7 +188,7 @@ class LlamaDecoderLayer(nn.Module):
             config, options, layer_idx, rotary_emb, quant_config, f"{prefix}.self_attn", dtype
         )
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype)
-        self.mlp = LlamaMLP(config, options, quant_config, f"{prefix}.mlp", dtype)
+        self.mlp = _mlp(config, options, layer_idx, quant_config, f"{prefix}.mlp", dtype)
 
     def forward(
         self,
@@ -285,6 +302,7 @@ class LlamaForCausalLM(nn.Module):
     """
 
     stacked_params: ClassVar[tuple[StackedParam, ...]] = _STACKED_PARAMS
+    expert_params: ClassVar[tuple[ExpertParam, ...]] = ()  # a mixture of experts' names
     has_lm_head: ClassVar[bool] = True
 
     @classmethod
@@ -339,7 +357,7 @@ class LlamaForCausalLM(nn.Module):
         """
         if not self.has_lm_head:  # saved from the inner model: names lack its prefix
             weights = ((f"model.{name}", tensor) for name, tensor in weights)
-        load_hf_weights(self, weights, self.stacked_params, self._skips_weight)
+        load_hf_weights(self, weights, self.stacked_params, self._skips_weight, self.expert_params)
 
     def _skips_weight(self, hf_name: str) -> bool:
         parts = hf_name.split(".")
@@ -359,11 +377,41 @@ class LlamaForCausalLM(nn.Module):
         return isinstance(module, MissingLayer)
 
 
-def _head_norm(config: ArchConfig, options: DecoderOptions, dtype: torch.dtype) -> nn.Module:
-    """Per-head RMSNorm of queries or keys where the architecture has one, else identity."""
+def _qk_norm(
+    config: ArchConfig, options: DecoderOptions, num_heads: int, dtype: torch.dtype
+) -> nn.Module:
+    """The RMSNorm of queries or keys (of `num_heads` heads) where the architecture has
+    one, per head or across them; else identity."""
+    if options.qk_norm_across_heads:
+        return RMSNorm(num_heads * config.head_dim, config.rms_norm_eps, dtype)
     if options.qk_norm:
         return RMSNorm(config.head_dim, config.rms_norm_eps, dtype)
     return nn.Identity()
+
+
+def _mlp(
+    config: ArchConfig,
+    options: DecoderOptions,
+    layer_idx: int,
+    quant_config: QuantizationConfig | None,
+    prefix: str,
+    dtype: torch.dtype,
+) -> nn.Module:
+    """Layer `layer_idx`'s MLP: its experts where the architecture and config make it
+    sparse, else the dense gated MLP."""
+    moe = config.moe
+    if not options.moe or moe is None or not moe.is_sparse(layer_idx):
+        return LlamaMLP(config, options, quant_config, prefix, dtype)
+    if quant_config is not None:
+        raise ValueError(
+            f"{prefix}: quantized experts are not supported yet (quantization "
+            f"{quant_config.name!r}); load the unquantized checkpoint"
+        )
+    shared = None
+    if moe.shared_expert_intermediate_size:
+        shared = LlamaMLP(config, options, None, f"{prefix}.shared_expert", dtype,
+                          moe.shared_expert_intermediate_size)  # fmt: skip
+    return FusedMoE(moe, config.hidden_size, options.moe_renormalize, prefix, dtype, shared)
 
 
 class HeadlessDecoder:

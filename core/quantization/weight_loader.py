@@ -16,8 +16,9 @@ from typing import Protocol
 import torch
 from torch import nn
 
-ShardId = int | str | None
-"""Which fused output a checkpoint tensor fills: an index, a layer's own name ("q"), or None."""
+ShardId = int | str | tuple[int, int] | None
+"""Which fused output a checkpoint tensor fills: an index, a layer's own name ("q"), an
+(expert, projection) pair of a fused MoE layer's stacked experts, or None."""
 
 
 class WeightLoader(Protocol):

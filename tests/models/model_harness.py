@@ -17,8 +17,11 @@ from core.forward_context import ForwardContext, set_forward_context
 from core.models import ArchConfig, iter_attention_layers
 from core.models.llama import LlamaForCausalLM
 from core.models.mistral import MistralForCausalLM
+from core.models.mixtral import MixtralForCausalLM
+from core.models.olmoe import OlmoeForCausalLM
 from core.models.qwen2 import Qwen2ForCausalLM
 from core.models.qwen3 import Qwen3ForCausalLM
+from core.models.qwen_moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 
 # architecture -> (transformers config class, transformers model class, our class)
 ARCHITECTURES = {
@@ -30,6 +33,22 @@ ARCHITECTURES = {
     ),
     "Qwen2ForCausalLM": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, Qwen2ForCausalLM),
     "Qwen3ForCausalLM": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, Qwen3ForCausalLM),
+    "MixtralForCausalLM": (
+        transformers.MixtralConfig,
+        transformers.MixtralForCausalLM,
+        MixtralForCausalLM,
+    ),
+    "Qwen2MoeForCausalLM": (
+        transformers.Qwen2MoeConfig,
+        transformers.Qwen2MoeForCausalLM,
+        Qwen2MoeForCausalLM,
+    ),
+    "Qwen3MoeForCausalLM": (
+        transformers.Qwen3MoeConfig,
+        transformers.Qwen3MoeForCausalLM,
+        Qwen3MoeForCausalLM,
+    ),
+    "OlmoeForCausalLM": (transformers.OlmoeConfig, transformers.OlmoeForCausalLM, OlmoeForCausalLM),
 }
 
 TINY = dict(

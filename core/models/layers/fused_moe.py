@@ -1,0 +1,154 @@
+"""The mixture-of-experts MLP of a decoder layer: a router and stacked experts.
+
+The router (`gate`, a plain linear layer) scores each token against every expert; the
+token goes to its `top_k` experts, weighted by their softmax probabilities (renormalized
+to sum to 1 where the architecture says so), and `core::fused_moe` runs those experts'
+gated MLPs and sums them. The experts' weights are stacked: `experts.w13_weight`
+[E, 2 * I, H] (each expert's gate then up projection) and `experts.w2_weight` [E, H, I].
+Checkpoints name each expert's projections separately; `ExpertParam` tables map those
+names onto the stacked parameters (core.models.hf_weights).
+
+Tensor parallelism splits every expert's intermediate size I, as the dense MLP's: w13
+column-parallel, w2 row-parallel, the partial outputs summed across ranks.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from core.distributed.parallel_state import (
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+    get_tp_group,
+)
+from core.models.arch_config import MoEConfig
+from core.models.layers.linear import ReplicatedLinear
+from core.ops import fused_moe
+from core.quantization.weight_loader import ShardId, set_weight_loader
+
+
+def select_experts(
+    router_logits: torch.Tensor,  # [T, E]
+    top_k: int,
+    renormalize: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:  # ([T, top_k] float32 weights, [T, top_k] ids)
+    """Each token's `top_k` experts by softmax probability (computed in float32, as
+    transformers does), and their probabilities, renormalized over the chosen ones when
+    `renormalize`."""
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+class StackedExperts(nn.Module):
+    """This rank's share of E experts' weights: w13_weight [E, 2 * I / tp, H] and
+    w2_weight [E, H, I / tp]. Their loader takes one expert's checkpoint projection with
+    shard id (expert, 0 gate / 1 up) for w13 and (expert, 0) for w2."""
+
+    def __init__(
+        self, num_experts: int, intermediate_size: int, hidden_size: int, dtype: torch.dtype
+    ) -> None:
+        super().__init__()
+        self.tp_size = get_tensor_model_parallel_world_size()
+        self.tp_rank = get_tensor_model_parallel_rank()
+        self.intermediate = intermediate_size // self.tp_size  # this rank's share of I
+        self.w13_weight = nn.Parameter(
+            torch.empty(num_experts, 2 * self.intermediate, hidden_size, dtype=dtype),
+            requires_grad=False,
+        )
+        self.w2_weight = nn.Parameter(
+            torch.empty(num_experts, hidden_size, self.intermediate, dtype=dtype),
+            requires_grad=False,
+        )
+        set_weight_loader(self.w13_weight, self._load_w13)
+        set_weight_loader(self.w2_weight, self._load_w2)
+
+    def _load_w13(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId) -> None:
+        if shard_id is None:  # every expert's [gate | up], stacked
+            gate, up = loaded.chunk(2, dim=1)
+            _copy(param.data, torch.cat([self._mine(gate, 1), self._mine(up, 1)], dim=1))
+            return
+        expert, projection = _expert_shard(shard_id, param.shape[0], (0, 1))
+        rows = param.data[expert].narrow(0, projection * self.intermediate, self.intermediate)
+        _copy(rows, self._mine(loaded, 0))
+
+    def _load_w2(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId) -> None:
+        if shard_id is None:  # every expert's down projection, stacked
+            _copy(param.data, self._mine(loaded, 2))
+            return
+        expert, _ = _expert_shard(shard_id, param.shape[0], (0,))
+        _copy(param.data[expert], self._mine(loaded, 1))
+
+    def _mine(self, loaded: torch.Tensor, dim: int) -> torch.Tensor:
+        """This rank's share of the intermediate dimension `dim` of `loaded`."""
+        whole = self.intermediate * self.tp_size
+        if loaded.dim() <= dim or loaded.shape[dim] != whole:
+            raise ValueError(f"shape {tuple(loaded.shape)} has no intermediate size {whole} "
+                             f"in dimension {dim}")  # fmt: skip
+        return loaded.narrow(dim, self.tp_rank * self.intermediate, self.intermediate)
+
+
+def _expert_shard(
+    shard_id: ShardId, num_experts: int, projections: tuple[int, ...]
+) -> tuple[int, int]:
+    if not (
+        isinstance(shard_id, tuple)
+        and 0 <= shard_id[0] < num_experts
+        and shard_id[1] in projections
+    ):
+        raise ValueError(f"expected an (expert < {num_experts}, projection in {projections}) "
+                         f"shard, got {shard_id!r}")  # fmt: skip
+    return shard_id
+
+
+def _copy(target: torch.Tensor, loaded: torch.Tensor) -> None:
+    if target.shape != loaded.shape:
+        raise ValueError(f"shape {tuple(loaded.shape)} does not fit {tuple(target.shape)}")
+    target.copy_(loaded)
+
+
+class FusedMoE(nn.Module):
+    """Router `gate` and `experts`, and optionally a `shared_expert` every token goes
+    through, scaled by a sigmoid gate of its own (`shared_expert_gate`, Qwen2-MoE):
+    [T, H] -> [T, H], summed across tensor-parallel ranks."""
+
+    def __init__(
+        self,
+        moe: MoEConfig,
+        hidden_size: int,
+        renormalize: bool,
+        prefix: str,
+        dtype: torch.dtype,
+        shared_expert: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        self.top_k = moe.top_k
+        self.renormalize = renormalize
+        self.tp_size = get_tensor_model_parallel_world_size()
+        # The router stays unquantized, as in the checkpoints that quantize the experts.
+        self.gate = ReplicatedLinear(
+            hidden_size, moe.num_experts, False, None, f"{prefix}.gate", dtype
+        )
+        self.experts = StackedExperts(moe.num_experts, moe.intermediate_size, hidden_size, dtype)
+        self.shared_expert = shared_expert
+        self.shared_expert_gate = (
+            None
+            if shared_expert is None
+            else ReplicatedLinear(
+                hidden_size, 1, False, None, f"{prefix}.shared_expert_gate", dtype
+            )
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
+        weights, ids = select_experts(self.gate(x), self.top_k, self.renormalize)
+        out = fused_moe(x, self.experts.w13_weight, self.experts.w2_weight, weights, ids)
+        if self.tp_size > 1:
+            out = get_tp_group().all_reduce(out)
+        if self.shared_expert is not None:
+            # The shared expert's down projection sums its own partial outputs.
+            out = out + F.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
