@@ -1,4 +1,5 @@
-"""The kernels core::linear, core::quant_linear and prefill attention choose among by timing.
+"""The kernels core::linear, core::quant_linear, core::fused_moe and prefill attention
+choose among by timing.
 
 Which is fastest depends on the CPU and on the row count (core.kernel_choice): on an AVX2
 EPYC the GEMV beats torch's BLAS for decode rows and a float32 decode batch runs faster on
@@ -22,6 +23,11 @@ cached context:
   paged   the C++ flash kernel on float32 outer products (`_C.paged_prefill_attention`)
   sdpa    torch's flash kernel (oneDNN's brgemm for bf16: AMX tiles where the CPU has
           them), where it takes the chunk (sdpa_prefill.py), else the C++ kernel
+core::fused_moe (hidden [T, H], w13 [E, 2I, H], w2 [E, H, I], topk_weights, topk_ids),
+format = the dtype, shape (E, I, H, K), rows = T, timed on uniformly random routing:
+  reference  core's reference: a pair of torch matmuls per expert over its tokens
+  grouped    the C++ kernel (`_C.fused_moe`): slots grouped by expert, dense_linear's
+             GEMVs over each expert's weights, float32 sums rounded once
 Copies are weight_copies.py's: made once per weight, within one memory budget; where the
 budget is spent the candidate multiplies without one (the reference's way).
 """
@@ -35,7 +41,7 @@ from typing import Any
 import torch
 
 from core.kernel_choice import KERNEL_CHOICES, KernelCandidate, OpTiming, Problem
-from core.ops import linear_reference, quant_linear_reference
+from core.ops import fused_moe_reference, linear_reference, quant_linear_reference
 from core.ops.quant_linear import dequantize, num_inputs
 from core_cpu_kernels import _C, packed_linear, sdpa_prefill, weight_copies
 
@@ -191,6 +197,42 @@ class Dequantized(KernelCandidate):
         return packed_linear.reorder(weight) if self.onednn else weight
 
 
+# -- core::fused_moe ----------------------------------------------------------------------
+
+
+def fused_moe_problem(hidden: torch.Tensor, w13: torch.Tensor, topk_ids: torch.Tensor) -> Problem:
+    experts, two_inter, size = w13.shape
+    shape = (experts, two_inter // 2, size, topk_ids.shape[1])
+    return Problem("fused_moe", _dtype_name(hidden.dtype), shape)
+
+
+def _with_tokens(problem: Problem, args: tuple, rows: int) -> tuple:
+    """The op's arguments for `rows` new tokens, each routed to K distinct experts drawn
+    uniformly (the recorded call's routing is a dummy batch's), the recorded weights kept."""
+    hidden, w13, w2, _, topk_ids = args
+    experts, _, size, top_k = problem.shape
+    ids = torch.rand(rows, experts).argsort(dim=1)[:, :top_k].to(topk_ids.dtype)
+    weights = torch.rand(rows, top_k).softmax(dim=1)
+    return (torch.randn(rows, size, dtype=hidden.dtype), w13, w2, weights, ids)
+
+
+class ReferenceMoe(KernelCandidate):
+    op, name, provider = "fused_moe", "reference", PROVIDER
+
+    def __call__(self, *args: Any) -> torch.Tensor:
+        return fused_moe_reference(*args)
+
+
+class GroupedMoe(KernelCandidate):
+    op, name, provider = "fused_moe", "grouped", PROVIDER
+
+    def takes(self, problem: Problem) -> bool:
+        return problem.format in ("float32", "bfloat16")
+
+    def __call__(self, *args: Any) -> torch.Tensor:
+        return _C.fused_moe(*args)
+
+
 # -- prefill attention ---------------------------------------------------------------------
 
 _BLOCK_SIZE = 16  # of the synthetic cache prefills are timed on
@@ -262,13 +304,17 @@ def strips_available() -> bool:
 
 def register() -> None:
     """Add the candidates to core's kernel choices (re-entrant). The first of each op
-    serves until the worker has measured: the reference's way, then the packed kernels."""
+    serves until the worker has measured: the reference's way (linear, fused_moe), the
+    packed kernels, the C++ flash kernel."""
     KERNEL_CHOICES.declare_op("linear", OpTiming(_with_rows))
     KERNEL_CHOICES.declare_op("quant_linear", OpTiming(_with_rows))
+    KERNEL_CHOICES.declare_op("fused_moe", OpTiming(_with_tokens))
     KERNEL_CHOICES.declare_op("prefill_attention", OpTiming(_prompt_of))
     for candidate in (TorchLinear(), Gemv(), OnednnLinear()):
         KERNEL_CHOICES.register(candidate)
     for candidate in (Packed(), Strips(), Dequantized(False), Dequantized(True)):
         KERNEL_CHOICES.register(candidate)
     for candidate in (PagedPrefill(), SdpaPrefill()):
+        KERNEL_CHOICES.register(candidate)
+    for candidate in (ReferenceMoe(), GroupedMoe()):
         KERNEL_CHOICES.register(candidate)

@@ -3,9 +3,10 @@
 `register` is this distribution's `core.general` entry point: every process that runs a
 model calls it before building one. It serves core::rms_norm, core::fused_add_rms_norm,
 core::silu_and_mul, core::rotary_embedding (in place, in the fused QKV's views),
-core::linear and core::quant_linear (group-quantized 4- and 8-bit weights). The two
-linear ops each have several kernels (candidates.py) among which the worker chooses, per
-weight shape and row count, the one measured fastest on this CPU (core.kernel_choice).
+core::linear, core::quant_linear (group-quantized 4- and 8-bit weights) and
+core::fused_moe. The two linear ops and fused_moe each have several kernels
+(candidates.py) among which the worker chooses, per weight shape and row count, the one
+measured fastest on this CPU (core.kernel_choice).
 The C++ kernels use the widest vector ISA the CPU runs (AVX-512, AVX2 or portable code),
 found by probing it at load.
 Inputs the C++ kernels do not take (another dtype, a weight of another dtype, a strided
@@ -20,6 +21,7 @@ import torch
 from core.kernel_choice import KERNEL_CHOICES
 from core.ops import (
     fused_add_rms_norm_reference,
+    fused_moe_reference,
     linear_reference,
     quant_linear_reference,
     register_impl,
@@ -36,6 +38,7 @@ PROVIDER = "core-cpu-kernels"
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _QWEIGHT_DTYPES = {4: torch.uint8, 8: torch.int8}
+_MOE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -131,6 +134,35 @@ def quant_linear(
     return KERNEL_CHOICES.kernel(problem, x.shape[0], args)(*args)
 
 
+def fused_moe(
+    hidden: torch.Tensor,  # [T, H]
+    w13: torch.Tensor,  # [E, 2 * I, H]
+    w2: torch.Tensor,  # [E, H, I]
+    topk_weights: torch.Tensor,  # [T, K]
+    topk_ids: torch.Tensor,  # [T, K]
+) -> torch.Tensor:  # [T, H]
+    """core::fused_moe: the kernel measured fastest for the experts' shape, the dtype and
+    the token count (candidates.py: the reference's matmuls per expert, or the C++ grouped
+    GEMVs) for float32 or bfloat16 hidden with contiguous weights of its dtype; the
+    reference for everything else. Sizes that do not fit one another raise from the kernel
+    chosen, naming the argument (ValueError from the reference, RuntimeError from C++)."""
+    takes = (
+        hidden.dtype in _MOE_DTYPES
+        and w13.dtype is w2.dtype is hidden.dtype
+        and w13.is_contiguous()
+        and w2.is_contiguous()
+        and hidden.dim() == 2
+        and hidden.shape[0] > 0
+        and w13.dim() == 3
+        and topk_ids.dim() == 2
+    )
+    if not takes:
+        return fused_moe_reference(hidden, w13, w2, topk_weights, topk_ids)
+    args = (hidden, w13, w2, topk_weights, topk_ids)
+    problem = candidates.fused_moe_problem(hidden, w13, topk_ids)
+    return KERNEL_CHOICES.kernel(problem, hidden.shape[0], args)(*args)
+
+
 def register() -> None:
     """Serve core's kernel ops on "cpu" with this package's kernels (re-entrant)."""
     register_impl("rms_norm", "cpu", rms_norm, PROVIDER)
@@ -139,6 +171,7 @@ def register() -> None:
     register_impl("silu_and_mul", "cpu", silu_and_mul, PROVIDER)
     register_impl("rotary_embedding", "cpu", rotary_embedding, PROVIDER)
     register_impl("quant_linear", "cpu", quant_linear, PROVIDER)
+    register_impl("fused_moe", "cpu", fused_moe, PROVIDER)
     candidates.register()
 
 

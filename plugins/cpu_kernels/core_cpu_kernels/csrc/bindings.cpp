@@ -13,6 +13,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fused_add_rms_norm", &fused_add_rms_norm,
         "core::fused_add_rms_norm on contiguous-row CPU tensors");
   m.def("silu_and_mul", &silu_and_mul, "core::silu_and_mul on [T, 2I] CPU tensors");
+  m.def("fused_moe", &fused_moe,
+        "core::fused_moe on CPU tensors: the routed slots grouped by expert, one GEMV pass "
+        "over each expert's weights");
   m.def("rotary_embedding", &rotary_embedding,
         "core::rotary_embedding in place on [T, heads, D] CPU tensors");
   m.def("quant_linear", &quant_linear,

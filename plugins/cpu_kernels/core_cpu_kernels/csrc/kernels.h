@@ -31,6 +31,14 @@ std::tuple<torch::Tensor, torch::Tensor> fused_add_rms_norm(const torch::Tensor&
 // core::silu_and_mul: x [T, 2I] (contiguous last dimension) -> silu(gate) * up [T, I].
 torch::Tensor silu_and_mul(const torch::Tensor& x);
 
+// core::fused_moe (core/ops/fused_moe.py): hidden [T, H] float32 or bfloat16 through its
+// routed experts' gated MLPs (w13 [E, 2 * I, H], w2 [E, H, I], contiguous, hidden's dtype),
+// weighted by topk_weights [T, K] (any float dtype) and summed; topk_ids [T, K] (any integer
+// dtype) outside 0..E-1 add nothing. Returns [T, H] in hidden's dtype.
+torch::Tensor fused_moe(const torch::Tensor& hidden, const torch::Tensor& w13,
+                        const torch::Tensor& w2, const torch::Tensor& topk_weights,
+                        const torch::Tensor& topk_ids);
+
 // core::rotary_embedding in place on query [T, Hq, D] and key [T, Hkv, D] (strided views
 // allowed, contiguous last dimension) from float32 [positions, D / 2] cos / sin tables.
 void rotary_embedding(const torch::Tensor& positions, torch::Tensor query, torch::Tensor key,
