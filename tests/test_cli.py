@@ -25,6 +25,7 @@ PLUGIN_DISTRIBUTIONS = (
     "core-lora",
     "core-spec-decode",
     "core-kv-connectors",
+    "core-moe-triton",
 )
 
 HOOKS_PLUGIN = {

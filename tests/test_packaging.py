@@ -42,6 +42,11 @@ DISTRIBUTIONS = {
             "multi = core_kv_connectors.multi:MultiConnector",
         ],
     ),
+    "core-moe-triton": (
+        "plugins/moe_triton",
+        "core_moe_triton",
+        ["moe_triton = core_moe_triton.ops:register"],
+    ),
     "core-cpu-kernels": (
         "plugins/cpu_kernels",
         "core_cpu_kernels",
