@@ -20,6 +20,7 @@ PLUGINS = [
     "plugins/lora",
     "plugins/spec_decode",
     "plugins/kv_connectors",
+    "plugins/moe_triton",
 ]
 CPU_KERNELS = "plugins/cpu_kernels"
 SHARED_ENV = Path(".nox/shared")
@@ -47,6 +48,10 @@ CONFORMANCE = [
     "model:MistralForCausalLM",
     "model:Qwen2ForCausalLM",
     "model:Qwen3ForCausalLM",
+    "model:MixtralForCausalLM",
+    "model:Qwen2MoeForCausalLM",
+    "model:Qwen3MoeForCausalLM",
+    "model:OlmoeForCausalLM",
     "spec_proposer:ngram",
     "spec_proposer:draft_model",
     "spec_proposer:layer_skip",

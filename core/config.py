@@ -126,6 +126,18 @@ class SchedulerConfig(_Config):
         return max(self.max_num_batched_tokens or max_model_len, self.burst_token_budget or 0)
 
 
+class EPLBConfig(_Config):
+    """`--eplb-config`, vLLM's keys: the steps whose expert loads are counted
+    (`window_size`), how often the experts are rearranged (`step_interval`, in forward
+    steps), the extra expert slots for replicas of hot experts (`num_redundant_experts`),
+    and whether each rearrangement logs the load balance (`log_balancedness`)."""
+
+    window_size: int = Field(default=1000, ge=1)
+    step_interval: int = Field(default=3000, ge=1)
+    num_redundant_experts: int = Field(default=0, ge=0)
+    log_balancedness: bool = False
+
+
 class ParallelConfig(_Config):
     tensor_parallel_size: int = Field(default=1, ge=1)
     pipeline_parallel_size: int = Field(default=1, ge=1)
@@ -153,6 +165,11 @@ class ParallelConfig(_Config):
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
     distributed_executor_backend: Literal["uni", "mp", "ray"] | None = None
+    # Mixtures of experts: each tensor-parallel rank holds whole experts, a share of them,
+    # rather than a slice of every expert; EPLB rearranges them by measured load.
+    enable_expert_parallel: bool = False
+    enable_eplb: bool = False
+    eplb: EPLBConfig = Field(default_factory=EPLBConfig)
 
 
 class DeviceConfig(_Config):

@@ -166,6 +166,36 @@ def _check_kv_transfer_no_pipeline(config: EngineConfig, facts: ConfigFacts) -> 
     )
 
 
+@_rule(
+    "eplb-needs-expert-parallel", ("--enable-eplb", "--eplb-config", "--enable-expert-parallel"),
+    "expert load balancing without expert parallelism (or its options without it)",
+    "add --enable-expert-parallel (and --enable-eplb for --eplb-config)",
+)  # fmt: skip
+def _check_eplb(config: EngineConfig, facts: ConfigFacts) -> str | None:
+    parallel = config.parallel
+    if parallel.enable_eplb and not parallel.enable_expert_parallel:
+        return "--enable-eplb rearranges experts across ranks: add --enable-expert-parallel"
+    if "--eplb-config" in facts.given and not parallel.enable_eplb:
+        return "--eplb-config: its options need --enable-eplb"
+    return None
+
+
+@_rule(
+    "expert-parallel-one-engine", ("--enable-expert-parallel", "--data-parallel-size"),
+    "experts shared across data-parallel engines (their steps would have to run in "
+    "lock-step)", "--data-parallel-size 1: experts are shared by the tensor-parallel ranks",
+)  # fmt: skip
+def _check_expert_parallel_dp(config: EngineConfig, facts: ConfigFacts) -> str | None:
+    parallel = config.parallel
+    if not parallel.enable_expert_parallel or parallel.data_parallel_size == 1:
+        return None
+    return (
+        f"--enable-expert-parallel with --data-parallel-size {parallel.data_parallel_size}: "
+        "experts are shared by the tensor-parallel ranks of one engine for now; use "
+        "--data-parallel-size 1 and --tensor-parallel-size for the expert-parallel ranks"
+    )
+
+
 # -- LoRA, memory, token budgets, the model's size -------------------------------------------
 
 

@@ -168,6 +168,21 @@ class EngineArgs:
         "parallel", "data_parallel_rpc_port", "--data-parallel-rpc-port",
         "first TCP port of the remote engine cores (two each)", type=int,
     )  # fmt: skip
+    enable_expert_parallel: bool | None = _option(
+        "parallel", "enable_expert_parallel", "--enable-expert-parallel",
+        "mixtures of experts: each tensor-parallel rank holds a share of the experts whole",
+        is_flag=True, default=None,
+    )  # fmt: skip
+    enable_eplb: bool | None = _option(
+        "parallel", "enable_eplb", "--enable-eplb",
+        "rearrange and replicate experts across ranks by their measured load (needs "
+        "--enable-expert-parallel)",
+        is_flag=True, default=None,
+    )  # fmt: skip
+    eplb_config: str | dict | None = _option(
+        "parallel", "eplb", "--eplb-config",
+        "EPLB JSON: window_size, step_interval, num_redundant_experts, log_balancedness",
+    )  # fmt: skip
     distributed_executor_backend: str | None = _option(
         "parallel", "distributed_executor_backend", "--distributed-executor-backend",
         "executor: uni (one worker, in the engine core) or mp (a process per rank); "
@@ -434,6 +449,7 @@ _CONVERTERS: dict[str, Callable[..., None]] = {
     "compilation_config": _set_compilation,
     "attention_backend_config": _set_json,
     "sampler_config": _set_json,
+    "eplb_config": _set_json,
     "kv_transfer_config": _set_section,
     "speculative_config": _set_section,
     "pooler_config": _set_section,

@@ -38,3 +38,15 @@ def random_moe(architecture: str, seed: int = 0, **overrides) -> transformers.Pr
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     return model_class(config).eval()
+
+
+def skew_router(model: transformers.PreTrainedModel, hot: tuple[int, ...] = (0, 1)) -> None:
+    """Make every layer's router send every token to the `hot` experts: the embedding
+    gives each token a large constant in hidden dimension 0, which survives in the
+    residual stream, and the hot experts' router rows read only that dimension."""
+    with torch.no_grad():
+        model.get_input_embeddings().weight[:, 0] = 20.0
+        for name, param in model.named_parameters():
+            if name.endswith("mlp.gate.weight") or name.endswith("block_sparse_moe.gate.weight"):
+                param[list(hot)] = 0.0
+                param[list(hot), 0] = 20.0

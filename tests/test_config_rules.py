@@ -86,6 +86,14 @@ REFUSED: dict[str, tuple[Case, tuple[str, ...]]] = {
         Case({"kv_transfer_config": '{"kv_connector": "x"}', "pipeline_parallel_size": 2}),
         ("--kv-transfer-config", "--pipeline-parallel-size 2", "--pipeline-parallel-size 1"),
     ),
+    "eplb-needs-expert-parallel": (
+        Case({"enable_eplb": True}),
+        ("--enable-eplb", "--enable-expert-parallel"),
+    ),
+    "expert-parallel-one-engine": (
+        Case({"enable_expert_parallel": True, "data_parallel_size": 2}),
+        ("--enable-expert-parallel", "--data-parallel-size 2"),
+    ),
     "lora-options-need-lora": (
         Case({"max_lora_rank": 8, "lora_implementation": "x"}),
         ("--max-lora-rank, --lora-implementation", "--enable-lora"),
@@ -297,3 +305,16 @@ def test_a_hooks_world_size_derives_the_executor_as_a_flags_would():
 def test_a_model_with_as_many_layers_as_stages_is_accepted():
     config = Case({"pipeline_parallel_size": 2}, model={"num_layers": 2}).build()
     assert config.parallel.pipeline_parallel_size == 2
+
+
+def test_eplb_options_without_eplb_are_refused_naming_the_flag():
+    args = EngineArgs(enable_expert_parallel=True, eplb_config={"window_size": 10})
+    with pytest.raises(ValueError, match="--eplb-config: its options need --enable-eplb"):
+        args.create_engine_config(CpuPlatform())
+
+
+def test_an_unknown_eplb_key_is_refused_naming_it():
+    args = EngineArgs(enable_expert_parallel=True, enable_eplb=True,
+                      eplb_config={"window": 10})  # fmt: skip
+    with pytest.raises(ValueError, match="window"):
+        args.create_engine_config(CpuPlatform())

@@ -173,6 +173,12 @@ CASES = {
         ("--distributed-executor-backend", "mp"),
         sets="config.parallel.distributed_executor_backend",
     ),
+    "enable_expert_parallel": Case(
+        ("--enable-expert-parallel",), sets="config.parallel.enable_expert_parallel"
+    ),
+    # Without expert parallelism EPLB and its options are refused (rule eplb-needs-...).
+    "enable_eplb": Case(("--enable-eplb",), refuses="--enable-eplb"),
+    "eplb_config": Case(("--eplb-config", '{"window_size": 10}'), refuses="--eplb-config"),
     "device": Case(("--device", "cpu"), sets="config.device.device"),
     "optimization_level": Case(("-O", "1"), sets="config.compilation.compile_model"),
     "compilation_config": Case(

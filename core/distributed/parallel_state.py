@@ -294,6 +294,7 @@ def _check_sendable(key: str, t: torch.Tensor, device: torch.device) -> None:
 
 _WORLD: GroupCoordinator | None = None
 _TP: GroupCoordinator | None = None
+_EP: GroupCoordinator | None = None  # the TP group itself under expert parallelism
 _PP: GroupCoordinator | None = None
 _DP: GroupCoordinator | None = None
 
@@ -332,14 +333,16 @@ def initialize_model_parallel(
     data_parallel_size: int = 1,
     backend: str = "gloo",
     communicator_cls: type[DeviceCommunicator] = DeviceCommunicator,
+    expert_parallel: bool = False,
 ) -> None:
     """Build the TP, PP and DP groups of the grid; every process of the world calls it.
+    With `expert_parallel` the TP group is also the expert-parallel group (`get_ep_group`).
 
     Raises ValueError naming the flags when the sizes do not multiply to the world size,
     RuntimeError before `init_distributed_environment` or when the groups exist already.
     `communicator_cls` is the platform's `device_communicator_cls`.
     """
-    global _TP, _PP, _DP
+    global _TP, _PP, _DP, _EP
     world = _WORLD
     if world is None:
         raise RuntimeError("init_distributed_environment must run before initialize_model_parallel")
@@ -358,6 +361,7 @@ def initialize_model_parallel(
         GroupCoordinator.connect(name, ranks, world.rank, backend, communicator_cls, device)
         for name, ranks in axes
     )
+    _EP = _TP if expert_parallel else None
 
 
 def model_parallel_is_initialized() -> bool:
@@ -389,6 +393,13 @@ def get_dp_group() -> GroupCoordinator:
     return _group(_DP, "dp")
 
 
+def get_ep_group() -> GroupCoordinator:
+    """The ranks that share a mixture of experts' experts, each holding a share of them
+    whole: the TP group under --enable-expert-parallel; otherwise a group of one (each
+    TP rank holds a slice of every expert instead)."""
+    return _EP if _EP is not None else GroupCoordinator("ep", [0], 0)
+
+
 def get_tensor_model_parallel_rank() -> int:
     return get_tp_group().rank_in_group
 
@@ -407,11 +418,11 @@ def get_pipeline_model_parallel_world_size() -> int:
 
 def destroy_model_parallel() -> None:
     """Release the TP, PP and DP groups (a no-op for those never built)."""
-    global _TP, _PP, _DP
+    global _TP, _PP, _DP, _EP
     for group in (_TP, _PP, _DP):
         if group is not None:
             group.destroy()
-    _TP = _PP = _DP = None
+    _TP = _PP = _DP = _EP = None
 
 
 def destroy_distributed_environment() -> None:

@@ -120,6 +120,9 @@ class EngineSetup:
         if config.lora is not None:
             lora_manager_class(config.lora, registry)  # installed, or the package to install
         arch.check_tensor_parallel(tp_size)
+        parallel = config.parallel
+        spare = parallel.eplb.num_redundant_experts if parallel.enable_eplb else 0
+        arch.check_expert_parallel(tp_size, parallel.enable_expert_parallel, spare)
         return cls(config, choice.platform, checkpoint, hooks)
 
 

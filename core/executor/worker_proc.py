@@ -119,6 +119,7 @@ def start_rank_worker(
         pipeline_parallel_size=config.parallel.pipeline_parallel_size,
         backend=platform.dist_backend,
         communicator_cls=platform.device_communicator_cls,
+        expert_parallel=config.parallel.enable_expert_parallel,
     )
     worker = Worker(config, platform, rank=rank, local_rank=local_rank)
     worker.init_device()

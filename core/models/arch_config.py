@@ -190,6 +190,31 @@ class ArchConfig:
                 "that does"
             )
 
+    def check_expert_parallel(
+        self, tp_size: int, enable_expert_parallel: bool, num_redundant_experts: int
+    ) -> None:
+        """ValueError naming the flags when the experts cannot be shared whole among the
+        `tp_size` ranks: a dense model, experts (with the redundant slots) that do not
+        divide evenly, or more redundant slots than one replica of each expert per rank."""
+        if not enable_expert_parallel:
+            return
+        if self.moe is None:
+            raise ValueError(
+                f"--enable-expert-parallel: {', '.join(self.architectures)} has no experts"
+            )
+        experts, spare = self.moe.num_experts, num_redundant_experts
+        if (experts + spare) % tp_size:
+            raise ValueError(
+                f"--enable-expert-parallel with --tensor-parallel-size {tp_size}: the "
+                f"{experts} experts and {spare} redundant slots (--eplb-config "
+                f"num_redundant_experts) do not divide evenly over {tp_size} ranks"
+            )
+        if spare > experts * (tp_size - 1):
+            raise ValueError(
+                f"--eplb-config num_redundant_experts {spare}: at most {experts * (tp_size - 1)}"
+                f" fit ({experts} experts, one replica of each per rank on {tp_size} ranks)"
+            )
+
     def _validate(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(

@@ -151,5 +151,5 @@ def _expert_names(name: str, param: nn.Parameter, experts: Sequence[ExpertParam]
         ".".join([*parts[:-1], str(expert), entry.hf_module, "weight"])
         for entry in experts
         if parts[-2:] == ["experts", entry.stacked_param]
-        for expert in range(param.shape[0])
+        for expert in getattr(param, "expert_ids", range(param.shape[0]))
     }

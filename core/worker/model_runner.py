@@ -46,6 +46,7 @@ from core.compilation.graph_dispatch import (
     pad_for_graph,
 )
 from core.config import CUDAGraphMode
+from core.distributed.eplb import EplbState
 from core.distributed.parallel_state import GroupCoordinator, get_pp_group
 from core.forward_context import ForwardContext, set_forward_context
 from core.kv_cache.layout import KVCacheConfig
@@ -125,6 +126,8 @@ class ModelRunner:
         self._graphs: GraphDispatcher | None = None  # -O2's captured graphs
         # --kv-transfer-config's connector in its worker role (`use_kv_connector`).
         self.kv_connector: KVConnector | None = None
+        # --enable-eplb's load counts and expert rearrangements (`use_eplb`).
+        self.eplb: EplbState | None = None
         self.lora = lora
         self._row_slots = np.full(max_num_reqs, NO_SLOT, dtype=np.int64)  # per batch row
         self.sampler = sampler
@@ -365,6 +368,10 @@ class ModelRunner:
             connector.clear_connector_metadata()
         return output
 
+    def use_eplb(self, eplb: EplbState) -> None:
+        """Count the experts' load after every forward step and rearrange them on time."""
+        self.eplb = eplb
+
     def use_kv_connector(self, connector: KVConnector) -> None:
         """Run every step inside `connector`'s worker-role calls (its caches registered)."""
         self.kv_connector = connector
@@ -374,6 +381,8 @@ class ModelRunner:
             return self._output()
         step = self._prepare_step(so)
         hidden = self._run_forward(step.inputs)
+        if self.eplb is not None:
+            self.eplb.step()  # every rank of a stage forwards each step: they stay in step
         if not get_pp_group().is_last_rank:  # its output went on to the next stage
             return self._output()
         return self._output_path(hidden, step)
@@ -470,6 +479,8 @@ class ModelRunner:
                 hidden = self.model(input_ids, positions, intermediate_tensors=received)
         if pp.is_last_rank and self.pooler is None:
             self.model.compute_logits(hidden[: min(num_tokens, self.max_num_reqs)])
+        if self.eplb is not None:
+            self.eplb.discard()  # placeholder tokens are not traffic
 
     # -- 4. output ------------------------------------------------------------------------
 

@@ -20,6 +20,8 @@ from core.attention.layer import Attention, prefix_layer_names
 from core.attention.selector import select_attention_backend
 from core.compilation.compiler import compile_model
 from core.config import CUDAGraphMode, EngineConfig
+from core.distributed.eplb import EplbState
+from core.distributed.parallel_state import get_ep_group
 from core.kernel_choice import KERNEL_CHOICES
 from core.kv_cache.budget import MemoryProfile, format_bytes
 from core.kv_cache.layout import KVCacheConfig, create_kv_cache_view
@@ -31,6 +33,7 @@ from core.lora.selector import lora_manager_class
 from core.model_loader import Checkpoint, resolve_model
 from core.models import iter_attention_layers
 from core.models.arch_config import ArchConfig
+from core.models.layers.fused_moe import FusedMoE
 from core.models.registry import build_model
 from core.platforms.interface import Platform
 from core.pooling.pooler import build_pooler
@@ -148,6 +151,9 @@ class Worker:
         self._choose_kernels(runner)
         if self.config.compilation.compile_model:
             self._compile_model(runner, model, graph_mode)
+        if self.config.parallel.enable_eplb:
+            experts = [m for m in model.modules() if isinstance(m, FusedMoE)]
+            runner.use_eplb(EplbState(experts, self.config.parallel.eplb, get_ep_group()))
         self._loaded = LoadedModel(model, lora, speculator, layers, backend, graph_mode, runner)
 
     def _build_model(
@@ -426,6 +432,15 @@ class Worker:
         load_model). Returns the sampled tokens (and drafts, logprobs, pooled outputs); a
         pipeline stage before the last returns no tokens, only the batch's request ids."""
         return self.runner.execute_model(scheduler_output)
+
+    def eplb_imbalance(self) -> tuple[list[float], float]:
+        """--enable-eplb's measured expert imbalance (most tokens on a rank over the mean):
+        (that of the window each rearrangement balanced, that of the current window);
+        RuntimeError without EPLB."""
+        eplb = self.loaded.runner.eplb
+        if eplb is None:
+            raise RuntimeError("EPLB is off: start the engine with --enable-eplb")
+        return list(eplb.history), eplb.imbalance()
 
     def shutdown(self) -> None:
         """Release what outlives a step outside this process's memory (the KV connector's

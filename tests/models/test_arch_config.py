@@ -113,3 +113,49 @@ def test_a_llama_with_another_activation_is_refused():
     config = ArchConfig.from_hf({**BASE, "hidden_act": "gelu"})
     with pytest.raises(ValueError, match="'hidden_act' 'gelu' is not supported by Llama"):
         LlamaForCausalLM(config)
+
+
+MOE = {**BASE, "num_local_experts": 8, "num_experts_per_tok": 2}
+
+
+def test_moe_keys_are_read_in_each_architectures_spelling():
+    mixtral = ArchConfig.from_hf(MOE).moe
+    assert (mixtral.num_experts, mixtral.top_k, mixtral.intermediate_size) == (
+        8, 2, BASE["intermediate_size"],
+    )  # fmt: skip
+    qwen = ArchConfig.from_hf({**BASE, "num_experts": 4, "num_experts_per_tok": 1,
+                               "moe_intermediate_size": 16, "norm_topk_prob": True,
+                               "shared_expert_intermediate_size": 24, "mlp_only_layers": [0],
+                               "decoder_sparse_step": 2}).moe  # fmt: skip
+    assert (qwen.num_experts, qwen.intermediate_size, qwen.shared_expert_intermediate_size) == (
+        4, 16, 24,
+    )  # fmt: skip
+    assert qwen.norm_topk_prob and [qwen.is_sparse(i) for i in range(4)] == [
+        False, True, False, True,
+    ]  # fmt: skip
+    assert ArchConfig.from_hf(BASE).moe is None
+
+
+def test_a_top_k_beyond_the_experts_is_refused():
+    with pytest.raises(ValueError, match="num_experts_per_tok"):
+        ArchConfig.from_hf({**MOE, "num_experts_per_tok": 9})
+
+
+@pytest.mark.parametrize(
+    ("tp", "spare", "config", "message"),
+    [
+        (2, 0, BASE, "has no experts"),
+        (3, 0, MOE, "8 experts and 0 redundant slots"),
+        (2, 1, MOE, "8 experts and 1 redundant slots"),
+        (2, 10, MOE, "num_redundant_experts 10: at most 8 fit"),
+    ],
+)
+def test_experts_that_cannot_be_shared_are_refused_naming_the_flags(tp, spare, config, message):
+    with pytest.raises(ValueError, match=message):
+        ArchConfig.from_hf(config).check_expert_parallel(tp, True, spare)
+
+
+def test_experts_that_divide_evenly_are_accepted():
+    ArchConfig.from_hf(MOE).check_expert_parallel(2, True, 2)
+    ArchConfig.from_hf(MOE).check_expert_parallel(4, True, 0)
+    ArchConfig.from_hf(BASE).check_expert_parallel(2, False, 0)  # expert parallelism off

@@ -9,7 +9,10 @@ Checkpoints name each expert's projections separately; `ExpertParam` tables map 
 names onto the stacked parameters (core.models.hf_weights).
 
 Tensor parallelism splits every expert's intermediate size I, as the dense MLP's: w13
-column-parallel, w2 row-parallel, the partial outputs summed across ranks.
+column-parallel, w2 row-parallel, the partial outputs summed across ranks. Under
+--enable-expert-parallel each rank holds a share of the experts whole instead
+(core.distributed.eplb.ExpertPlacement): a token's choices of other ranks' experts are
+routed nowhere here (-1), and the sum across ranks adds every rank's experts.
 """
 
 from __future__ import annotations
@@ -18,7 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from core.distributed.eplb import ExpertPlacement
 from core.distributed.parallel_state import (
+    GroupCoordinator,
+    get_ep_group,
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
     get_tp_group,
@@ -45,51 +51,78 @@ def select_experts(
 
 
 class StackedExperts(nn.Module):
-    """This rank's share of E experts' weights: w13_weight [E, 2 * I / tp, H] and
-    w2_weight [E, H, I / tp]. Their loader takes one expert's checkpoint projection with
-    shard id (expert, 0 gate / 1 up) for w13 and (expert, 0) for w2."""
+    """This rank's experts: w13_weight [L, 2 * I', H] and w2_weight [L, H, I'] for its L
+    slots (core.distributed.eplb.ExpertPlacement: all E experts, or its share of them
+    under expert parallelism), I' its share of I (all of it under expert parallelism).
+    Their loader takes one expert's checkpoint projection with shard id (expert, 0 gate /
+    1 up) for w13 and (expert, 0) for w2, or every expert's stacked (shard None), and
+    fills the slots that hold that expert (none: another rank's)."""
 
     def __init__(
         self, num_experts: int, intermediate_size: int, hidden_size: int, dtype: torch.dtype
     ) -> None:
         super().__init__()
-        self.tp_size = get_tensor_model_parallel_world_size()
-        self.tp_rank = get_tensor_model_parallel_rank()
-        self.intermediate = intermediate_size // self.tp_size  # this rank's share of I
+        ep = get_ep_group()
+        # The TP ranks that split each expert: all of them, or (experts shared whole) one.
+        self.num_splits = get_tensor_model_parallel_world_size() // ep.world_size
+        self.split_rank = get_tensor_model_parallel_rank() % self.num_splits
+        self.intermediate = intermediate_size // self.num_splits  # this rank's share of I
+        self.placement = ExpertPlacement.initial(
+            num_experts, num_experts, ep.rank_in_group, ep.world_size
+        )
+        local = self.placement.num_local
         self.w13_weight = nn.Parameter(
-            torch.empty(num_experts, 2 * self.intermediate, hidden_size, dtype=dtype),
+            torch.empty(local, 2 * self.intermediate, hidden_size, dtype=dtype),
             requires_grad=False,
         )
         self.w2_weight = nn.Parameter(
-            torch.empty(num_experts, hidden_size, self.intermediate, dtype=dtype),
-            requires_grad=False,
+            torch.empty(local, hidden_size, self.intermediate, dtype=dtype), requires_grad=False
         )
-        set_weight_loader(self.w13_weight, self._load_w13)
-        set_weight_loader(self.w2_weight, self._load_w2)
+        for param, loader in ((self.w13_weight, self._load_w13), (self.w2_weight, self._load_w2)):
+            set_weight_loader(param, loader)
+            param.expert_ids = sorted(set(self.placement.local_experts()))  # its names
+
+    def _slots(self, expert: int) -> list[int]:
+        return [j for j, e in enumerate(self.placement.local_experts()) if e == expert]
 
     def _load_w13(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId) -> None:
         if shard_id is None:  # every expert's [gate | up], stacked
-            gate, up = loaded.chunk(2, dim=1)
-            _copy(param.data, torch.cat([self._mine(gate, 1), self._mine(up, 1)], dim=1))
+            for slot, expert in enumerate(self.placement.local_experts()):
+                gate, up = loaded[expert].chunk(2, dim=0)
+                _copy(param.data[slot], torch.cat([self._mine(gate, 0), self._mine(up, 0)]))
             return
-        expert, projection = _expert_shard(shard_id, param.shape[0], (0, 1))
-        rows = param.data[expert].narrow(0, projection * self.intermediate, self.intermediate)
-        _copy(rows, self._mine(loaded, 0))
+        expert, projection = _expert_shard(shard_id, self.placement.num_experts, (0, 1))
+        for slot in self._slots(expert):
+            rows = param.data[slot].narrow(0, projection * self.intermediate, self.intermediate)
+            _copy(rows, self._mine(loaded, 0))
 
     def _load_w2(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId) -> None:
         if shard_id is None:  # every expert's down projection, stacked
-            _copy(param.data, self._mine(loaded, 2))
+            for slot, expert in enumerate(self.placement.local_experts()):
+                _copy(param.data[slot], self._mine(loaded[expert], 1))
             return
-        expert, _ = _expert_shard(shard_id, param.shape[0], (0,))
-        _copy(param.data[expert], self._mine(loaded, 1))
+        expert, _ = _expert_shard(shard_id, self.placement.num_experts, (0,))
+        for slot in self._slots(expert):
+            _copy(param.data[slot], self._mine(loaded, 1))
 
     def _mine(self, loaded: torch.Tensor, dim: int) -> torch.Tensor:
         """This rank's share of the intermediate dimension `dim` of `loaded`."""
-        whole = self.intermediate * self.tp_size
+        whole = self.intermediate * self.num_splits
         if loaded.dim() <= dim or loaded.shape[dim] != whole:
             raise ValueError(f"shape {tuple(loaded.shape)} has no intermediate size {whole} "
                              f"in dimension {dim}")  # fmt: skip
-        return loaded.narrow(dim, self.tp_rank * self.intermediate, self.intermediate)
+        return loaded.narrow(dim, self.split_rank * self.intermediate, self.intermediate)
+
+    def place(self, physical_to_logical: torch.Tensor, group: GroupCoordinator) -> None:
+        """Hold the experts `physical_to_logical` gives this rank's slots (their number may
+        change): every rank's slots are gathered, each new slot copies its expert from
+        the first old slot that held it."""
+        old = self.placement.physical_to_logical
+        first_slot = {int(e): int((old == e).nonzero()[0]) for e in old.unique()}
+        self.placement.set(physical_to_logical)
+        sources = torch.tensor([first_slot[e] for e in self.placement.local_experts()])
+        for param in (self.w13_weight, self.w2_weight):
+            param.data = group.all_gather(param.data, dim=0).index_select(0, sources)
 
 
 def _expert_shard(
@@ -135,6 +168,8 @@ class FusedMoE(nn.Module):
         )
         self.experts = StackedExperts(moe.num_experts, moe.intermediate_size, hidden_size, dtype)
         self.shared_expert = shared_expert
+        # Tokens routed to each slot since the last forward step; set by EPLB (None: off).
+        self.pending_load: torch.Tensor | None = None
         self.shared_expert_gate = (
             None
             if shared_expert is None
@@ -143,8 +178,24 @@ class FusedMoE(nn.Module):
             )
         )
 
+    @property
+    def placement(self) -> ExpertPlacement:
+        return self.experts.placement
+
+    def move_experts(self, physical_to_logical: torch.Tensor, group: GroupCoordinator) -> None:
+        """Take a new placement of the experts (core.distributed.eplb), weights included."""
+        self.experts.place(physical_to_logical, group)
+        if self.pending_load is not None:
+            self.pending_load = torch.zeros(self.placement.num_slots)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
         weights, ids = select_experts(self.gate(x), self.top_k, self.renormalize)
+        physical = ids
+        if not self.placement.is_identity:  # replicas, or experts on other ranks
+            physical, ids = self.placement.route(ids)
+        if self.pending_load is not None:  # EPLB counts each slot's tokens
+            flat = physical.flatten()
+            self.pending_load.index_add_(0, flat, torch.ones_like(flat, dtype=torch.float32))
         out = fused_moe(x, self.experts.w13_weight, self.experts.w2_weight, weights, ids)
         if self.tp_size > 1:
             out = get_tp_group().all_reduce(out)
