@@ -250,3 +250,14 @@ def test_info_prints_the_rank_layout_of_the_parallel_sizes():
     assert "  rank 3: dp 0, pp 1, tp 1" in result.output
     assert "  TP groups: [[0, 1], [2, 3]]" in result.output
     assert "  PP groups: [[0, 2], [1, 3]]" in result.output
+
+
+def test_info_names_the_mixture_of_experts_models_kernel_and_layouts():
+    output = invoke("info").output
+    assert "mixtures of experts:" in output
+    architectures = next(line for line in output.splitlines() if "architectures:" in line)
+    for name in ("MixtralForCausalLM", "OlmoeForCausalLM", "Qwen3MoeForCausalLM"):
+        assert name in architectures
+    assert "LlamaForCausalLM" not in architectures
+    assert "experts via core::fused_moe on cpu: " in output
+    assert "--enable-expert-parallel" in output

@@ -137,7 +137,35 @@ def info_report(registry: PluginRegistry | None = None) -> str:
     ]
     lines += _kernel_op_lines(registry, choice.platform.device_type)
     lines += kernel_choice.table_lines(kernel_choice.KERNEL_CHOICES)
-    return "\n".join(lines + _quantization_lines(registry, choice.platform))
+    lines += _quantization_lines(registry, choice.platform)
+    return "\n".join(lines + _moe_lines(registry, choice.platform.device_type))
+
+
+def _moe_lines(registry: PluginRegistry, device_type: str) -> list[str]:
+    """The installed mixture-of-experts architectures, who runs their experts here, and
+    how they split over ranks."""
+    from torch import nn
+
+    from core.ops import REFERENCE, provider
+    from core.plugins.groups import MODELS
+
+    names = []
+    for entry in registry.entries(MODELS):
+        try:
+            cls = registry.require(MODELS, entry.name, nn.Module)
+        except ValueError:
+            continue  # plugins_report says why
+        if getattr(cls, "expert_params", ()):
+            names.append(entry.name)
+    return [
+        "mixtures of experts:",
+        f"  architectures: {', '.join(sorted(names)) or 'none installed'}",
+        f"  experts via core::fused_moe on {device_type}: "
+        f"{provider('fused_moe', device_type) or REFERENCE}",
+        "  layouts: tensor parallel (each expert split), --enable-expert-parallel (whole "
+        "experts per tensor-parallel rank) with --enable-eplb; not across data-parallel "
+        "engines",
+    ]
 
 
 def _quantization_lines(registry: PluginRegistry, platform: Platform) -> list[str]:
