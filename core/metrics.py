@@ -160,6 +160,12 @@ class EngineMetrics:
             "Histogram of the time of one KV connector transfer (a load, save or send).",
             buckets=_KV_TRANSFER_BUCKETS,
         )
+        self._expert_imbalance = self._family(
+            Gauge,
+            "expert_load_imbalance",
+            "With --enable-eplb: tokens on the busiest expert-parallel rank over the mean per "
+            "rank, in the current load window (1 means balanced).",
+        )
         self._preemptions = self._family(
             Counter, "num_preemptions", "Cumulative number of preemption from the engine."
         )
@@ -253,6 +259,8 @@ class EngineMetrics:
         self._running.labels(*labels).set(stats.num_running)
         self._waiting.labels(*labels).set(stats.num_waiting)
         self._kv_usage.labels(*labels).set(stats.kv_cache_usage)
+        if stats.expert_imbalance is not None:
+            self._expert_imbalance.labels(*labels).set(stats.expert_imbalance)
         last = self._last_stats.get(engine_index)
         for counter, field in (
             (self._cache_queries, "prefix_cache_queries"),

@@ -43,6 +43,7 @@ VLLM_FAMILIES = {
     "time_to_first_token_seconds": "histogram",
     "inter_token_latency_seconds": "histogram",
     "kv_transfer_time_seconds": "histogram",
+    "expert_load_imbalance": "gauge",
     "e2e_request_latency_seconds": "histogram",
     "request_queue_time_seconds": "histogram",
     "request_inference_time_seconds": "histogram",
@@ -167,6 +168,15 @@ def test_external_prefix_cache_counts_grow_from_the_connectors_totals():
     assert value(metrics, "external_prefix_cache_queries_total") == 90
     assert value(metrics, "external_prefix_cache_hits_total") == 48
     assert value(metrics, "kv_transfer_blocks_total") == 5
+
+
+def test_the_expert_imbalance_gauge_follows_the_latest_measurement():
+    metrics = EngineMetrics(MODEL, config())
+    for measured in (None, 1.8, 1.05, None):  # None: a step that measured nothing new
+        stats = scheduler_stats()
+        stats.expert_imbalance = measured
+        metrics.record(step(scheduler=stats))
+    assert value(metrics, "expert_load_imbalance") == 1.05
 
 
 def test_each_kv_transfer_is_one_observation_of_the_transfer_time_histogram():

@@ -102,6 +102,8 @@ class SchedulerStats(msgspec.Struct, kw_only=True):
     kv_transfer_bytes: int = 0
     kv_transfer_failed_loads: int = 0
     spec_decoding: SpecDecodingStats | None = None  # None: speculation is off
+    # With --enable-eplb: the experts' load imbalance the workers last measured.
+    expert_imbalance: float | None = None
     # {adapter name: number of requests} of the running and the waiting LoRA requests.
     running_lora_adapters: dict[str, int] = msgspec.field(default_factory=dict)
     waiting_lora_adapters: dict[str, int] = msgspec.field(default_factory=dict)

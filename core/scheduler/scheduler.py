@@ -87,6 +87,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()  # told to the workers at the next step
         self.num_preemptions = 0
+        self.expert_imbalance: float | None = None  # --enable-eplb's, from the workers
         self.grammars = structured_outputs
         self.num_lookahead_tokens = num_lookahead_tokens
         self.max_loras = config.lora.max_loras if config.lora is not None else 0
@@ -444,6 +445,8 @@ class Scheduler:
         self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
     ) -> EngineCoreOutputs:
         outputs, self._pending_outputs = self._pending_outputs, []
+        if runner_output.expert_imbalance is not None:
+            self.expert_imbalance = runner_output.expert_imbalance
         if self.remote is not None:
             for request in self.remote.observe(runner_output.kv_connector_output):
                 self.kv.free(request)
@@ -600,6 +603,7 @@ class Scheduler:
             num_preemptions=self.num_preemptions,
             **self._transfer_stats(),
             spec_decoding=self.spec_stats and self.spec_stats.snapshot(),
+            expert_imbalance=self.expert_imbalance,
             running_lora_adapters=_count_adapters(self.running),
             waiting_lora_adapters=_count_adapters(self.waiting),
         )

@@ -137,3 +137,6 @@ class ModelRunnerOutput(msgspec.Struct, kw_only=True):
     pooler_output: dict[str, list[float]] = msgspec.field(default_factory=dict)
     # With --kv-transfer-config: the connector's finished transfers (a KVConnectorOutput).
     kv_connector_output: Any = None
+    # With --enable-eplb: the experts' measured load imbalance over the current window
+    # (most tokens on one rank over the mean; core.distributed.eplb).
+    expert_imbalance: float | None = None

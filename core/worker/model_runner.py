@@ -355,6 +355,13 @@ class ModelRunner:
         the last, or a step with nothing scheduled, emits nothing.
         """
         self._update_states(so)
+        output = self._execute_with_connector(so)
+        if self.eplb is not None:
+            output.expert_imbalance = self.eplb.imbalance()
+        return output
+
+    def _execute_with_connector(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        """The step inside the KV connector's worker-role calls, if there is one."""
         connector = self.kv_connector
         if connector is None:
             return self._execute(so)

@@ -25,6 +25,8 @@ def generate(model_dir, **options) -> list[list[int]]:
         outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
         if options.get("enable_eplb"):
             imbalance = llm.engine.core.executor.collective_rpc("eplb_imbalance")
+            # The metrics' gauge reads the output rank's latest measurement.
+            assert llm.engine.core.scheduler.make_stats().expert_imbalance == imbalance[0][1]
             return [o.outputs[0].token_ids for o in outputs], imbalance
         return [o.outputs[0].token_ids for o in outputs]
     finally:
