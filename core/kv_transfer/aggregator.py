@@ -26,13 +26,15 @@ class KVOutputAggregator:
 
     def aggregate(self, outputs: Sequence[KVConnectorOutput | None]) -> KVConnectorOutput:
         """This step's report: sends and receives every rank has now finished (a receive
-        failed if any rank's failed), what moved (bytes and each transfer's time summed
-        over the ranks; blocks once, as every rank moves the same block ids)."""
+        failed if any rank's failed), what moved (bytes and each transfer's time over all
+        ranks; blocks as the first rank counts them: every rank moves the same block ids,
+        maybe in different steps)."""
         merged = KVConnectorOutput()
+        if outputs and outputs[0] is not None:
+            merged.num_blocks_moved = outputs[0].num_blocks_moved
         for output in outputs:
             if output is None:
                 continue
-            merged.num_blocks_moved = max(merged.num_blocks_moved, output.num_blocks_moved)
             merged.num_bytes_moved += output.num_bytes_moved
             merged.transfer_times += output.transfer_times
             self._sending.update(output.finished_sending)

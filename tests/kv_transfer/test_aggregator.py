@@ -38,3 +38,13 @@ def test_what_moved_adds_the_ranks_bytes_and_times_and_counts_the_blocks_once():
     step = KVOutputAggregator(world_size=2).aggregate(outputs)
     assert (step.num_blocks_moved, step.num_bytes_moved) == (4, 2000)
     assert step.transfer_times == [0.1, 0.2]
+
+
+def test_blocks_the_ranks_move_in_different_steps_count_once():
+    gather = KVOutputAggregator(world_size=2)
+    first, second = KVConnectorOutput(), KVConnectorOutput()
+    first.count_moved(4, 1000, 0.1)
+    second.count_moved(4, 1000, 0.1)
+    moved = [gather.aggregate([first, None]), gather.aggregate([KVConnectorOutput(), second])]
+    assert sum(step.num_blocks_moved for step in moved) == 4
+    assert sum(step.num_bytes_moved for step in moved) == 2000

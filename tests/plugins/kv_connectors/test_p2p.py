@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from core_kv_connectors import p2p_wire as wire
+from kv_requests import free_blocks, run_request
 from tiny_engine_checkpoint import (
     VOCAB,
     engine_args,
@@ -22,7 +23,6 @@ from tiny_engine_checkpoint import (
 
 from core.engine.core import TRANSFER_POLL_S
 from core.engine.llm_engine import LLMEngine
-from core.sampling_params import SamplingParams
 
 BLOCK = 4
 WORDS = [w for w in VOCAB if w.startswith("w")]
@@ -48,10 +48,6 @@ def p2p_engine(checkpoint: Path, role: str, block_size: int = BLOCK, **extra) ->
     return LLMEngine(args)
 
 
-def free_blocks(engine: LLMEngine) -> int:
-    return engine.core.scheduler.kv.coordinator.block_pools[0].get_num_free_blocks()
-
-
 def block_bytes(engine: LLMEngine) -> int:
     """One block's bytes over every layer of `engine`'s KV cache."""
     layers = engine.core.executor.worker.loaded.attention_layers
@@ -59,18 +55,8 @@ def block_bytes(engine: LLMEngine) -> int:
 
 
 def run(engine: LLMEngine, req_id: str, max_tokens: int, kv_transfer_params: dict):
-    """Serve one request to its end: (token ids, cached prompt tokens, kv_transfer_params)."""
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
-                            extra_args={"kv_transfer_params": kv_transfer_params})  # fmt: skip
-    engine.add_request(req_id, PROMPT, params)
-    while True:
-        for output in engine.step():
-            if output.finished:
-                return (
-                    output.outputs[0].token_ids,
-                    output.num_cached_tokens,
-                    output.kv_transfer_params,
-                )
+    """PROMPT to its end: (token ids, cached prompt tokens, kv_transfer_params)."""
+    return run_request(engine, req_id, PROMPT, max_tokens, kv_transfer_params)
 
 
 def prefill(producer: LLMEngine) -> dict:

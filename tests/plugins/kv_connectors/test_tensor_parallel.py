@@ -11,12 +11,12 @@ import socket
 from pathlib import Path
 
 import pytest
+from kv_requests import free_blocks, run_request
 from tiny_engine_checkpoint import greedy_reference
 from tp_checkpoint import tp_model, write_tp_checkpoint
 
 from core.engine.llm_engine import LLMEngine
 from core.engine_args import EngineArgs
-from core.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.slow  # engines of two worker processes each, about 40 s
 
@@ -48,23 +48,8 @@ def tp_engine(checkpoint: Path, connector: str, role: str, **extra) -> LLMEngine
 
 
 def serve(engine: LLMEngine, name: str, max_tokens: int = MAX_TOKENS, params: dict | None = None):
-    """One prompt to its end: (greedy tokens, prompt tokens not computed, kv_transfer_params)."""
-    extra = {"kv_transfer_params": params} if params else None
-    sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
-                              extra_args=extra)  # fmt: skip
-    engine.add_request(name, PROMPTS[name], sampling)
-    while True:
-        for output in engine.step():
-            if output.finished:
-                return (
-                    output.outputs[0].token_ids,
-                    output.num_cached_tokens,
-                    output.kv_transfer_params,
-                )
-
-
-def free_blocks(engine: LLMEngine) -> int:
-    return engine.core.scheduler.kv.coordinator.block_pools[0].get_num_free_blocks()
+    """Prompt `name` to its end: (greedy tokens, prompt tokens not computed, params)."""
+    return run_request(engine, name, PROMPTS[name], max_tokens, params)
 
 
 def test_offload_keeps_each_ranks_heads_and_a_restarted_engine_reads_both(
