@@ -37,10 +37,10 @@ def measure(llm: LLM, seed: int = 7) -> dict[str, float]:
     params = SamplingParams(max_tokens=NUM_STEPS + 8, temperature=0.0, ignore_eos=True)
     for prompt in prompts:
         engine.add_request(engine.new_request_id(), prompt, params)
-    while _num_prefilling(engine) > 0:
+    while num_prefilling(engine) > 0:
         engine.step()
     totals: dict[str, float] = defaultdict(float)
-    restore = _instrument(engine, totals)
+    restore = instrument(engine, totals)
     try:
         start = time.perf_counter()
         for _ in range(NUM_STEPS):
@@ -59,21 +59,21 @@ def measure(llm: LLM, seed: int = 7) -> dict[str, float]:
     }
 
 
-def _num_prefilling(engine: Any) -> int:
+def num_prefilling(engine: Any) -> int:
     scheduler = engine.core.scheduler
     return len(scheduler.waiting) + sum(
         r.num_computed_tokens < r.num_prompt_tokens for r in scheduler.running
     )
 
 
-def _instrument(engine: Any, totals: dict[str, float]) -> Callable[[], None]:
+def instrument(engine: Any, totals: dict[str, float]) -> Callable[[], None]:
     runner = engine.core.executor.worker.runner
     owners = {"scheduler": engine.core.scheduler, "runner": runner, "model": runner.model}
     wrapped: list[tuple[Any, str]] = []
     for phase, (owner_name, methods) in PHASES.items():
         owner = owners[owner_name]
         for name in methods:
-            setattr(owner, name, _timed(getattr(owner, name), phase, totals))
+            setattr(owner, name, timed_phase(getattr(owner, name), phase, totals))
             wrapped.append((owner, name))
 
     def restore() -> None:
@@ -83,7 +83,7 @@ def _instrument(engine: Any, totals: dict[str, float]) -> Callable[[], None]:
     return restore
 
 
-def _timed(fn: Callable[..., Any], phase: str, totals: dict[str, float]) -> Callable[..., Any]:
+def timed_phase(fn: Callable[..., Any], phase: str, totals: dict[str, float]) -> Callable[..., Any]:
     def timed(*args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
         try:
