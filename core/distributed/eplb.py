@@ -164,6 +164,8 @@ class EplbState:
             layer.move_experts(initial.physical_to_logical, group)
             layer.pending_load = torch.zeros(num_slots)
         self.windows = torch.zeros(len(self.layers), config.window_size, num_slots)
+        # The windows summed over their steps, kept current (the gauge reads it each step).
+        self.sums = torch.zeros(len(self.layers), num_slots)
         self.num_steps = 0  # forward steps since the last rearrangement
         # The imbalance of the window each rearrangement so far balanced, in order.
         self.history: list[float] = []
@@ -172,6 +174,7 @@ class EplbState:
         """Close a forward step: its loads into the window; rearrange when it is time."""
         row = self.num_steps % self.config.window_size
         for index, layer in enumerate(self.layers):
+            self.sums[index] += layer.pending_load - self.windows[index, row]
             self.windows[index, row] = layer.pending_load
             layer.pending_load.zero_()
         self.num_steps += 1
@@ -187,7 +190,7 @@ class EplbState:
         if not self.layers:
             return 1.0
         ranks = self.group.world_size
-        return sum(imbalance(w.sum(dim=0), ranks) for w in self.windows) / len(self.layers)
+        return sum(imbalance(load, ranks) for load in self.sums) / len(self.layers)
 
     def rearrange(self) -> None:
         """Place every layer's experts by its window's load; start a new window."""
@@ -195,13 +198,14 @@ class EplbState:
         self.history.append(before)
         for index, layer in enumerate(self.layers):
             placement = layer.placement
-            slot_load = self.windows[index].sum(dim=0)
+            slot_load = self.sums[index]
             logical = torch.zeros(placement.num_experts, dtype=torch.float64)
             logical.index_add_(0, placement.physical_to_logical, slot_load.double())
             new = rebalance_experts(logical, placement.num_slots, self.group.world_size)
             new = self.group.broadcast(new, src=0)  # one placement on every rank
             layer.move_experts(new, self.group)
         self.windows.zero_()
+        self.sums.zero_()
         self.num_steps = 0
         if self.config.log_balancedness and self.group.rank_in_group == 0:
             logger.info("EPLB: experts rearranged; the window's imbalance was %.3f", before)

@@ -65,3 +65,44 @@ def test_imbalance_is_the_busiest_rank_over_the_mean():
     assert imbalance(torch.tensor([4.0, 4.0, 0.0, 0.0]), 2) == 2.0
     assert imbalance(torch.tensor([1.0, 3.0, 2.0, 2.0]), 2) == 1.0
     assert imbalance(torch.zeros(4), 2) == 1.0
+
+
+class _Layer:
+    """What EplbState needs of a mixture-of-experts layer: a placement, the pending load
+    it adds to, and the moves it is asked to make."""
+
+    def __init__(self, num_experts: int, ep_size: int) -> None:
+        self.placement = ExpertPlacement.initial(num_experts, num_experts, 0, ep_size)
+        self.pending_load = torch.zeros(num_experts)
+        self.moves: list[list[int]] = []
+
+    def move_experts(self, physical_to_logical: torch.Tensor, group) -> None:
+        self.placement.set(physical_to_logical)
+        self.moves.append(physical_to_logical.tolist())
+
+
+class _TwoRanks:
+    """Rank 0 of a two-rank group whose broadcast is rank 0's own placement."""
+
+    world_size, rank_in_group = 2, 0
+
+    def broadcast(self, t: torch.Tensor, src: int = 0) -> torch.Tensor:
+        return t
+
+
+def test_the_window_keeps_the_last_steps_and_the_interval_rearranges():
+    from core.config import EPLBConfig
+    from core.distributed.eplb import EplbState
+
+    layer = _Layer(num_experts=4, ep_size=2)  # experts 0, 1 on rank 0; 2, 3 on rank 1
+    state = EplbState([layer], EPLBConfig(window_size=2, step_interval=4), _TwoRanks())
+    for load in ([0, 0, 8, 0], [4, 0, 0, 0], [4, 4, 0, 0]):
+        layer.pending_load += torch.tensor(load, dtype=torch.float32)
+        state.step()
+    # The first step left the window: rank 0 got all 12 tokens of the last two.
+    assert state.sums[0].tolist() == [8.0, 4.0, 0.0, 0.0] and state.imbalance() == 2.0
+    layer.pending_load += torch.tensor([4.0, 0.0, 0.0, 0.0])
+    state.step()  # the fourth: the window (steps 3 and 4) [8, 4, 0, 0] is rearranged
+    assert state.history == [2.0]
+    assert layer.moves[-1] == [0, 3, 1, 2]  # the two loaded experts on different ranks
+    assert state.sums.sum() == 0 and state.imbalance() == 1.0  # a new window
