@@ -41,7 +41,6 @@ import sys
 import tempfile
 import time
 import traceback
-from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -70,7 +69,6 @@ from core.entrypoints.bench.datasets import synthetic_prompts
 from core.entrypoints.bench.latency import benchmark_latency_batches
 from core.entrypoints.llm import LLM
 from core.model_loader.resolve import default_model_path
-from core.sampling_params import SamplingParams
 
 # SmolLM2-135M's shape, its MLPs made top-2 of 8 experts of half its intermediate size.
 CONFIG: dict[str, Any] = {
@@ -181,26 +179,7 @@ def anatomy(llm: LLM, prompts: Prompts, num_steps: int) -> Metrics:
     """Milliseconds per decode step by phase with len(prompts) requests decoding, as
     `step_anatomy.measure`, plus "moe_ms": every FusedMoE.forward of the model (router,
     expert choice, core::fused_moe) and "router_ms": their router linears."""
-    engine = llm.engine
-    params = SamplingParams(max_tokens=num_steps + 8, temperature=0.0, ignore_eos=True)
-    for prompt in prompts:
-        engine.add_request(engine.new_request_id(), prompt, params)
-    while step_anatomy.num_prefilling(engine) > 0:
-        engine.step()
-    totals: dict[str, float] = defaultdict(float)
-    restore = step_anatomy.instrument(engine, totals)
-    restore_moe = _instrument_moe(engine.core.executor.worker.runner.model, totals)
-    try:
-        start = time.perf_counter()
-        for _ in range(num_steps):
-            engine.step()
-        totals["step"] = time.perf_counter() - start
-    finally:
-        restore_moe()
-        restore()
-    while engine.has_unfinished_requests():
-        engine.step()
-    per_step = {f"{k}_ms": v * 1000 / num_steps for k, v in totals.items()}
+    per_step = step_anatomy.decode_step_phases(llm, prompts, num_steps, _instrument_moe)
     return {
         "streams": len(prompts),
         **per_step,
@@ -208,11 +187,11 @@ def anatomy(llm: LLM, prompts: Prompts, num_steps: int) -> Metrics:
     }
 
 
-def _instrument_moe(model: torch.nn.Module, totals: dict[str, float]) -> Callable[[], None]:
+def _instrument_moe(engine: Any, totals: dict[str, float]) -> Callable[[], None]:
     from core.models.layers.fused_moe import FusedMoE
 
     wrapped = []
-    for module in model.modules():
+    for module in engine.core.executor.worker.runner.model.modules():
         if isinstance(module, FusedMoE):
             for owner, phase in ((module, "moe"), (module.gate, "router")):
                 owner.forward = step_anatomy.timed_phase(owner.forward, phase, totals)

@@ -32,31 +32,45 @@ PHASES: dict[str, tuple[str, tuple[str, ...]]] = {
 def measure(llm: LLM, seed: int = 7) -> dict[str, float]:
     """Milliseconds per decode step by phase at BATCH requests, and the share outside the
     forward spent scheduling and preparing inputs."""
-    engine = llm.engine
-    prompts = synthetic_prompts(engine.tokenizer, BATCH, INPUT_LEN, seed=seed)
-    params = SamplingParams(max_tokens=NUM_STEPS + 8, temperature=0.0, ignore_eos=True)
-    for prompt in prompts:
-        engine.add_request(engine.new_request_id(), prompt, params)
-    while num_prefilling(engine) > 0:
-        engine.step()
-    totals: dict[str, float] = defaultdict(float)
-    restore = instrument(engine, totals)
-    try:
-        start = time.perf_counter()
-        for _ in range(NUM_STEPS):
-            engine.step()
-        totals["step"] = time.perf_counter() - start
-    finally:
-        restore()
-    while engine.has_unfinished_requests():
-        engine.step()
-    per_step = {f"{k}_ms": v * 1000 / NUM_STEPS for k, v in totals.items()}
+    prompts = synthetic_prompts(llm.engine.tokenizer, BATCH, INPUT_LEN, seed=seed)
+    per_step = decode_step_phases(llm, prompts, NUM_STEPS)
     outside = per_step["schedule_ms"] + per_step["inputs_ms"] + per_step["update_ms"]
     return {
         "batch": BATCH,
         **per_step,
         "scheduling_and_inputs_share": outside / per_step["step_ms"],
     }
+
+
+Instrument = Callable[[Any, dict[str, float]], Callable[[], None]]
+
+
+def decode_step_phases(
+    llm: LLM, prompts: list[list[int]], num_steps: int, more: Instrument | None = None
+) -> dict[str, float]:
+    """ "<phase>_ms" per decode step over `num_steps` steps once every one of `prompts`
+    decodes, and "step_ms"; `more(engine, totals)` wraps further methods for the time (it
+    returns what undoes its wrapping)."""
+    engine = llm.engine
+    params = SamplingParams(max_tokens=num_steps + 8, temperature=0.0, ignore_eos=True)
+    for prompt in prompts:
+        engine.add_request(engine.new_request_id(), prompt, params)
+    while num_prefilling(engine) > 0:
+        engine.step()
+    totals: dict[str, float] = defaultdict(float)
+    restore = instrument(engine, totals)
+    restore_more = more(engine, totals) if more is not None else (lambda: None)
+    try:
+        start = time.perf_counter()
+        for _ in range(num_steps):
+            engine.step()
+        totals["step"] = time.perf_counter() - start
+    finally:
+        restore_more()
+        restore()
+    while engine.has_unfinished_requests():
+        engine.step()
+    return {f"{k}_ms": v * 1000 / num_steps for k, v in totals.items()}
 
 
 def num_prefilling(engine: Any) -> int:
