@@ -43,6 +43,7 @@ class ExpertPlacement:
     ep_size: int
     _logical_to_physical: torch.Tensor = field(init=False, repr=False)  # [E, max replicas]
     _replicas: torch.Tensor = field(init=False, repr=False)  # [E]
+    _identity: bool = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.set(self.physical_to_logical)
@@ -69,8 +70,8 @@ class ExpertPlacement:
 
     @property
     def is_identity(self) -> bool:
-        """One rank, no redundant slot: slot e holds expert e."""
-        return self.ep_size == 1 and self.num_slots == self.num_experts
+        """One rank whose slot e holds expert e: routing has nothing to map."""
+        return self._identity
 
     def local_experts(self) -> list[int]:
         """The logical expert of each of this rank's slots, in slot order."""
@@ -89,6 +90,7 @@ class ExpertPlacement:
             table[expert, : slots.numel()] = slots
         self.physical_to_logical = p2l
         self._logical_to_physical, self._replicas = table, replicas
+        self._identity = self.ep_size == 1 and torch.equal(p2l, torch.arange(self.num_experts))
 
     def route(self, topk_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(physical slot [T, K] of each choice, its local slot on this rank or -1)."""

@@ -106,3 +106,12 @@ def test_the_window_keeps_the_last_steps_and_the_interval_rearranges():
     assert state.history == [2.0]
     assert layer.moves[-1] == [0, 3, 1, 2]  # the two loaded experts on different ranks
     assert state.sums.sum() == 0 and state.imbalance() == 1.0  # a new window
+
+
+def test_one_rank_with_its_experts_reordered_still_routes_through_the_map():
+    placement = ExpertPlacement.initial(4, 4, ep_rank=0, ep_size=1)
+    assert placement.is_identity
+    placement.set(torch.tensor([2, 0, 1, 3]))
+    assert not placement.is_identity
+    physical, local = placement.route(torch.tensor([[0, 2]]))
+    assert physical.tolist() == local.tolist() == [[1, 0]]

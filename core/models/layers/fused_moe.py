@@ -116,8 +116,10 @@ class StackedExperts(nn.Module):
     def place(self, physical_to_logical: torch.Tensor, group: GroupCoordinator) -> None:
         """Hold the experts `physical_to_logical` gives this rank's slots (their number may
         change): every rank's slots are gathered, each new slot copies its expert from
-        the first old slot that held it."""
+        the first old slot that held it. The same placement again moves nothing."""
         old = self.placement.physical_to_logical
+        if torch.equal(physical_to_logical.long(), old):
+            return
         first_slot = {int(e): int((old == e).nonzero()[0]) for e in old.unique()}
         self.placement.set(physical_to_logical)
         sources = torch.tensor([first_slot[e] for e in self.placement.local_experts()])
