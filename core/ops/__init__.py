@@ -13,7 +13,7 @@ device_type)` one of them.
 """
 
 from core.ops.activation import silu_and_mul, silu_and_mul_reference
-from core.ops.fused_moe import fused_moe, fused_moe_reference
+from core.ops.fused_moe import check_fused_moe_args, fused_moe, fused_moe_reference
 from core.ops.linear import linear, linear_reference
 from core.ops.norm import (
     fused_add_rms_norm,
@@ -40,6 +40,7 @@ __all__ = [
     "SampleBuilder",
     "Tolerance",
     "apply_rotary_emb",
+    "check_fused_moe_args",
     "fused_add_rms_norm",
     "fused_add_rms_norm_reference",
     "fused_moe",

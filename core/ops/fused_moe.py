@@ -36,7 +36,7 @@ def fused_moe_reference(
     topk_weights: torch.Tensor,  # [T, K], any float dtype
     topk_ids: torch.Tensor,  # [T, K], integer; outside 0..E-1: no expert
 ) -> torch.Tensor:  # [T, H]
-    _check(hidden, w13, w2, topk_weights, topk_ids)
+    check_fused_moe_args(hidden, w13, w2, topk_weights, topk_ids)
     out = torch.zeros_like(hidden)
     num_experts = w13.shape[0]
     flat_ids = topk_ids.reshape(-1).long()
@@ -65,8 +65,9 @@ def _silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def _check(hidden, w13, w2, topk_weights, topk_ids) -> None:
-    """ValueError naming the argument whose shape does not fit the others."""
+def check_fused_moe_args(hidden, w13, w2, topk_weights, topk_ids) -> None:
+    """ValueError naming the argument whose shape (or the ids' dtype) does not fit the
+    others; kernels that fall back to the reference for such inputs ask it first."""
     if hidden.dim() != 2:
         raise ValueError(f"hidden of fused_moe must be [T, H], got {tuple(hidden.shape)}")
     num_tokens, size = hidden.shape

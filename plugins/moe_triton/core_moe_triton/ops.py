@@ -24,7 +24,7 @@ from types import ModuleType
 
 import torch
 
-from core.ops import fused_moe_reference, register_impl
+from core.ops import check_fused_moe_args, fused_moe_reference, register_impl
 
 __all__ = ["KERNELS_MODULE", "PROVIDER", "ExpertBlocks", "expert_blocks", "fused_moe_triton"]
 
@@ -135,23 +135,13 @@ def _takes(
         return False
     if any(t.device != hidden.device for t in tensors) or any(t.numel() == 0 for t in tensors):
         return False
-    if topk_ids.is_floating_point() or not topk_weights.is_floating_point():
+    if not topk_weights.is_floating_point():
         return False
-    return _shapes_fit(hidden, w13, w2, topk_weights, topk_ids)
-
-
-def _shapes_fit(hidden, w13, w2, topk_weights, topk_ids) -> bool:
-    if hidden.dim() != 2 or w13.dim() != 3 or w13.shape[1] % 2:
-        return False
-    num_tokens, size = hidden.shape
-    num_experts, inter = w13.shape[0], w13.shape[1] // 2
-    routing_shape = topk_ids.dim() == 2 and topk_ids.shape[0] == num_tokens
-    return (
-        w13.shape[2] == size
-        and tuple(w2.shape) == (num_experts, size, inter)
-        and routing_shape
-        and topk_weights.shape == topk_ids.shape
-    )
+    try:
+        check_fused_moe_args(*tensors)
+    except ValueError:
+        return False  # the reference raises it, naming the argument
+    return True
 
 
 def _block_m(num_slots: int, num_experts: int) -> int:
