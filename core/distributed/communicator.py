@@ -64,6 +64,18 @@ class DeviceCommunicator:
         dist.gather(t.contiguous(), parts, group=self.device_group, group_dst=dst)
         return torch.cat(parts, dim=dim) if parts is not None else None
 
+    def all_to_all(
+        self, t: torch.Tensor, send_counts: list[int], recv_counts: list[int]
+    ) -> torch.Tensor:
+        """Rows of `t` to every rank, in group order: the first send_counts[0] to rank 0,
+        the next send_counts[1] to rank 1, ...; the rows every rank sent this one, in
+        group order (recv_counts[r] from rank r, as rank r's send_counts said)."""
+        out = torch.empty((sum(recv_counts), *t.shape[1:]), dtype=t.dtype, device=t.device)
+        dist.all_to_all_single(
+            out, t.contiguous(), recv_counts, send_counts, group=self.device_group
+        )
+        return out
+
     def broadcast(self, t: torch.Tensor, src: int) -> torch.Tensor:
         """Rank `src`'s `t` on every rank (written into `t` in place here).
 

@@ -7,7 +7,9 @@ live in P physical slots, P / ep_size per rank (P = E + the redundant slots of
 replicas: replica (token * K + k) mod replicas, the same on every rank.
 
 `EplbState` (--enable-eplb) counts each slot's tokens per forward step over a window of
-`window_size` steps. Every `step_interval` steps it rearranges every layer: the loads of
+`window_size` steps: each rank counts its share of its engine's tokens, and a step's
+counts are summed over the expert-parallel group (one all-reduce), so every rank holds
+the same window. Every `step_interval` steps it rearranges every layer: the loads of
 the window, per logical expert, go to `rebalance_experts` (hot experts get the redundant
 slots, then experts are packed onto ranks by load), the new placement is broadcast from
 the first rank (every rank then holds the same one), and each rank copies its new
@@ -175,9 +177,12 @@ class EplbState:
     def step(self) -> None:
         """Close a forward step: its loads into the window; rearrange when it is time."""
         row = self.num_steps % self.config.window_size
-        for index, layer in enumerate(self.layers):
-            self.sums[index] += layer.pending_load - self.windows[index, row]
-            self.windows[index, row] = layer.pending_load
+        if self.layers:
+            pending = torch.stack([layer.pending_load for layer in self.layers])
+            loads = self.group.all_reduce(pending)
+            self.sums += loads - self.windows[:, row]
+            self.windows[:, row] = loads
+        for layer in self.layers:
             layer.pending_load.zero_()
         self.num_steps += 1
         if self.num_steps >= self.config.step_interval:

@@ -68,6 +68,14 @@ class RankGrid:
         """The data-parallel groups: one per (pp, tp)."""
         return self._axis_groups(0)
 
+    def ep_group_ranks(self) -> list[list[int]]:
+        """The expert-parallel groups when experts span data-parallel engines: one per
+        pipeline stage, every (dp, tp) rank of it in global order."""
+        grid = torch.arange(self.world_size).reshape(
+            self.data_parallel_size, self.pipeline_parallel_size, self.tensor_parallel_size
+        )
+        return grid.movedim(1, 0).reshape(self.pipeline_parallel_size, -1).tolist()
+
     def _axis_groups(self, axis: int) -> list[list[int]]:
         # grid: [DP, PP, TP] of global ranks; moving `axis` last makes each row one group.
         sizes = (self.data_parallel_size, self.pipeline_parallel_size, self.tensor_parallel_size)
@@ -174,6 +182,33 @@ class GroupCoordinator:
     def all_gather(self, t: torch.Tensor, dim: int = -1) -> torch.Tensor:
         """Every rank's `t` concatenated along `dim` in group order, on every rank."""
         return t if self.world_size == 1 else self._communicator().all_gather(t, dim)
+
+    def exchange_counts(self, send_counts: list[int]) -> list[int]:
+        """What every rank's `send_counts` holds for this one, in group order: the rows an
+        `all_to_all` with those counts will bring here."""
+        if self.world_size == 1:
+            return list(send_counts)
+        self._check_counts(send_counts)
+        communicator = self._communicator()
+        counts = torch.tensor(send_counts, dtype=torch.int64, device=communicator.device)
+        ones = [1] * self.world_size
+        return communicator.all_to_all(counts, ones, ones).tolist()
+
+    def all_to_all(
+        self, t: torch.Tensor, send_counts: list[int], recv_counts: list[int]
+    ) -> torch.Tensor:
+        """Scatter the rows of `t` over the group (send_counts[r] of them, in order, to
+        rank r); the rows the ranks sent this one, in group order (recv_counts[r] from
+        rank r: `exchange_counts` tells them)."""
+        if self.world_size == 1:
+            return t
+        self._check_counts(send_counts)
+        self._check_counts(recv_counts)
+        return self._communicator().all_to_all(t, send_counts, recv_counts)
+
+    def _check_counts(self, counts: list[int]) -> None:
+        if len(counts) != self.world_size:
+            raise ValueError(f"{len(counts)} row counts for a group of {self.world_size} ranks")
 
     def gather(self, t: torch.Tensor, dst: int = 0, dim: int = -1) -> torch.Tensor | None:
         """Every rank's `t` concatenated along `dim` on rank `dst`; None on the others."""
@@ -294,7 +329,7 @@ def _check_sendable(key: str, t: torch.Tensor, device: torch.device) -> None:
 
 _WORLD: GroupCoordinator | None = None
 _TP: GroupCoordinator | None = None
-_EP: GroupCoordinator | None = None  # the TP group itself under expert parallelism
+_EP: GroupCoordinator | None = None  # under expert parallelism: TP, or DP x TP
 _PP: GroupCoordinator | None = None
 _DP: GroupCoordinator | None = None
 
@@ -336,7 +371,8 @@ def initialize_model_parallel(
     expert_parallel: bool = False,
 ) -> None:
     """Build the TP, PP and DP groups of the grid; every process of the world calls it.
-    With `expert_parallel` the TP group is also the expert-parallel group (`get_ep_group`).
+    With `expert_parallel` the expert-parallel group (`get_ep_group`) is the TP group, or
+    with several data-parallel ranks every (dp, tp) rank of a pipeline stage.
 
     Raises ValueError naming the flags when the sizes do not multiply to the world size,
     RuntimeError before `init_distributed_environment` or when the groups exist already.
@@ -357,11 +393,14 @@ def initialize_model_parallel(
         ("pp", grid.pp_group_ranks()),
         ("dp", grid.dp_group_ranks()),
     )
-    _TP, _PP, _DP = (
+    if expert_parallel and data_parallel_size > 1:
+        axes += (("ep", grid.ep_group_ranks()),)
+    groups = [
         GroupCoordinator.connect(name, ranks, world.rank, backend, communicator_cls, device)
         for name, ranks in axes
-    )
-    _EP = _TP if expert_parallel else None
+    ]
+    _TP, _PP, _DP = groups[:3]
+    _EP = groups[3] if len(groups) > 3 else _TP if expert_parallel else None
 
 
 def model_parallel_is_initialized() -> bool:
@@ -395,8 +434,9 @@ def get_dp_group() -> GroupCoordinator:
 
 def get_ep_group() -> GroupCoordinator:
     """The ranks that share a mixture of experts' experts, each holding a share of them
-    whole: the TP group under --enable-expert-parallel; otherwise a group of one (each
-    TP rank holds a slice of every expert instead)."""
+    whole, under --enable-expert-parallel: the TP group, or every engine's ranks with
+    several data-parallel engines; otherwise a group of one (each TP rank holds a slice
+    of every expert instead)."""
     return _EP if _EP is not None else GroupCoordinator("ep", [0], 0)
 
 
@@ -417,9 +457,9 @@ def get_pipeline_model_parallel_world_size() -> int:
 
 
 def destroy_model_parallel() -> None:
-    """Release the TP, PP and DP groups (a no-op for those never built)."""
+    """Release the TP, PP, DP and EP groups (a no-op for those never built)."""
     global _TP, _PP, _DP, _EP
-    for group in (_TP, _PP, _DP):
+    for group in (_TP, _PP, _DP, None if _EP is _TP else _EP):
         if group is not None:
             group.destroy()
     _TP = _PP = _DP = _EP = None

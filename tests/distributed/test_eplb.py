@@ -82,12 +82,16 @@ class _Layer:
 
 
 class _TwoRanks:
-    """Rank 0 of a two-rank group whose broadcast is rank 0's own placement."""
+    """Rank 0 of a two-rank group whose broadcast is rank 0's own placement and whose
+    other rank counts the same loads again (its share of the tokens routed alike)."""
 
     world_size, rank_in_group = 2, 0
 
     def broadcast(self, t: torch.Tensor, src: int = 0) -> torch.Tensor:
         return t
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        return t * 2
 
 
 def test_the_window_keeps_the_last_steps_and_the_interval_rearranges():
@@ -96,12 +100,13 @@ def test_the_window_keeps_the_last_steps_and_the_interval_rearranges():
 
     layer = _Layer(num_experts=4, ep_size=2)  # experts 0, 1 on rank 0; 2, 3 on rank 1
     state = EplbState([layer], EPLBConfig(window_size=2, step_interval=4), _TwoRanks())
-    for load in ([0, 0, 8, 0], [4, 0, 0, 0], [4, 4, 0, 0]):
+    for load in ([0, 0, 4, 0], [2, 0, 0, 0], [2, 2, 0, 0]):
         layer.pending_load += torch.tensor(load, dtype=torch.float32)
         state.step()
-    # The first step left the window: rank 0 got all 12 tokens of the last two.
+    # Both ranks' counts summed; the first step left the window: rank 0's experts got
+    # all 12 tokens of the last two.
     assert state.sums[0].tolist() == [8.0, 4.0, 0.0, 0.0] and state.imbalance() == 2.0
-    layer.pending_load += torch.tensor([4.0, 0.0, 0.0, 0.0])
+    layer.pending_load += torch.tensor([2.0, 0.0, 0.0, 0.0])
     state.step()  # the fourth: the window (steps 3 and 4) [8, 4, 0, 0] is rearranged
     assert state.history == [2.0]
     assert layer.moves[-1] == [0, 3, 1, 2]  # the two loaded experts on different ranks

@@ -15,6 +15,8 @@ def test_eight_ranks_tp2_pp2_dp2_put_tp_neighbours_together():
     assert grid.tp_group_ranks() == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert grid.pp_group_ranks() == [[0, 2], [1, 3], [4, 6], [5, 7]]
     assert grid.dp_group_ranks() == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    # Experts spanning the engines: every (dp, tp) rank of one stage.
+    assert grid.ep_group_ranks() == [[0, 1, 4, 5], [2, 3, 6, 7]]
 
 
 def test_two_ranks_tp2_is_one_tp_group_and_single_rank_pp_and_dp_groups():

@@ -10,9 +10,21 @@ names onto the stacked parameters (core.models.hf_weights).
 
 Tensor parallelism splits every expert's intermediate size I, as the dense MLP's: w13
 column-parallel, w2 row-parallel, the partial outputs summed across ranks. Under
---enable-expert-parallel each rank holds a share of the experts whole instead
-(core.distributed.eplb.ExpertPlacement): a token's choices of other ranks' experts are
-routed nowhere here (-1), and the sum across ranks adds every rank's experts.
+--enable-expert-parallel each rank of the expert-parallel group holds a share of the
+experts whole instead (core.distributed.eplb.ExpertPlacement). How tokens reach them
+depends on whether the group's ranks hold the same tokens:
+
+- One engine's tensor-parallel ranks do: each runs its own experts over every token (the
+  choices of other ranks' experts routed nowhere, -1) and the sum across ranks adds
+  every rank's experts, as under tensor parallelism.
+- Several data-parallel engines' ranks do not: each rank dispatches its share of its
+  engine's tokens (a slice per tensor-parallel rank) to the ranks that hold their
+  experts, all-to-all; each runs its experts over the rows it received and sends the
+  outputs back, all-to-all; the owner weights and sums them, and the engine's
+  tensor-parallel ranks gather their slices.
+
+Under EPLB each rank counts the routing of its share of its engine's tokens (the same
+slices), and the counts are summed over the group (core.distributed.eplb).
 """
 
 from __future__ import annotations
@@ -64,7 +76,7 @@ class StackedExperts(nn.Module):
         super().__init__()
         ep = get_ep_group()
         # The TP ranks that split each expert: all of them, or (experts shared whole) one.
-        self.num_splits = get_tensor_model_parallel_world_size() // ep.world_size
+        self.num_splits = 1 if ep.world_size > 1 else get_tensor_model_parallel_world_size()
         self.split_rank = get_tensor_model_parallel_rank() % self.num_splits
         self.intermediate = intermediate_size // self.num_splits  # this rank's share of I
         self.placement = ExpertPlacement.initial(
@@ -169,6 +181,8 @@ class FusedMoE(nn.Module):
             hidden_size, moe.num_experts, False, None, f"{prefix}.gate", dtype
         )
         self.experts = StackedExperts(moe.num_experts, moe.intermediate_size, hidden_size, dtype)
+        # The expert-parallel ranks hold different tokens (experts span engines).
+        self.exchanges_tokens = get_ep_group().world_size > self.tp_size
         self.shared_expert = shared_expert
         # Tokens routed to each slot since the last forward step; set by EPLB (None: off).
         self.pending_load: torch.Tensor | None = None
@@ -192,16 +206,86 @@ class FusedMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
         weights, ids = select_experts(self.gate(x), self.top_k, self.renormalize)
-        physical = ids
-        if not self.placement.is_identity:  # replicas, or experts on other ranks
-            physical, ids = self.placement.route(ids)
-        if self.pending_load is not None:  # EPLB counts each slot's tokens
-            flat = physical.flatten()
-            self.pending_load.index_add_(0, flat, torch.ones_like(flat, dtype=torch.float32))
-        out = fused_moe(x, self.experts.w13_weight, self.experts.w2_weight, weights, ids)
-        if self.tp_size > 1:
-            out = get_tp_group().all_reduce(out)
+        if self.exchanges_tokens:
+            out = self._exchanged(x, weights, ids)
+        else:
+            out = self._in_place(x, weights, ids)
         if self.shared_expert is not None:
             # The shared expert's down projection sums its own partial outputs.
             out = out + F.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
+
+    def _in_place(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Every token through this rank's experts (or slices of them), summed over TP."""
+        physical = ids
+        if not self.placement.is_identity:  # replicas, or experts on other ranks
+            physical, ids = self.placement.route(ids)
+        self._count(physical[_share(x.shape[0])])
+        out = fused_moe(x, self.experts.w13_weight, self.experts.w2_weight, weights, ids)
+        if self.tp_size > 1:
+            out = get_tp_group().all_reduce(out)
+        return out
+
+    def _exchanged(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """This rank's slice of the tokens to their experts' ranks and back (all-to-all),
+        weighted and summed; the slices of the engine's TP ranks gathered."""
+        share = _share(x.shape[0])
+        physical, _ = self.placement.route(ids[share])
+        self._count(physical)
+        mine = exchange_with_experts(
+            x[share], weights[share], physical, self.experts, get_ep_group()
+        )
+        if self.tp_size == 1:
+            return mine
+        padded = F.pad(mine, (0, 0, 0, _slice_rows(x.shape[0]) - mine.shape[0]))
+        return get_tp_group().all_gather(padded, dim=0)[: x.shape[0]]
+
+    def _count(self, physical: torch.Tensor) -> None:
+        """EPLB: add this rank's share of the routed tokens to each slot's load."""
+        if self.pending_load is not None:
+            flat = physical.flatten()
+            self.pending_load.index_add_(0, flat, torch.ones_like(flat, dtype=torch.float32))
+
+
+def _slice_rows(num_tokens: int) -> int:
+    """The tokens of each tensor-parallel rank's share (the last one's may be fewer)."""
+    return -(-num_tokens // get_tensor_model_parallel_world_size())
+
+
+def _share(num_tokens: int) -> slice:
+    """This tensor-parallel rank's slice of its engine's `num_tokens` tokens."""
+    rows = _slice_rows(num_tokens)
+    start = min(get_tensor_model_parallel_rank() * rows, num_tokens)
+    return slice(start, min(start + rows, num_tokens))
+
+
+def exchange_with_experts(
+    x: torch.Tensor,  # [T, H]: this rank's tokens
+    weights: torch.Tensor,  # [T, K]
+    physical: torch.Tensor,  # [T, K]: each choice's physical slot
+    experts: StackedExperts,
+    ep: GroupCoordinator,
+) -> torch.Tensor:  # [T, H]
+    """Send each (token, choice) row to the rank that holds its slot, run the experts
+    over the rows received, return them to their owners, and sum each token's weighted
+    rows. Rows travel in slot order, so each token's outputs add up in expert order as
+    in `core::fused_moe`."""
+    num_local, top_k = experts.placement.num_local, physical.shape[1]
+    slots = physical.flatten()
+    order = slots.argsort(stable=True)
+    slots = slots[order]
+    owners = slots // num_local
+    send = torch.bincount(owners, minlength=ep.world_size).tolist()
+    recv = ep.exchange_counts(send)
+    rows = ep.all_to_all(x.index_select(0, order // top_k), send, recv)
+    local_slots = ep.all_to_all(slots - owners * num_local, send, recv)
+    computed = torch.zeros_like(rows)
+    if rows.shape[0]:
+        ones = torch.ones(rows.shape[0], 1, dtype=torch.float32, device=rows.device)
+        computed = fused_moe(
+            rows, experts.w13_weight, experts.w2_weight, ones, local_slots.view(-1, 1)
+        )
+    back = ep.all_to_all(computed, recv, send)
+    pair_weights = weights.flatten()[order].to(x.dtype)
+    out = torch.zeros_like(x)
+    return out.index_add_(0, order // top_k, back * pair_weights[:, None])
