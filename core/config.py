@@ -164,9 +164,22 @@ class ParallelConfig(_Config):
         """The worker ranks of one engine core: tensor x pipeline parallel."""
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
+    @property
+    def experts_span_engines(self) -> bool:
+        """Expert parallelism over several data-parallel engine cores: their workers form
+        one world (DP x TP ranks share the experts) and the engines step in lock-step."""
+        return self.enable_expert_parallel and self.data_parallel_size > 1
+
+    @property
+    def data_parallel_master_port(self) -> int:
+        """Where the shared world of `experts_span_engines` meets, on the data-parallel
+        address: the port after the remote engine cores' pairs (rpc_port + 2 * size)."""
+        return self.data_parallel_rpc_port + 2 * self.data_parallel_size
+
     distributed_executor_backend: Literal["uni", "mp", "ray"] | None = None
-    # Mixtures of experts: each tensor-parallel rank holds whole experts, a share of them,
-    # rather than a slice of every expert; EPLB rearranges them by measured load.
+    # Mixtures of experts: each rank holds whole experts, a share of them, rather than a
+    # slice of every expert (the ranks: every engine's with --data-parallel-size > 1, the
+    # tensor-parallel ones of the one engine otherwise); EPLB rearranges them by load.
     enable_expert_parallel: bool = False
     enable_eplb: bool = False
     eplb: EPLBConfig = Field(default_factory=EPLBConfig)

@@ -60,12 +60,16 @@ SPECULATIVE = "--speculative-config"
 PIPELINE = "--pipeline-parallel-size > 1"
 POOLING = "--runner pooling"
 COMPILED = "-O1 / -O2 (compile, capture graphs)"
+EXPERTS_ACROSS_ENGINES = "--enable-expert-parallel with --data-parallel-size > 1"
+KV_TRANSFER = "--kv-transfer-config"
 
 _ENABLED: dict[str, Callable[[EngineConfig], bool]] = {
     LORA: lambda config: config.lora is not None,
     SPECULATIVE: lambda config: config.speculative is not None,
     PIPELINE: lambda config: config.parallel.pipeline_parallel_size > 1,
     POOLING: lambda config: config.model.runner == "pooling",
+    EXPERTS_ACROSS_ENGINES: lambda config: config.parallel.experts_span_engines,
+    KV_TRANSFER: lambda config: config.kv_transfer.kv_connector is not None,
 }
 
 

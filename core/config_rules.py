@@ -22,6 +22,8 @@ from collections.abc import Callable
 from core.config import CUDAGraphMode, EngineConfig
 from core.config_rule import (
     COMPILED,
+    EXPERTS_ACROSS_ENGINES,
+    KV_TRANSFER,
     LORA,
     PIPELINE,
     POOLING,
@@ -181,19 +183,46 @@ def _check_eplb(config: EngineConfig, facts: ConfigFacts) -> str | None:
 
 
 @_rule(
-    "expert-parallel-one-engine", ("--enable-expert-parallel", "--data-parallel-size"),
-    "experts shared across data-parallel engines (their steps would have to run in "
-    "lock-step)", "--data-parallel-size 1: experts are shared by the tensor-parallel ranks",
+    "experts-across-engines-executor",
+    (EXPERTS_ACROSS_ENGINES, "--distributed-executor-backend ray", "--data-parallel-rpc-port"),
+    "the Ray executor for engines that share experts (their workers meet on the "
+    "data-parallel address), or a master port past 65535",
+    "--distributed-executor-backend mp (or uni), a lower --data-parallel-rpc-port",
 )  # fmt: skip
-def _check_expert_parallel_dp(config: EngineConfig, facts: ConfigFacts) -> str | None:
+def _check_experts_across_engines(config: EngineConfig, facts: ConfigFacts) -> str | None:
     parallel = config.parallel
-    if not parallel.enable_expert_parallel or parallel.data_parallel_size == 1:
+    if not parallel.experts_span_engines:
         return None
-    return (
-        f"--enable-expert-parallel with --data-parallel-size {parallel.data_parallel_size}: "
-        "experts are shared by the tensor-parallel ranks of one engine for now; use "
-        "--data-parallel-size 1 and --tensor-parallel-size for the expert-parallel ranks"
-    )
+    if parallel.distributed_executor_backend == "ray":
+        return (
+            f"--distributed-executor-backend ray is not available with {EXPERTS_ACROSS_ENGINES}"
+            " (the engines' workers join one world on the data-parallel address): use mp"
+        )
+    if parallel.data_parallel_master_port > 65535:
+        return (
+            f"--data-parallel-rpc-port {parallel.data_parallel_rpc_port}: engines sharing "
+            f"experts meet on port rpc_port + 2 x --data-parallel-size "
+            f"({parallel.data_parallel_master_port}), past 65535; choose a lower port"
+        )
+    return None
+
+
+_ACROSS_ENGINES_MESSAGE = (
+    "{flag} with experts shared across data-parallel engines (--enable-expert-parallel, "
+    "--data-parallel-size > 1: the engines step in lock-step) is not built yet; {remedy}"
+)
+_not_built(
+    "experts-across-engines-pipeline", EXPERTS_ACROSS_ENGINES, PIPELINE,
+    "use 1 stage", _ACROSS_ENGINES_MESSAGE,
+)  # fmt: skip
+_not_built(
+    "experts-across-engines-speculative", EXPERTS_ACROSS_ENGINES, SPECULATIVE,
+    "serve without it", _ACROSS_ENGINES_MESSAGE,
+)  # fmt: skip
+_not_built(
+    "experts-across-engines-kv-transfer", EXPERTS_ACROSS_ENGINES, KV_TRANSFER,
+    "serve without it or with --data-parallel-size 1", _ACROSS_ENGINES_MESSAGE,
+)  # fmt: skip
 
 
 # -- LoRA, memory, token budgets, the model's size -------------------------------------------
@@ -455,5 +484,7 @@ _eager_only(
 )
 _eager_only("lora-eager", LORA, _UNCOMPILED_MESSAGE)
 _eager_only("pipeline-eager", PIPELINE, _UNCOMPILED_MESSAGE)
+# The experts' all-to-all exchange has sizes that depend on each step's routing.
+_eager_only("experts-across-engines-eager", EXPERTS_ACROSS_ENGINES, _UNCOMPILED_MESSAGE)
 
 RULES: tuple[Rule, ...] = tuple(_RULES)

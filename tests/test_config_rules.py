@@ -20,6 +20,7 @@ from core.engine_args import EngineArgs
 from core.platforms.cpu import CpuPlatform
 
 NGRAM = '{"method": "ngram", "num_speculative_tokens": 2}'
+EXPERTS_ACROSS_ENGINES = {"enable_expert_parallel": True, "data_parallel_size": 2}
 
 
 class GraphPlatform(CpuPlatform):
@@ -90,10 +91,22 @@ REFUSED: dict[str, tuple[Case, tuple[str, ...]]] = {
         Case({"enable_eplb": True}),
         ("--enable-eplb", "--enable-expert-parallel"),
     ),
-    "expert-parallel-one-engine": (
-        Case({"enable_expert_parallel": True, "data_parallel_size": 2}),
-        ("--enable-expert-parallel", "--data-parallel-size 2"),
-    ),
+    "experts-across-engines-executor": (
+        Case({**EXPERTS_ACROSS_ENGINES, "data_parallel_rpc_port": 65534}),
+        ("--data-parallel-rpc-port 65534", "--data-parallel-size", "65538"),
+    ),  # fmt: skip
+    "experts-across-engines-pipeline": (
+        Case({**EXPERTS_ACROSS_ENGINES, "pipeline_parallel_size": 2}),
+        ("--pipeline-parallel-size > 1", "lock-step", "use 1 stage"),
+    ),  # fmt: skip
+    "experts-across-engines-speculative": (
+        Case({**EXPERTS_ACROSS_ENGINES, "speculative_config": NGRAM}),
+        ("--speculative-config", "--data-parallel-size > 1"),
+    ),  # fmt: skip
+    "experts-across-engines-kv-transfer": (
+        Case({**EXPERTS_ACROSS_ENGINES, "kv_transfer_config": '{"kv_connector": "offload"}'}),
+        ("--kv-transfer-config", "--data-parallel-size > 1"),
+    ),  # fmt: skip
     "lora-options-need-lora": (
         Case({"max_lora_rank": 8, "lora_implementation": "x"}),
         ("--max-lora-rank, --lora-implementation", "--enable-lora"),
@@ -182,6 +195,10 @@ REFUSED: dict[str, tuple[Case, tuple[str, ...]]] = {
         Case({"optimization_level": 1, "pipeline_parallel_size": 2}, GraphPlatform),
         ("-O1", "--pipeline-parallel-size > 1", "use -O0 or --enforce-eager"),
     ),
+    "experts-across-engines-eager": (
+        Case({"optimization_level": 1, **EXPERTS_ACROSS_ENGINES}, GraphPlatform),
+        ("-O1", "--enable-expert-parallel with --data-parallel-size > 1", "use -O0"),
+    ),
 }
 
 
@@ -230,6 +247,7 @@ YIELDED: dict[str, tuple[Case, Callable[[EngineConfig], bool]]] = {
     "pooling-eager": (Case({}, GraphPlatform, model={"pooling": LAST_TOKEN_EMBEDDER}), _eager),
     "lora-eager": (Case({"enable_lora": True}, GraphPlatform), _eager),
     "pipeline-eager": (Case({"pipeline_parallel_size": 2}, GraphPlatform), _eager),
+    "experts-across-engines-eager": (Case(EXPERTS_ACROSS_ENGINES, GraphPlatform), _eager),
 }
 
 
@@ -318,3 +336,13 @@ def test_an_unknown_eplb_key_is_refused_naming_it():
                       eplb_config={"window": 10})  # fmt: skip
     with pytest.raises(ValueError, match="window"):
         args.create_engine_config(CpuPlatform())
+
+
+def test_engines_sharing_experts_refuse_the_ray_executor(monkeypatch):
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(  # as if Ray were installed: the refusal is not about installing it
+        importlib.util, "find_spec", lambda n, *a: object() if n == "ray" else real_find_spec(n, *a)
+    )
+    case = Case({**EXPERTS_ACROSS_ENGINES, "distributed_executor_backend": "ray"})
+    with pytest.raises(ValueError, match="ray is not available with --enable-expert-parallel"):
+        case.build()

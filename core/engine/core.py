@@ -138,6 +138,10 @@ class EngineCore:
         self.batch_queue: deque | None = (
             deque() if config.parallel.pipeline_parallel_size > 1 else None
         )
+        # Experts spanning data-parallel engines: every step runs on all of them together.
+        self.lockstep = config.parallel.experts_span_engines
+        # Lock-step: the tokens every engine scheduled in the last step (0: all were idle).
+        self.tokens_across_dp: int | None = None
         self._seed_step_budget()
         self._call_hook("core_engine_started")
 
@@ -221,13 +225,16 @@ class EngineCore:
         """Advance every unfinished request by one step: schedule, execute, update.
 
         Call it in a loop from one thread while `has_unfinished_requests()`; with none it
-        returns empty outputs at once. The outputs carry, per request that produced any,
-        its new token ids (or its pooled vector), logprobs, and its finish reason once it
-        is done; a finished request's resources are freed before this returns. Under
+        returns empty outputs at once, except in lock-step (`lockstep`): then it joins the
+        other engines' step (a placeholder forward while any has tokens), and
+        `tokens_across_dp` tells whether any had. The outputs carry, per request that
+        produced any, its new token ids (or its pooled vector), logprobs, and its finish
+        reason once it is done; a finished request's resources are freed before this
+        returns. Under
         pipeline parallelism a call may only start a step and return empty outputs; the
         step's tokens come with a later call. Token ids only: the frontend detokenizes.
         """
-        if not self.scheduler.has_unfinished_requests():
+        if not self.scheduler.has_unfinished_requests() and not self.lockstep:
             return EngineCoreOutputs()
         if self.batch_queue is not None:
             return self._step_with_batch_queue(self.batch_queue)
@@ -240,7 +247,9 @@ class EngineCore:
         runner_output = self.executor.execute_model(scheduler_output)
         self.scheduler.observe_step(scheduler_output, time.perf_counter() - start)
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
-        if idle and not waited and not outputs.outputs:
+        self.tokens_across_dp = runner_output.num_tokens_across_dp
+        # In lock-step the other engines' steps pace this one while they have tokens.
+        if idle and not waited and not outputs.outputs and not self.tokens_across_dp:
             time.sleep(TRANSFER_POLL_S)
         return outputs
 

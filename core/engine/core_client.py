@@ -144,7 +144,7 @@ def run_inline(call: Coroutine[Any, Any, T]) -> T:
     raise RuntimeError("run_inline needs a client that never waits (the in-process client)")
 
 
-class _SocketClient(EngineCoreClient):
+class SocketClient(EngineCoreClient):
     """An engine core in another process, over two ZMQ sockets this client binds: requests
     out on `input_addr`, outputs back on `output_addr` (the engine core connects to both).
     Subclasses start it and say how its death shows."""
@@ -176,6 +176,11 @@ class _SocketClient(EngineCoreClient):
         self._check_alive()
         await self.input.send_multipart([core_proc.UTILITY, self.encoder.encode(name)])
 
+    async def start_wave(self, wave: int) -> None:
+        """Lock-step engines: join wave `wave` (another engine started it)."""
+        if self.dead_reason is None:
+            await self.input.send_multipart([core_proc.START_WAVE, self.encoder.encode(wave)])
+
     def _decode(self, kind: bytes, payload: bytes) -> EngineCoreOutputs:
         if kind == core_proc.OUTPUTS:
             return self.outputs_decoder.decode(payload)
@@ -187,7 +192,7 @@ class _SocketClient(EngineCoreClient):
         return EngineDeadError(reason)
 
 
-class MPClient(_SocketClient):
+class MPClient(SocketClient):
     """The EngineCore in a process of its own (spawned, ZMQ over IPC sockets).
 
     `get_outputs` waits on the output socket and on the process itself (a pidfd, readable
@@ -264,7 +269,7 @@ class MPClient(_SocketClient):
         self._remove_ipc_dir()
 
 
-class RemoteClient(_SocketClient):
+class RemoteClient(SocketClient):
     """A data-parallel engine core on another node, started there by `core serve --headless`
     and reached over TCP: this client binds `--data-parallel-rpc-port + 2 * rank` (its
     requests) and the next port (its outputs) and waits for it to connect. With no process

@@ -4,6 +4,15 @@ The frontend PUSHes requests and aborts; this process PULLs them, steps the engi
 it has work and PUSHes EngineCoreOutputs back. With no work it blocks on its input socket
 and never spins: on a 2-core machine a spinning loop would take a core from the model.
 It dies with its parent (PDEATHSIG), so a killed server leaves no orphan.
+
+Engines whose workers share experts (ParallelConfig.experts_span_engines) step in
+lock-step: each step's forward exchanges tokens among all of them, so all run it, a
+placeholder forward on those with no tokens. They step in waves. A wave starts when an
+idle engine gets work: it tells the frontend (`EngineCoreOutputs.start_wave`, the wave's
+number), which wakes the others into that wave (START_WAVE), and ends on the first step
+in which no engine had tokens (every engine learns that from the same step's summed
+count, `EngineCore.tokens_across_dp`): all then number the next wave alike and block on
+their inputs. A wake for a wave an engine has already passed is stale and ignored.
 """
 
 from __future__ import annotations
@@ -38,6 +47,8 @@ READY, OUTPUTS, FAILED = b"READY", b"OUTPUTS", b"FAILED"
 # way to know); STOP (frontend -> engine core) ends one the frontend did not start.
 HEARTBEAT, STOP = b"HEARTBEAT", b"STOP"
 HEARTBEAT_S = 1.0
+# Frontend -> lock-step engine core: join the wave numbered in the payload.
+START_WAVE = b"START_WAVE"
 
 
 def run_engine_core(config_json: str, model: str, input_addr: str, output_addr: str) -> None:
@@ -80,9 +91,33 @@ def _build_core(config_json: str, model: str) -> EngineCore:
     return EngineCore(config, platform, resolve_model(model), get_hook_manager(registry))
 
 
+class Wave:
+    """A lock-step engine's wave of steps: its number, and whether it is running."""
+
+    def __init__(self) -> None:
+        self.number = 0
+        self.running = False
+
+    def start(self) -> int:
+        """Run the current wave (this engine has work); its number, for the frontend."""
+        self.running = True
+        return self.number
+
+    def join(self, number: int) -> None:
+        """Another engine started wave `number`: run it, unless it is already past."""
+        if number == self.number:
+            self.running = True
+
+    def end(self) -> None:
+        """No engine had tokens: the next work starts the next wave."""
+        self.number += 1
+        self.running = False
+
+
 class _EngineCoreLoop:
     def __init__(self, core: EngineCore, inputs: zmq.Socket, output: zmq.Socket, encoder):
         self.core = core
+        self.wave = Wave() if core.lockstep else None
         self.inputs = inputs
         self.output = output
         self.encoder = encoder
@@ -94,7 +129,7 @@ class _EngineCoreLoop:
         """Until SIGTERM (SystemExit): take every waiting message, then step once."""
         try:
             while True:
-                if not self.core.has_unfinished_requests():
+                if not self._busy():
                     # Idle: block (never spin), waking once per heartbeat.
                     if not self.inputs.poll(HEARTBEAT_S * 1000):
                         self.output.send_multipart([HEARTBEAT, b""])
@@ -102,12 +137,29 @@ class _EngineCoreLoop:
                     self._handle(self.inputs.recv_multipart())
                 while self.inputs.poll(0):
                     self._handle(self.inputs.recv_multipart())
-                if self.core.has_unfinished_requests():
-                    self._send(self.core.step())
+                if self._busy():
+                    self._step()
                 elif self.core.scheduler.make_stats() != self._last_stats:
                     self._send(EngineCoreOutputs())  # e.g. an abort emptied the engine
         finally:
             self.core.shutdown()
+
+    def _busy(self) -> bool:
+        """Whether to step now: while there are requests, or in lock-step while the wave
+        runs (an engine that gets requests while idle starts the next one)."""
+        if self.wave is None:
+            return self.core.has_unfinished_requests()
+        if not self.wave.running and self.core.has_unfinished_requests():
+            self._send(EngineCoreOutputs(start_wave=self.wave.start()))
+        return self.wave.running
+
+    def _step(self) -> None:
+        had_requests = self.core.has_unfinished_requests()
+        outputs = self.core.step()
+        if self.wave is not None and self.core.tokens_across_dp == 0:
+            self.wave.end()
+        if had_requests:  # a placeholder step of an engine without any has nothing to say
+            self._send(outputs)
 
     def _send(self, outputs: EngineCoreOutputs) -> None:
         outputs.scheduler_stats = self._last_stats = self.core.scheduler.make_stats()
@@ -122,6 +174,8 @@ class _EngineCoreLoop:
             self.core.abort_requests(self.ids_decoder.decode(payload))
         elif kind == UTILITY:
             self._utility(msgspec.msgpack.decode(payload))
+        elif kind == START_WAVE and self.wave is not None:
+            self.wave.join(msgspec.msgpack.decode(payload))
         elif kind == STOP:
             raise SystemExit(0)
 

@@ -5,9 +5,12 @@ groups); they share nothing but the frontend. Engine cores of other nodes (`core
 --headless` there) are RemoteClients over TCP. A new request goes to the engine with the
 fewest unfinished requests, ties broken by the lower KV-cache usage of its last stats, and
 stays there (aborts follow it). Outputs come from whichever engine answers first, each batch
-with its engine's own stats and index (metrics label every engine's series apart). The
-engines run independently: core's models are dense, so no engine waits for another
-(MoE models, whose expert layers span DP ranks, would need them kept in lock-step).
+with its engine's own stats and index (metrics label every engine's series apart).
+
+The engines run independently, except when experts span them
+(ParallelConfig.experts_span_engines): then they step in lock-step waves
+(core.engine.core_proc), and this client coordinates the waves: when an engine says it
+starts one (`EngineCoreOutputs.start_wave`), every other engine is told to join it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from core.engine.core_client import (
     EngineDeadError,
     MPClient,
     RemoteClient,
+    SocketClient,
     check_utility,
 )
 from core.engine.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
@@ -40,7 +44,7 @@ class DPClient(EngineCoreClient):
                 "--data-parallel-start-rank: the node with the API server starts at rank 0; "
                 "run the others with core serve --headless"
             )
-        self.engines: list[EngineCoreClient] = [
+        self.engines: list[SocketClient] = [
             MPClient(setup, data_parallel_rank=rank)
             if rank in local
             else RemoteClient(rank, parallel.data_parallel_rpc_port)
@@ -101,6 +105,10 @@ class DPClient(EngineCoreClient):
         except EngineDeadError as exc:
             self.dead_reason = f"data-parallel engine {index}: {exc}"
             raise EngineDeadError(self.dead_reason) from exc
+        if outputs.start_wave is not None:
+            for other, engine in enumerate(self.engines):
+                if other != index:
+                    await engine.start_wave(outputs.start_wave)
         for output in outputs.outputs:
             if output.finish_reason is not None:
                 self._forget(output.request_id)

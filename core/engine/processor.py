@@ -122,7 +122,11 @@ class EngineSetup:
         arch.check_tensor_parallel(tp_size)
         parallel = config.parallel
         spare = parallel.eplb.num_redundant_experts if parallel.enable_eplb else 0
-        arch.check_expert_parallel(tp_size, parallel.enable_expert_parallel, spare)
+        ranks, flags = tp_size, f"--tensor-parallel-size {tp_size}"
+        if parallel.experts_span_engines:
+            ranks *= parallel.data_parallel_size
+            flags += f" x --data-parallel-size {parallel.data_parallel_size}"
+        arch.check_expert_parallel(ranks, flags, parallel.enable_expert_parallel, spare)
         return cls(config, choice.platform, checkpoint, hooks)
 
 

@@ -163,8 +163,8 @@ def _moe_lines(registry: PluginRegistry, device_type: str) -> list[str]:
         f"  experts via core::fused_moe on {device_type}: "
         f"{provider('fused_moe', device_type) or REFERENCE}",
         "  layouts: tensor parallel (each expert split), --enable-expert-parallel (whole "
-        "experts per tensor-parallel rank) with --enable-eplb; not across data-parallel "
-        "engines",
+        "experts per tensor-parallel rank, or per rank of every data-parallel engine, "
+        "all-to-all, the engines in lock-step) with --enable-eplb",
     ]
 
 

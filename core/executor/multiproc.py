@@ -79,7 +79,6 @@ class MultiprocExecutor(Executor):
                     config_json=config.model_dump_json(),
                     model=str(checkpoint.path),
                     rank=rank,
-                    world_size=self.world_size,
                     distributed_init_method=init_method,
                     rpc_handle=self._calls.handle(),
                     reply_address=reply_address,

@@ -56,15 +56,15 @@ class RankActor:
         """This node's IP and a port free on it, where rank 0 hosts the rendezvous."""
         return self._reply(_free_address)
 
-    def start(self, config_json: str, model: str, world_size: int, init: str) -> Reply:
+    def start(self, config_json: str, model: str, init: str) -> Reply:
         """Join the process groups and load this rank's share of the model; the pid."""
-        return self._reply(partial(self._start, config_json, model, world_size, init))
+        return self._reply(partial(self._start, config_json, model, init))
 
-    def _start(self, config_json: str, model: str, world_size: int, init: str) -> int:
+    def _start(self, config_json: str, model: str, init: str) -> int:
         # One CPU per bundle, so one thread; each actor sees only its bundle's device,
         # as device 0.
         self.worker = start_rank_worker(
-            config_json, model, self.rank, world_size, init, num_threads=1, local_rank=0
+            config_json, model, self.rank, init, num_threads=1, local_rank=0
         )
         return os.getpid()
 
@@ -104,7 +104,7 @@ class RayExecutor(Executor):
             self.workers = _create_actors(self._placement, self.world_size, platform)
             # Rank 0 hosts the rendezvous: on a cluster it need not be on this node.
             [(ip, port)] = self._gather([self.workers[0].free_address.remote()], _STARTUP_TIMEOUT_S)
-            setup = (config.model_dump_json(), str(checkpoint.path), self.world_size)
+            setup = (config.model_dump_json(), str(checkpoint.path))
             starts = [actor.start.remote(*setup, f"tcp://{ip}:{port}") for actor in self.workers]
             self.worker_pids = self._gather(starts, _STARTUP_TIMEOUT_S)
         except BaseException:

@@ -14,11 +14,15 @@ import pickle
 import sys
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
 from core.process_lifetime import die_with_parent
+
+if TYPE_CHECKING:
+    from core.config import EngineConfig
+    from core.platforms.interface import Platform
 
 # Executor -> worker call that ends the loop.
 SHUTDOWN = "__shutdown__"
@@ -29,7 +33,6 @@ class WorkerSetup:
     config_json: str
     model: str
     rank: int
-    world_size: int
     distributed_init_method: str
     rpc_handle: Any  # core.distributed.shm_broadcast handle of the call queue
     reply_address: str  # the executor's ZMQ PULL socket
@@ -69,7 +72,6 @@ def _start(setup: WorkerSetup):
         setup.config_json,
         setup.model,
         setup.rank,
-        setup.world_size,
         setup.distributed_init_method,
         setup.num_threads,
         setup.local_rank,
@@ -81,21 +83,16 @@ def start_rank_worker(
     config_json: str,
     model: str,
     rank: int,
-    world_size: int,
     distributed_init_method: str,
     num_threads: int,
     local_rank: int | None = None,
 ) -> Any:
-    """The Worker of global rank `rank`, in this process: plugins loaded, process groups
-    joined (torch.distributed at `distributed_init_method`), its share of `model` loaded.
-    What every executor's worker process runs first (mp's here, Ray's in its actors)."""
+    """The Worker of this engine core's rank `rank`, in this process: plugins loaded,
+    process groups joined (`join_world`), its share of `model` loaded. What every
+    executor's worker process runs first (mp's here, Ray's in its actors)."""
     import torch
 
     from core.config import EngineConfig
-    from core.distributed.parallel_state import (
-        init_distributed_environment,
-        initialize_model_parallel,
-    )
     from core.model_loader import resolve_model
     from core.platforms.selection import select_platform
     from core.plugins.registry import get_registry
@@ -107,6 +104,38 @@ def start_rank_worker(
     registry.run_general_plugins()
     config = EngineConfig.model_validate_json(config_json).freeze()
     platform = select_platform(registry, config.device.device).platform
+    join_world(config, platform, rank, distributed_init_method, local_rank)
+    worker = Worker(config, platform, rank=rank, local_rank=local_rank)
+    worker.init_device()
+    worker.load_model(resolve_model(model))
+    return worker
+
+
+def join_world(
+    config: EngineConfig,
+    platform: Platform,
+    rank: int,
+    distributed_init_method: str,
+    local_rank: int,
+) -> None:
+    """Join torch.distributed and build the parallel groups as this engine core's rank
+    `rank` (pp * TP + tp): its ranks are the world, met at `distributed_init_method`.
+    When experts span data-parallel engines (ParallelConfig.experts_span_engines) every
+    engine's ranks form one world instead, engine d's at d * TP * PP on, met on the
+    data-parallel address and master port: the expert layers' collectives span them."""
+    from core.distributed.parallel_state import (
+        init_distributed_environment,
+        initialize_model_parallel,
+    )
+
+    parallel = config.parallel
+    world_size, dp_size = parallel.world_size, 1
+    if parallel.experts_span_engines:
+        dp_size = parallel.data_parallel_size
+        rank += parallel.data_parallel_rank * world_size
+        world_size *= dp_size
+        address = f"{parallel.data_parallel_address}:{parallel.data_parallel_master_port}"
+        distributed_init_method = f"tcp://{address}"
     init_distributed_environment(
         world_size,
         rank,
@@ -115,16 +144,13 @@ def start_rank_worker(
         backend=platform.dist_backend,
     )
     initialize_model_parallel(
-        tensor_parallel_size=config.parallel.tensor_parallel_size,
-        pipeline_parallel_size=config.parallel.pipeline_parallel_size,
+        tensor_parallel_size=parallel.tensor_parallel_size,
+        pipeline_parallel_size=parallel.pipeline_parallel_size,
+        data_parallel_size=dp_size,
         backend=platform.dist_backend,
         communicator_cls=platform.device_communicator_cls,
-        expert_parallel=config.parallel.enable_expert_parallel,
+        expert_parallel=parallel.enable_expert_parallel,
     )
-    worker = Worker(config, platform, rank=rank, local_rank=local_rank)
-    worker.init_device()
-    worker.load_model(resolve_model(model))
-    return worker
 
 
 def _serve(worker: Any, calls: Any, reply: zmq.Socket, rank: int) -> None:

@@ -191,11 +191,12 @@ class ArchConfig:
             )
 
     def check_expert_parallel(
-        self, tp_size: int, enable_expert_parallel: bool, num_redundant_experts: int
+        self, ranks: int, ranks_flags: str, enable_expert_parallel: bool, num_redundant_experts: int
     ) -> None:
         """ValueError naming the flags when the experts cannot be shared whole among the
-        `tp_size` ranks: a dense model, experts (with the redundant slots) that do not
-        divide evenly, or more redundant slots than one replica of each expert per rank."""
+        `ranks` expert-parallel ranks (`ranks_flags` says which flags make them): a dense
+        model, experts (with the redundant slots) that do not divide evenly, or more
+        redundant slots than one replica of each expert per rank."""
         if not enable_expert_parallel:
             return
         if self.moe is None:
@@ -203,16 +204,16 @@ class ArchConfig:
                 f"--enable-expert-parallel: {', '.join(self.architectures)} has no experts"
             )
         experts, spare = self.moe.num_experts, num_redundant_experts
-        if (experts + spare) % tp_size:
+        if (experts + spare) % ranks:
             raise ValueError(
-                f"--enable-expert-parallel with --tensor-parallel-size {tp_size}: the "
-                f"{experts} experts and {spare} redundant slots (--eplb-config "
-                f"num_redundant_experts) do not divide evenly over {tp_size} ranks"
+                f"--enable-expert-parallel with {ranks_flags}: the {experts} experts and "
+                f"{spare} redundant slots (--eplb-config num_redundant_experts) do not divide "
+                f"evenly over {ranks} ranks"
             )
-        if spare > experts * (tp_size - 1):
+        if spare > experts * (ranks - 1):
             raise ValueError(
-                f"--eplb-config num_redundant_experts {spare}: at most {experts * (tp_size - 1)}"
-                f" fit ({experts} experts, one replica of each per rank on {tp_size} ranks)"
+                f"--eplb-config num_redundant_experts {spare}: at most {experts * (ranks - 1)}"
+                f" fit ({experts} experts, one replica of each per rank on {ranks} ranks)"
             )
 
     def _validate(self) -> None:

@@ -125,3 +125,6 @@ class EngineCoreOutputs(msgspec.Struct, kw_only=True, array_like=True, omit_defa
     # Seconds of each KV connector transfer the step's workers reported done: a histogram's
     # observations, so per step rather than cumulative as SchedulerStats' counts are.
     kv_transfer_times: list[float] = msgspec.field(default_factory=list)
+    # Lock-step engines (experts spanning them): this engine starts wave N of steps, and
+    # the frontend must wake the others into it (core.engine.core_proc).
+    start_wave: int | None = None

@@ -140,3 +140,6 @@ class ModelRunnerOutput(msgspec.Struct, kw_only=True):
     # With --enable-eplb: the experts' measured load imbalance over the current window
     # (most tokens on one rank over the mean; core.distributed.eplb).
     expert_imbalance: float | None = None
+    # With experts spanning data-parallel engines (lock-step): the tokens every engine
+    # scheduled this step, summed; 0 ends the engines' wave of steps.
+    num_tokens_across_dp: int | None = None

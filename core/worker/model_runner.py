@@ -128,6 +128,8 @@ class ModelRunner:
         self.kv_connector: KVConnector | None = None
         # --enable-eplb's load counts and expert rearrangements (`use_eplb`).
         self.eplb: EplbState | None = None
+        # The data-parallel group whose engines step in lock-step (`step_in_lockstep`).
+        self.lockstep: GroupCoordinator | None = None
         self.lora = lora
         self._row_slots = np.full(max_num_reqs, NO_SLOT, dtype=np.int64)  # per batch row
         self.sampler = sampler
@@ -379,13 +381,40 @@ class ModelRunner:
         """Count the experts' load after every forward step and rearrange them on time."""
         self.eplb = eplb
 
+    def step_in_lockstep(self, dp: GroupCoordinator) -> None:
+        """Forward on every step of `dp`'s engines together (experts spanning them: each
+        forward's expert layers exchange tokens across them), a placeholder token when
+        this engine has none while another has some."""
+        self.lockstep = dp
+
     def use_kv_connector(self, connector: KVConnector) -> None:
         """Run every step inside `connector`'s worker-role calls (its caches registered)."""
         self.kv_connector = connector
 
     def _execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
-        if so.total_num_scheduled_tokens == 0 or self._require_batch().num_reqs == 0:
-            return self._output()
+        tokens = so.total_num_scheduled_tokens if self._require_batch().num_reqs else 0
+        if self.lockstep is not None:
+            return self._execute_in_lockstep(so, tokens, self.lockstep)
+        return self._forward_step(so) if tokens else self._output()
+
+    def _execute_in_lockstep(
+        self, so: SchedulerOutput, tokens: int, dp: GroupCoordinator
+    ) -> ModelRunnerOutput:
+        """The step, or a one-token dummy forward when only other engines have tokens, or
+        nothing when none has: every engine makes the same choice from the summed count."""
+        across = int(dp.all_reduce(torch.tensor([tokens], device=self.device)).item())
+        if tokens:
+            output = self._forward_step(so)
+        else:
+            if across:
+                self.dummy_run(1)
+                if self.eplb is not None:
+                    self.eplb.step()  # the other engines' forward closes a step too
+            output = self._output()
+        output.num_tokens_across_dp = across
+        return output
+
+    def _forward_step(self, so: SchedulerOutput) -> ModelRunnerOutput:
         step = self._prepare_step(so)
         hidden = self._run_forward(step.inputs)
         if self.eplb is not None:

@@ -21,7 +21,7 @@ from core.attention.selector import select_attention_backend
 from core.compilation.compiler import compile_model
 from core.config import CUDAGraphMode, EngineConfig
 from core.distributed.eplb import EplbState
-from core.distributed.parallel_state import get_ep_group
+from core.distributed.parallel_state import get_dp_group, get_ep_group
 from core.kernel_choice import KERNEL_CHOICES
 from core.kv_cache.budget import MemoryProfile, format_bytes
 from core.kv_cache.layout import KVCacheConfig, create_kv_cache_view
@@ -154,6 +154,8 @@ class Worker:
         if self.config.parallel.enable_eplb:
             experts = [m for m in model.modules() if isinstance(m, FusedMoE)]
             runner.use_eplb(EplbState(experts, self.config.parallel.eplb, get_ep_group()))
+        if self.config.parallel.experts_span_engines:
+            runner.step_in_lockstep(get_dp_group())
         self._loaded = LoadedModel(model, lora, speculator, layers, backend, graph_mode, runner)
 
     def _build_model(

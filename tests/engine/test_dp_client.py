@@ -72,3 +72,38 @@ def test_a_finished_request_stops_counting_against_its_engine_even_engine_0() ->
     client._owner = {"r0": 0}
     asyncio.run(client.get_outputs())
     assert client._load == [0, 0] and client._owner == {}
+
+
+class WakeableEngine(Engine):
+    """An engine core client that records the waves it is told to join and answers only
+    when `answers` (else its get_outputs waits for good)."""
+
+    def __init__(self, outputs: EngineCoreOutputs, answers: bool) -> None:
+        super().__init__(outputs)
+        self.answers = answers
+        self.woken: list[int] = []
+
+    async def get_outputs(self) -> EngineCoreOutputs:
+        if not self.answers:
+            await asyncio.Event().wait()
+        return self.outputs
+
+    async def start_wave(self, wave: int) -> None:
+        self.woken.append(wave)
+
+
+def test_an_engine_starting_a_wave_wakes_every_other_engine_into_it() -> None:
+    client = answering([0, 0, 0], [EngineCoreOutputs()] * 3)
+    client.engines = [
+        WakeableEngine(EngineCoreOutputs(start_wave=4, engine_index=i), answers=i == 1)
+        for i in range(3)
+    ]
+
+    async def one_batch() -> EngineCoreOutputs:
+        outputs = await client.get_outputs()
+        for task in client._waiting.values():  # the other engines' waits
+            task.cancel()
+        return outputs
+
+    assert asyncio.run(one_batch()).engine_index == 1
+    assert [engine.woken for engine in client.engines] == [[4], [], [4]]

@@ -152,10 +152,19 @@ def test_a_top_k_beyond_the_experts_is_refused():
 )
 def test_experts_that_cannot_be_shared_are_refused_naming_the_flags(tp, spare, config, message):
     with pytest.raises(ValueError, match=message):
-        ArchConfig.from_hf(config).check_expert_parallel(tp, True, spare)
+        ArchConfig.from_hf(config).check_expert_parallel(tp, TP_FLAG, True, spare)
+
+
+TP_FLAG = "--tensor-parallel-size N"
+
+
+def test_the_refusal_names_the_flags_that_make_the_ranks():
+    flags = "--tensor-parallel-size 1 x --data-parallel-size 3"
+    with pytest.raises(ValueError, match=f"with {flags}: the 8 experts"):
+        ArchConfig.from_hf(MOE).check_expert_parallel(3, flags, True, 0)
 
 
 def test_experts_that_divide_evenly_are_accepted():
-    ArchConfig.from_hf(MOE).check_expert_parallel(2, True, 2)
-    ArchConfig.from_hf(MOE).check_expert_parallel(4, True, 0)
-    ArchConfig.from_hf(BASE).check_expert_parallel(2, False, 0)  # expert parallelism off
+    ArchConfig.from_hf(MOE).check_expert_parallel(2, TP_FLAG, True, 2)
+    ArchConfig.from_hf(MOE).check_expert_parallel(4, TP_FLAG, True, 0)
+    ArchConfig.from_hf(BASE).check_expert_parallel(2, TP_FLAG, False, 0)  # off
