@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -13,6 +14,8 @@ import time
 from pathlib import Path
 
 import httpx
+import openai
+from prometheus_client.parser import text_string_to_metric_families
 
 # Servers a session fixture shares (tests/conftest.py): tests that count the processes they
 # leave behind leave these out.
@@ -109,3 +112,33 @@ def shared_server_tree() -> set[int]:
         with contextlib.suppress(psutil.NoSuchProcess):
             tree |= {pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))}
     return tree
+
+
+def completions_at_once(url: str, prompts: list[list[int]], max_tokens: int) -> list[str]:
+    """The greedy completion of every prompt (token ids), all sent at once with the openai
+    client, ignoring EOS."""
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=120)
+
+    async def complete(prompt: list[int]) -> str:
+        out = await client.completions.create(
+            model=None, prompt=prompt, max_tokens=max_tokens, temperature=0,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        return out.choices[0].text
+
+    async def all_at_once() -> list[str]:
+        async with client:
+            return await asyncio.gather(*(complete(p) for p in prompts))
+
+    return asyncio.run(all_at_once())
+
+
+def engine_series(url: str, name: str) -> dict[str, float]:
+    """The value of the metric `name` for each data-parallel engine, from /metrics."""
+    text = httpx.get(f"{url}/metrics").text
+    return {
+        sample.labels["engine"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    }

@@ -8,13 +8,12 @@ those observations. The ranks meet through a file:// store in a temporary direct
 from __future__ import annotations
 
 import pickle
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+from spawned_ranks import run_ranks
 
 from core.distributed import parallel_state as ps
 
@@ -104,31 +103,11 @@ def _run_rank(rank: int, store: str, out_dir: str) -> None:
     (Path(out_dir) / f"rank{rank}.pkl").write_bytes(pickle.dumps(seen))
 
 
-def _spawn_ranks(tmp: Path) -> None:
-    context = mp.start_processes(
-        _run_rank,
-        args=(str(tmp / "store"), str(tmp)),
-        nprocs=WORLD_SIZE,
-        join=False,
-        start_method="spawn",
-    )
-    deadline = time.monotonic() + DEADLINE_S
-    try:
-        while not context.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                pytest.fail(f"the ranks did not finish within {DEADLINE_S} s")
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.kill()
-            process.join()
-
-
 @pytest.fixture(scope="module")
 def seen(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     """What each rank observed, indexed by global rank."""
     tmp = tmp_path_factory.mktemp("two_ranks")
-    _spawn_ranks(tmp)
+    run_ranks(_run_rank, (str(tmp / "store"), str(tmp)), WORLD_SIZE, DEADLINE_S)
     return [pickle.loads((tmp / f"rank{rank}.pkl").read_bytes()) for rank in range(WORLD_SIZE)]
 
 

@@ -5,7 +5,6 @@ outlives the server."""
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import threading
 import time
@@ -14,8 +13,7 @@ import httpx
 import openai
 import psutil
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-from server_process import ServerProcess
+from server_process import ServerProcess, completions_at_once, engine_series
 from test_multiproc_executor import PROMPTS, engine
 from tp_checkpoint import write_tp_checkpoint
 
@@ -36,35 +34,6 @@ def start(model_dir) -> tuple[ServerProcess, list[psutil.Process]]:
     ).wait_ready()  # fmt: skip
     tree = psutil.Process(server.proc.pid).children(recursive=True)
     return server, tree
-
-
-def completions_at_once(url: str) -> list[str]:
-    """The greedy completion of every prompt, all sent at once with the openai client."""
-    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
-
-    async def complete(prompt: list[int]) -> str:
-        out = await client.completions.create(
-            model=None, prompt=prompt, max_tokens=24, temperature=0,
-            extra_body={"ignore_eos": True},
-        )  # fmt: skip
-        return out.choices[0].text
-
-    async def all_at_once() -> list[str]:
-        async with client:
-            return await asyncio.gather(*(complete(p) for p in PROMPTS))
-
-    return asyncio.run(all_at_once())
-
-
-def generated_tokens_by_engine(url: str) -> dict[str, float]:
-    """vllm:generation_tokens_total of each data-parallel engine, from /metrics."""
-    text = httpx.get(f"{url}/metrics").text
-    return {
-        sample.labels["engine"]: sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "vllm:generation_tokens_total"
-    }
 
 
 def workers(tree: list[psutil.Process]) -> list[psutil.Process]:
@@ -138,11 +107,13 @@ def test_two_data_parallel_engines_share_the_requests_and_answer_like_one(model_
         engines = [p for p in tree if "core.engine.core_proc" in " ".join(p.cmdline())]
         assert len(engines) == 2
         before = [sum(e.cpu_times()[:2]) for e in engines]
-        assert completions_at_once(server.url) == want
+        assert completions_at_once(server.url, PROMPTS, 24) == want
         worked = [sum(e.cpu_times()[:2]) - b for e, b in zip(engines, before, strict=True)]
         assert min(worked) > 0.05 * max(worked), worked  # the requests were shared (an idle
         # engine core waits on its socket and uses next to no CPU)
-        by_engine = generated_tokens_by_engine(server.url)  # each engine its own series
+        by_engine = engine_series(
+            server.url, "vllm:generation_tokens_total"
+        )  # each engine its own series
         assert sorted(by_engine) == ["0", "1"] and min(by_engine.values()) > 0
         assert sum(by_engine.values()) == 24 * len(PROMPTS)
     finally:
@@ -177,7 +148,7 @@ def test_a_headless_node_runs_the_second_engine_core_and_its_loss_is_noticed(mod
             p for p in psutil.Process(node.pid).children() if "core_proc" in " ".join(p.cmdline())
         ]
         before = sum(remote[0].cpu_times()[:2])
-        assert completions_at_once(primary.url) == want
+        assert completions_at_once(primary.url, PROMPTS, 24) == want
         assert sum(remote[0].cpu_times()[:2]) - before > 0.05  # the remote engine worked
         node.kill()
         lost = time.monotonic()

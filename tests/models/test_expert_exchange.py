@@ -12,13 +12,12 @@ computed; the tests compare it with references computed here.
 from __future__ import annotations
 
 import pickle
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+from spawned_ranks import run_ranks
 
 from core.distributed import parallel_state as ps
 from core.models.arch_config import MoEConfig
@@ -92,20 +91,7 @@ def _run_rank(rank: int, store: str, out_dir: str) -> None:
 def seen(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     """What each of the four ranks computed, by global rank (engine = rank // TP)."""
     tmp = tmp_path_factory.mktemp("expert_exchange")
-    context = mp.start_processes(
-        _run_rank, args=(str(tmp / "store"), str(tmp)), nprocs=TP * DP, join=False,
-        start_method="spawn",
-    )  # fmt: skip
-    deadline = time.monotonic() + DEADLINE_S
-    try:
-        while not context.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                pytest.fail(f"the ranks did not finish within {DEADLINE_S} s")
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.kill()
-            process.join()
+    run_ranks(_run_rank, (str(tmp / "store"), str(tmp)), TP * DP, DEADLINE_S)
     return [pickle.loads((tmp / f"rank{rank}.pkl").read_bytes()) for rank in range(TP * DP)]
 
 

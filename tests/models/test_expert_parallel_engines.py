@@ -8,14 +8,9 @@ rearrangement and about 1 after it, the tokens unchanged."""
 
 from __future__ import annotations
 
-import asyncio
-
-import httpx
-import openai
 import pytest
 from moe_checkpoints import random_moe, skew_router
-from prometheus_client.parser import text_string_to_metric_families
-from server_process import ServerProcess, free_port_pair
+from server_process import ServerProcess, completions_at_once, engine_series, free_port_pair
 
 from core import LLM, SamplingParams
 from core.testing.tiny_checkpoint import VOCAB, write_tiny_checkpoint
@@ -44,42 +39,14 @@ def serve(model_dir, *flags: str) -> ServerProcess:
     ).wait_ready()  # fmt: skip
 
 
-def completions(url: str, prompts, max_tokens: int) -> list[str]:
-    """The greedy completion of every prompt, all sent at once with the openai client."""
-    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=120)
-
-    async def complete(prompt: list[int]) -> str:
-        out = await client.completions.create(
-            model=None, prompt=prompt, max_tokens=max_tokens, temperature=0,
-            extra_body={"ignore_eos": True},
-        )  # fmt: skip
-        return out.choices[0].text
-
-    async def all_at_once() -> list[str]:
-        async with client:
-            return await asyncio.gather(*(complete(p) for p in prompts))
-
-    return asyncio.run(all_at_once())
-
-
-def engine_series(url: str, name: str) -> dict[str, float]:
-    text = httpx.get(f"{url}/metrics").text
-    return {
-        sample.labels["engine"]: sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name
-    }
-
-
 def test_engines_sharing_experts_serve_one_engines_tokens_alone_together_and_again(tmp_path):
     write_tiny_checkpoint(tmp_path, random_moe("MixtralForCausalLM"))
     want = reference(tmp_path, PROMPTS, 12)
     server = serve(tmp_path)
     try:
-        assert completions(server.url, PROMPTS[:1], 12) == want[:1]  # the other engine idle
-        assert completions(server.url, PROMPTS, 12) == want
-        assert completions(server.url, PROMPTS[3:], 12) == want[3:]  # a wave after idling
+        assert completions_at_once(server.url, PROMPTS[:1], 12) == want[:1]  # the other engine idle
+        assert completions_at_once(server.url, PROMPTS, 12) == want
+        assert completions_at_once(server.url, PROMPTS[3:], 12) == want[3:]  # a wave after idling
         generated = engine_series(server.url, "vllm:generation_tokens_total")
         assert sorted(generated) == ["0", "1"] and min(generated.values()) > 0  # both served
     finally:
@@ -97,9 +64,9 @@ def test_eplb_across_engines_balances_the_hot_experts_and_keeps_the_tokens(tmp_p
     server = serve(tmp_path, "--enable-eplb", "--eplb-config", eplb)
     try:
         # Three steps (a prefill, two decodes): before the first rearrangement.
-        completions(server.url, PROMPTS[:1], 3)
+        completions_at_once(server.url, PROMPTS[:1], 3)
         assert max(engine_series(server.url, "vllm:expert_load_imbalance").values()) > 1.9
-        assert completions(server.url, PROMPTS[:2], 16) == want
+        assert completions_at_once(server.url, PROMPTS[:2], 16) == want
         assert max(engine_series(server.url, "vllm:expert_load_imbalance").values()) < 1.1
     finally:
         server.stop()
