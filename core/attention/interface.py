@@ -31,12 +31,19 @@ class AttentionRequirements:
     block_size: int
     kv_cache_dtype: str = "auto"
     attn_type: AttentionType = AttentionType.DECODER
+    # Some layer soft-caps its attention scores (AttentionImpl's `logits_soft_cap`).
+    logits_soft_cap: bool = False
+    # The layers are multi-head latent attention (MLA): `head_size` is the latent's size.
+    use_mla: bool = False
 
     def __str__(self) -> str:
         dtype = str(self.dtype).removeprefix("torch.")
+        soft_cap = ", logit soft-capping" if self.logits_soft_cap else ""
+        mla = " (multi-head latent)" if self.use_mla else ""
         return (
             f"{dtype}, head size {self.head_size}, block size {self.block_size}, "
-            f"KV-cache dtype {self.kv_cache_dtype}, {self.attn_type.value} attention"
+            f"KV-cache dtype {self.kv_cache_dtype}, {self.attn_type.value} attention{mla}"
+            f"{soft_cap}"
         )
 
 
@@ -49,6 +56,12 @@ class AttentionCapabilities:
     block_sizes: frozenset[int] | None = None
     kv_cache_dtypes: frozenset[str] = frozenset({"auto"})
     attention_types: frozenset[AttentionType] = frozenset({AttentionType.DECODER})
+    # Serves a `logits_soft_cap` (Gemma 2). Off unless declared: a backend that ignored
+    # the cap would run such a model with wrong scores rather than fail.
+    logits_soft_cap: bool = False
+    # Serves multi-head latent attention layers, and only those: its impl is an
+    # MLA impl (see `MLADims`) and its KV cache holds one latent per token.
+    mla: bool = False
 
     def check(self, req: AttentionRequirements) -> str | None:
         """None when every requirement is met, else the first unmet one, in words."""
@@ -62,7 +75,41 @@ class AttentionCapabilities:
             return f"KV-cache dtype {req.kv_cache_dtype!r} not in {sorted(self.kv_cache_dtypes)}"
         if req.attn_type not in self.attention_types:
             return f"attention type {req.attn_type.value} not supported"
+        if req.logits_soft_cap and not self.logits_soft_cap:
+            return "attention logit soft-capping (logits_soft_cap) not supported"
+        if req.use_mla != self.mla:
+            served = "only" if self.mla else "no"
+            return f"serves {served} multi-head latent attention (MLA) layers"
         return None
+
+
+@dataclass(frozen=True)
+class MLADims:
+    """The sizes of a multi-head latent attention layer (DeepSeek-V2), which an MLA
+    backend's impl receives as the keyword `mla` (with `kv_b_proj`, the layer's linear
+    module that expands a latent into every head's key and value).
+
+    Each token keeps one latent in the KV cache: the compressed key-value
+    [kv_lora_rank] (normalized) then the key's rotary part [qk_rope_head_dim], shared by
+    all heads. A head's query is [qk_nope_head_dim | qk_rope_head_dim]; kv_b_proj's
+    weight [num_heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank] gives, per head,
+    W_UK (the first qk_nope_head_dim rows: latent -> key) then W_UV (latent -> value).
+
+    The impl's `forward(query, key, value, kv_cache, attn_metadata)` then takes query
+    [T, H, qk_nope_head_dim + qk_rope_head_dim], key [T, 1, latent_size] (the new
+    latents), value [T, 1, kv_lora_rank] (a view of key: the latent is its own value)
+    and returns [T, H, v_head_dim]: softmax(scale * q.k) over the heads' full keys
+    [k_nope | k_rope], times their values.
+    """
+
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+    @property
+    def latent_size(self) -> int:
+        return self.kv_lora_rank + self.qk_rope_head_dim
 
 
 class GraphSupport(str, enum.Enum):
@@ -146,7 +193,11 @@ class AttentionImpl(ABC):
     reference `core.attention.backends.torch_ref.TorchRefImpl` and overrides its public
     hook `forward_decode` or `forward_prefill`, which receive the public metadata types of
     `core.attention.paged_metadata` (`DecodeBatch`, `PrefillChunk`); the hooks' contract
-    (KV layout, GQA, sliding window) is written on TorchRefImpl.
+    (KV layout, GQA, sliding window, soft-capping) is written on TorchRefImpl.
+
+    `logits_soft_cap` (a positive cap) is passed, as a keyword, only for a layer that has
+    one, and such a layer binds only a backend whose capabilities declare
+    `logits_soft_cap`: the constructors of the others need not take it.
     """
 
     def __init__(
@@ -157,6 +208,7 @@ class AttentionImpl(ABC):
         num_kv_heads: int,
         sliding_window: int | None = None,
         attn_type: AttentionType = AttentionType.DECODER,
+        logits_soft_cap: float | None = None,
     ) -> None:
         self.num_heads = num_heads
         self.head_size = head_size
@@ -164,6 +216,7 @@ class AttentionImpl(ABC):
         self.num_kv_heads = num_kv_heads
         self.sliding_window = sliding_window
         self.attn_type = attn_type
+        self.logits_soft_cap = logits_soft_cap
 
     def record_kernel_problems(self, query: torch.Tensor) -> None:
         """Called instead of `forward` in a dummy forward (no metadata, no KV cache yet)
@@ -184,7 +237,9 @@ class AttentionImpl(ABC):
         """Write key/value into the cache at the step's slots, then attend causally.
 
         Each new query token attends to its request's cached context plus the new tokens
-        up to itself (restricted to the last `sliding_window` positions when set).
+        up to itself (restricted to the last `sliding_window` positions when set). With a
+        `logits_soft_cap` c, each score s = scale * q.k becomes c * tanh(s / c) before
+        the softmax.
         """
 
 
@@ -194,6 +249,9 @@ class AttentionBackend(ABC):
     name: ClassVar[str]
     capabilities: ClassVar[AttentionCapabilities]
     graph_support: ClassVar[GraphSupport] = GraphSupport.NEVER
+    # This family's backend for multi-head latent attention layers (capabilities.mla),
+    # which the selector takes in its place for such a model; None: it has none.
+    mla_backend: ClassVar[type[AttentionBackend] | None] = None
 
     @classmethod
     def supports_combination(cls, req: AttentionRequirements) -> str | None:

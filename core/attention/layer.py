@@ -19,7 +19,7 @@ or warming up compilation, before the KV cache exists) outputs zeros.
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -32,6 +32,10 @@ from core.plugins.components import build_component
 
 
 class Attention(nn.Module):
+    # Multi-head latent attention (core.attention.mla.MLAAttention): its requirements and
+    # KV-cache spec differ, and only an MLA backend serves it.
+    use_mla: ClassVar[bool] = False
+
     def __init__(
         self,
         layer_name: str,
@@ -41,10 +45,15 @@ class Attention(nn.Module):
         num_kv_heads: int,
         sliding_window: int | None = None,
         attn_type: AttentionType = AttentionType.DECODER,
+        logits_soft_cap: float | None = None,
     ) -> None:
+        """`logits_soft_cap` c turns each score s into c * tanh(s / c) before the softmax
+        (Gemma 2); only a backend that declares the capability can serve it."""
         super().__init__()
         if num_heads % num_kv_heads:
             raise ValueError(f"{layer_name}: {num_heads} heads not divisible by {num_kv_heads}")
+        if logits_soft_cap is not None and logits_soft_cap <= 0:
+            raise ValueError(f"{layer_name}: logits_soft_cap must be > 0, got {logits_soft_cap}")
         self.layer_name = layer_name
         self.num_heads = num_heads
         self.head_size = head_size
@@ -52,13 +61,27 @@ class Attention(nn.Module):
         self.num_kv_heads = num_kv_heads
         self.sliding_window = sliding_window
         self.attn_type = attn_type
+        self.logits_soft_cap = logits_soft_cap
         self.impl: AttentionImpl | None = None
         self.kv_cache: torch.Tensor | None = None  # bound by the worker after allocation
 
     def bind_backend(
         self, backend: type[AttentionBackend], config: dict[str, Any] | None = None
     ) -> None:
-        """Create this layer's kernel; `config` (--attention-backend-config) adds keywords."""
+        """Create this layer's kernel; `config` (--attention-backend-config) adds keywords.
+
+        Raises ValueError when the layer soft-caps and the backend does not declare it
+        (the selector refuses such a backend first, given the layers' requirements).
+        """
+        soft_cap = {}
+        if self.logits_soft_cap is not None:
+            if not backend.capabilities.logits_soft_cap:
+                raise ValueError(
+                    f"{self.layer_name}: attention backend {backend.name!r} cannot serve "
+                    "logit soft-capping (logits_soft_cap)"
+                )
+            # Only then: the constructors of backends without the capability need not take it.
+            soft_cap["logits_soft_cap"] = self.logits_soft_cap
         impl = partial(
             backend.get_impl_cls(),
             self.num_heads,
@@ -67,6 +90,7 @@ class Attention(nn.Module):
             self.num_kv_heads,
             self.sliding_window,
             self.attn_type,
+            **soft_cap,
         )
         self.impl = build_component(impl, config or {}, "--attention-backend-config")
 
@@ -91,7 +115,7 @@ class Attention(nn.Module):
         if torch.compiler.is_compiling():
             # Allocated in the graph before the op, so under piecewise graph capture the
             # output lives in the captured piece before attention, at a fixed address.
-            output = torch.empty_like(query)
+            output = query.new_empty(query.shape[0], self.output_size)
             UNIFIED_ATTENTION.overload(query, key, value, output, self.layer_name)
             return output
         return self.attend(query, key, value)
@@ -106,9 +130,8 @@ class Attention(nn.Module):
         per_layer = get_forward_context().attn_metadata
         if self.layer_name not in per_layer:
             if self.impl is not None:
-                heads = query.view(query.shape[0], self.num_heads, self.head_size)
-                self.impl.record_kernel_problems(heads)
-            return query.new_zeros(query.shape)
+                self.impl.record_kernel_problems(self.split_heads(query, key, value)[0])
+            return query.new_zeros(query.shape[0], self.output_size)
         if self.impl is None or self.kv_cache is None:
             raise RuntimeError(f"{self.layer_name}: no backend or KV cache bound")
         num_tokens = query.shape[0]
@@ -116,16 +139,26 @@ class Attention(nn.Module):
         connector = get_forward_context().kv_connector
         if connector is not None:
             connector.wait_for_layer_load(self.layer_name)
-        out = self.impl.forward(
+        out = self.impl.forward(*self.split_heads(query, key, value), self.kv_cache, metadata)
+        if connector is not None:
+            connector.save_kv_layer(self.layer_name, self.kv_cache, metadata)
+        return out.reshape(num_tokens, self.output_size)
+
+    @property
+    def output_size(self) -> int:
+        """The width of the layer's output per token."""
+        return self.num_heads * self.head_size
+
+    def split_heads(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """query, key, value as the impl takes them: [T, heads, head size] views."""
+        num_tokens = query.shape[0]
+        return (
             query.view(num_tokens, self.num_heads, self.head_size),
             key.view(num_tokens, self.num_kv_heads, self.head_size),
             value.view(num_tokens, self.num_kv_heads, self.head_size),
-            self.kv_cache,
-            metadata,
         )
-        if connector is not None:
-            connector.save_kv_layer(self.layer_name, self.kv_cache, metadata)
-        return out.reshape(num_tokens, self.num_heads * self.head_size)
 
 
 def prefix_layer_names(model: nn.Module, prefix: str) -> None:

@@ -26,7 +26,8 @@ def select_attention_backend(
     forced: str | None = None,
     registry: PluginRegistry | None = None,
 ) -> BackendChoice:
-    """The first backend of the platform's preferences (or `forced`) that can serve `req`.
+    """The first backend of the platform's preferences (or `forced`) that can serve `req`;
+    for multi-head latent attention (`req.use_mla`), a candidate's `mla_backend` in its place.
 
     Raises ValueError listing every candidate and why it was rejected when none can; a
     forced backend that cannot be had raises the registry's PluginLookupError, which lists
@@ -43,11 +44,14 @@ def select_attention_backend(
                 raise
             rejected[name] = exc.reason
             continue
+        if req.use_mla and backend.mla_backend is not None:
+            backend = backend.mla_backend  # the family's own backend for MLA layers
         reason = backend.supports_combination(req)
         if reason is None:
             for other, why in rejected.items():
                 logger.info("attention backend %s rejected: %s", other, why)
-            logger.info("attention backend %s selected", name)
+            serving = "" if backend.name == name else f" (its {backend.name})"
+            logger.info("attention backend %s selected%s", name, serving)
             return BackendChoice(name, backend, rejected)
         rejected[name] = reason
     details = "; ".join(f"{n}: {why}" for n, why in rejected.items()) or "no candidates"

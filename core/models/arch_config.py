@@ -26,7 +26,14 @@ class MoEConfig:
     expert's `intermediate_size` (moe_intermediate_size where the config has one),
     `shared_expert_intermediate_size` (0: none), `norm_topk_prob` (the top-k weights
     renormalized to sum to 1), and which layers are sparse (`decoder_sparse_step`,
-    `mlp_only_layers`: the rest keep a dense MLP)."""
+    `mlp_only_layers`, DeepSeek's `first_k_dense_replace` and `moe_layer_freq`: the rest
+    keep a dense MLP).
+
+    DeepSeek-V2 adds (its names): `n_routed_experts` (num_experts), `n_shared_experts`
+    (a shared MLP n_shared_experts * moe_intermediate_size wide), group-limited routing
+    (`topk_method` "group_limited_greedy": the experts form `n_group` groups and a token
+    picks its top_k among the `topk_group` groups of highest best score; 1 and 1 mean
+    plain top-k) and `routed_scaling_factor`, which multiplies the routing weights."""
 
     num_experts: int
     top_k: int
@@ -35,27 +42,42 @@ class MoEConfig:
     norm_topk_prob: bool = False
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    first_k_dense_replace: int = 0
+    moe_layer_freq: int = 1
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
 
     @classmethod
     def from_hf(cls, d: dict[str, Any]) -> MoEConfig | None:
         """None for a dense model (no expert count in the config)."""
-        num_experts = d.get("num_local_experts") or d.get("num_experts")
+        num_experts = (
+            d.get("num_local_experts") or d.get("num_experts") or d.get("n_routed_experts")
+        )
         if not num_experts:
             return None
         top_k = int(_required(d, "num_experts_per_tok"))
         if not 1 <= top_k <= int(num_experts):
             raise ValueError(f"config 'num_experts_per_tok' ({top_k}) should be 1.."
                              f"{num_experts} (the experts)")  # fmt: skip
+        intermediate_size = int(d.get("moe_intermediate_size") or _required(d, "intermediate_size"))
+        shared = d.get("shared_expert_intermediate_size") or (
+            int(d.get("n_shared_experts") or 0) * intermediate_size
+        )
+        n_group, topk_group = _expert_groups(d, int(num_experts), top_k)
         return cls(
             num_experts=int(num_experts),
             top_k=top_k,
-            intermediate_size=int(
-                d.get("moe_intermediate_size") or _required(d, "intermediate_size")
-            ),
-            shared_expert_intermediate_size=int(d.get("shared_expert_intermediate_size") or 0),
+            intermediate_size=intermediate_size,
+            shared_expert_intermediate_size=int(shared),
             norm_topk_prob=bool(d.get("norm_topk_prob", False)),
             decoder_sparse_step=int(d.get("decoder_sparse_step") or 1),
             mlp_only_layers=tuple(int(i) for i in d.get("mlp_only_layers") or ()),
+            first_k_dense_replace=int(d.get("first_k_dense_replace") or 0),
+            moe_layer_freq=int(d.get("moe_layer_freq") or 1),
+            n_group=n_group,
+            topk_group=topk_group,
+            routed_scaling_factor=float(d.get("routed_scaling_factor") or 1.0),
         )
 
     def is_sparse(self, layer_idx: int) -> bool:
@@ -63,7 +85,60 @@ class MoEConfig:
         return (
             layer_idx not in self.mlp_only_layers
             and (layer_idx + 1) % self.decoder_sparse_step == 0
+            and layer_idx >= self.first_k_dense_replace
+            and layer_idx % self.moe_layer_freq == 0
         )
+
+
+def _expert_groups(d: dict[str, Any], num_experts: int, top_k: int) -> tuple[int, int]:
+    """(n_group, topk_group) of DeepSeek's routing; (1, 1) for plain top-k. ValueError
+    for a routing core does not implement or groups that do not fit."""
+    method = d.get("topk_method") or "greedy"
+    scoring = d.get("scoring_func") or "softmax"
+    if method not in ("greedy", "group_limited_greedy") or scoring != "softmax":
+        raise ValueError(f"config 'topk_method' {method!r} with 'scoring_func' {scoring!r} is "
+                         "not supported (greedy or group_limited_greedy, softmax)")  # fmt: skip
+    if method == "greedy":
+        return 1, 1
+    n_group, topk_group = int(_required(d, "n_group")), int(_required(d, "topk_group"))
+    if num_experts % n_group or not 1 <= topk_group <= n_group:
+        raise ValueError(f"config 'n_group' {n_group} / 'topk_group' {topk_group} do not fit "
+                         f"{num_experts} experts")  # fmt: skip
+    if top_k > topk_group * (num_experts // n_group):
+        raise ValueError(f"config 'num_experts_per_tok' ({top_k}) exceeds the experts of "
+                         f"{topk_group} groups")  # fmt: skip
+    return n_group, topk_group
+
+
+@dataclass(frozen=True)
+class MLAConfig:
+    """Multi-head latent attention (DeepSeek-V2), in transformers' vocabulary: queries
+    through a `q_lora_rank` bottleneck (None: one q_proj), keys and values compressed to
+    a `kv_lora_rank` latent, each head's query/key split into `qk_nope_head_dim` plain
+    and `qk_rope_head_dim` rotary dimensions, values of `v_head_dim`."""
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+    @classmethod
+    def from_hf(cls, d: dict[str, Any]) -> MLAConfig | None:
+        """None for a model without latent attention (no kv_lora_rank in the config)."""
+        if not d.get("kv_lora_rank"):
+            return None
+        config = cls(
+            q_lora_rank=None if not d.get("q_lora_rank") else int(d["q_lora_rank"]),
+            kv_lora_rank=int(d["kv_lora_rank"]),
+            qk_nope_head_dim=int(_required(d, "qk_nope_head_dim")),
+            qk_rope_head_dim=int(_required(d, "qk_rope_head_dim")),
+            v_head_dim=int(_required(d, "v_head_dim")),
+        )
+        if config.qk_rope_head_dim % 2:
+            raise ValueError(f"config 'qk_rope_head_dim' should be even for RoPE, got "
+                             f"{config.qk_rope_head_dim}")  # fmt: skip
+        return config
 
 
 @dataclass(frozen=True)
@@ -105,7 +180,16 @@ class ArchConfig:
     hidden_act: str = "silu"
     type_vocab_size: int = 0
     moe: MoEConfig | None = None  # None: a dense model
+    mla: MLAConfig | None = None  # None: no multi-head latent attention
     clip_qkv: float | None = None  # OLMoE's clamp of q, k and v (None: none)
+    # Gemma: the attention scale is query_pre_attn_scalar ** -0.5 (None: head_dim's), and
+    # a soft cap c bends attention scores / final logits x into c * tanh(x / c) (None: none).
+    query_pre_attn_scalar: float | None = None
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
+    rope_local_theta: float | None = None  # RoPE base of sliding layers (Gemma 3); None: none
+    # The share of each head's dimensions that rotate (Phi-4-mini: 0.75; `rotary_dim`).
+    partial_rotary_factor: float = 1.0
 
     @classmethod
     def from_hf(cls, d: dict[str, Any]) -> ArchConfig:
@@ -113,7 +197,9 @@ class ArchConfig:
         architectures = _required(d, "architectures")
         if not isinstance(architectures, list) or not architectures:
             raise ValueError(f"config 'architectures' should be a non-empty list: {architectures}")
-        hidden_act = d.get("hidden_act", "silu")
+        # Gemma names its MLP's activation `hidden_activation` (a `hidden_act` beside it is
+        # not what transformers runs).
+        hidden_act = d.get("hidden_activation") or d.get("hidden_act", "silu")
         if hidden_act not in ACTIVATIONS:
             raise ValueError(
                 f"config 'hidden_act' {hidden_act!r} is not supported (one of {ACTIVATIONS})"
@@ -146,10 +232,21 @@ class ArchConfig:
             hidden_act=hidden_act,
             type_vocab_size=int(d.get("type_vocab_size") or 0),
             moe=MoEConfig.from_hf(d),
+            mla=MLAConfig.from_hf(d),
             clip_qkv=None if d.get("clip_qkv") is None else float(d["clip_qkv"]),
+            query_pre_attn_scalar=_optional_float(d, "query_pre_attn_scalar"),
+            attn_logit_softcapping=_optional_float(d, "attn_logit_softcapping"),
+            final_logit_softcapping=_optional_float(d, "final_logit_softcapping"),
+            rope_local_theta=_local_rope_theta(d),
+            partial_rotary_factor=_partial_rotary_factor(d),
         )
         config._validate()
         return config
+
+    @property
+    def rotary_dim(self) -> int:
+        """How many leading dimensions of each query / key head RoPE rotates."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @property
     def eos_token_id(self) -> int | None:
@@ -252,23 +349,62 @@ def _head_dim(d: dict[str, Any]) -> int:
 def _rope(d: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     """(rope_theta, rope_scaling) from either transformers spelling.
 
-    transformers 5 writes one `rope_parameters` dict holding rope_theta and the scaling;
-    older configs have a top-level `rope_theta` and a `rope_scaling` dict whose type key
-    is "type" or "rope_type". A "default" type means no scaling.
+    transformers 5 writes one `rope_parameters` dict holding rope_theta and the scaling,
+    or one such dict per layer type (Gemma 3: these are the full-attention layers'); older
+    configs have a top-level `rope_theta` and a `rope_scaling` dict whose type key is
+    "type" or "rope_type". A "default" type means no scaling.
     """
-    params = {**(d.get("rope_scaling") or {}), **(d.get("rope_parameters") or {})}
+    rope_parameters = d.get("rope_parameters") or {}
+    rope_parameters = rope_parameters.get(FULL_ATTENTION, rope_parameters)
+    params = {**(d.get("rope_scaling") or {}), **rope_parameters}
     rope_theta = float(params.pop("rope_theta", None) or d.get("rope_theta") or _DEFAULT_ROPE_THETA)
     legacy_type = params.pop("type", None)
     rope_type = params.pop("rope_type", None) or legacy_type or "default"
+    params.pop("partial_rotary_factor", None)  # not scaling: ArchConfig.partial_rotary_factor
     if rope_type == "default":
         return rope_theta, None
+    if rope_type in ("llama3", "yarn", "longrope", "su"):  # "su": Phi-3's first longrope
+        # transformers' rule: a top-level value wins (Phi-3 keeps it there), else the
+        # scaling's own, else the model's length.
+        params["original_max_position_embeddings"] = int(
+            d.get("original_max_position_embeddings")
+            or params.get("original_max_position_embeddings")
+            or _required(d, "max_position_embeddings")
+        )
     return rope_theta, {"rope_type": rope_type, **params}
+
+
+def _partial_rotary_factor(d: dict[str, Any]) -> float:
+    """transformers 5 keeps `partial_rotary_factor` in `rope_parameters`; older configs
+    (Phi-4-mini's) at the top level."""
+    rope_parameters = d.get("rope_parameters") or {}
+    rope_parameters = rope_parameters.get(FULL_ATTENTION, rope_parameters)
+    value = rope_parameters.get("partial_rotary_factor") or d.get("partial_rotary_factor")
+    return 1.0 if value is None else float(value)
+
+
+def _local_rope_theta(d: dict[str, Any]) -> float | None:
+    """The RoPE base of the sliding layers where it differs from the full ones' (Gemma 3:
+    `rope_local_base_freq`, or transformers 5's per-layer-type `rope_parameters`)."""
+    per_type = (d.get("rope_parameters") or {}).get(SLIDING_ATTENTION) or {}
+    theta = per_type.get("rope_theta") or d.get("rope_local_base_freq")
+    return None if theta is None else float(theta)
+
+
+def _optional_float(d: dict[str, Any], key: str) -> float | None:
+    return None if d.get(key) is None else float(d[key])
+
+
+# Every n-th layer is full attention, the others slide, in configs listing neither
+# `layer_types` nor `sliding_window_pattern` (transformers' defaults for these models).
+_SLIDING_WINDOW_PATTERNS = {"gemma2": 2, "gemma3_text": 6}
 
 
 def _layer_types(d: dict[str, Any], num_layers: int, sliding_window: Any) -> tuple[str, ...]:
     """Per layer, full or sliding attention.
 
-    An explicit `layer_types` wins; otherwise, as transformers does for Qwen2/Qwen3, the
+    An explicit `layer_types` wins; then a `sliding_window_pattern` n (Gemma: every n-th
+    layer is full, the others slide); otherwise, as transformers does for Qwen2/Qwen3, the
     layers from `max_window_layers` on slide (Mistral has no such key: all of them).
     """
     if d.get("layer_types"):
@@ -278,6 +414,12 @@ def _layer_types(d: dict[str, Any], num_layers: int, sliding_window: Any) -> tup
                 f"config 'layer_types' should list {num_layers} of {_LAYER_TYPES}: {types}"
             )
         return types
+    pattern = d.get("sliding_window_pattern") or _SLIDING_WINDOW_PATTERNS.get(d.get("model_type"))
+    if sliding_window is not None and pattern:
+        return tuple(
+            FULL_ATTENTION if (i + 1) % int(pattern) == 0 else SLIDING_ATTENTION
+            for i in range(num_layers)
+        )
     first_sliding = int(d.get("max_window_layers") or 0)
     return tuple(
         SLIDING_ATTENTION if sliding_window is not None and i >= first_sliding else FULL_ATTENTION

@@ -40,8 +40,10 @@ def forward_sequence(model: nn.Module, token_ids: torch.Tensor) -> torch.Tensor:
     common = _prefill_metadata(num_tokens, num_blocks)
     metadata = {}
     for layer in (m for m in model.modules() if isinstance(m, Attention)):
-        layer.bind_backend(TorchRefBackend)
-        shape = TorchRefBackend.get_kv_cache_shape(
+        # Multi-head latent attention layers take the reference family's MLA backend.
+        backend = TorchRefBackend.mla_backend if layer.use_mla else TorchRefBackend
+        layer.bind_backend(backend)
+        shape = backend.get_kv_cache_shape(
             num_blocks, BLOCK_SIZE, layer.num_kv_heads, layer.head_size
         )
         layer.kv_cache = torch.zeros(shape)

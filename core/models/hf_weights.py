@@ -8,11 +8,13 @@ Mixture-of-experts checkpoints name every expert's projections too
 experts' stacked parameters ("...mlp.experts.w13_weight", shard (3, 0)). transformers 5
 keeps experts stacked in memory ("...mlp.experts.gate_up_proj" [E, 2 * I, H],
 "...mlp.experts.down_proj" [E, H, I]): those load whole (shard None).
+Checkpoints that fuse projections themselves (Phi-3's "...self_attn.qkv_proj.weight") are
+split back into the separate names first (`split_fused_weights`), so one table serves both.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +44,16 @@ class ExpertParam:
     stacked_param: str  # e.g. "w13_weight"
     hf_module: str  # e.g. "gate_proj" (Mixtral: "w1")
     shard: int  # the projection within the stacked parameter: gate 0, up 1
+
+
+@dataclass(frozen=True)
+class FusedCheckpointModule:
+    """The checkpoint stores the projections `parts` (name, output size) one after another
+    along the output dimension of one module `hf_module` (Phi-3's "qkv_proj" holds q_proj,
+    k_proj and v_proj)."""
+
+    hf_module: str  # e.g. "qkv_proj"
+    parts: tuple[tuple[str, int], ...]  # e.g. (("q_proj", 3072), ("k_proj", 1024), ...)
 
 
 def load_hf_weights(
@@ -91,6 +103,39 @@ def process_weights_after_loading(model: nn.Module) -> None:
         method = getattr(module, "linear_method", None)
         if method is not None:
             method.process_weights_after_loading(module)
+
+
+def split_fused_weights(
+    weights: Iterable[tuple[str, torch.Tensor]], fused: Sequence[FusedCheckpointModule]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """`weights` with each fused module's tensors split into its parts' (views), named as a
+    checkpoint of separate projections names them ("...self_attn.q_proj.weight"), so that
+    the model's StackedParam table loads them, each rank cutting its share as usual.
+
+    Only unquantized tensors split (weights and biases, outputs along dimension 0): a
+    fused module's other tensors (packed quantized weights, scales) raise ValueError, as
+    does a tensor whose outputs are not the parts' sizes.
+    """
+    by_module = {entry.hf_module: entry for entry in fused}
+    for hf_name, tensor in weights:
+        parts = hf_name.split(".")
+        entry = by_module.get(parts[-2]) if len(parts) > 1 else None
+        if entry is None:
+            yield hf_name, tensor
+            continue
+        if parts[-1] not in ("weight", "bias"):
+            raise ValueError(
+                f"checkpoint weight {hf_name!r}: only unquantized fused projections "
+                f"({entry.hf_module}.weight / .bias) can be split"
+            )
+        sizes = [size for _, size in entry.parts]
+        if tensor.shape[0] != sum(sizes):
+            raise ValueError(
+                f"checkpoint weight {hf_name!r}: {tensor.shape[0]} outputs, expected "
+                f"{sum(sizes)} ({' + '.join(f'{name} {size}' for name, size in entry.parts)})"
+            )
+        for (name, _), piece in zip(entry.parts, tensor.split(sizes), strict=True):
+            yield ".".join([*parts[:-2], name, parts[-1]]), piece
 
 
 def _param_name(hf_name: str, stacked: Sequence[StackedParam]) -> tuple[str, ShardId]:

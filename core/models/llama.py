@@ -237,7 +237,11 @@ class LlamaModel(nn.Module):
         )
         # One table for all layers: it is indexed by position only.
         self.rotary_emb = RotaryEmbedding(
-            config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
+            config.head_dim,
+            config.max_position_embeddings,
+            config.rope_theta,
+            config.rope_scaling,
+            config.rotary_dim,
         )
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(

@@ -4,8 +4,10 @@
 (i, i + D/2) pair of every head of `query` [T, Hq, D] and `key` [T, Hkv, D] by the angle
 of its token's position (the "rotate half" / GPT-NeoX layout of HF Llama), writing the
 result back into them. They are usually views into one fused QKV output (rows strided by
-the QKV width), so a kernel must honour their strides. `cos_cache` / `sin_cache` are the
-float32 [max_positions, D/2] tables of `core.models.layers.RotaryEmbedding`.
+the QKV width; with partial rotary, the first D dimensions of heads that are wider, so
+heads are strided by more than D), so a kernel must honour their strides. `cos_cache` /
+`sin_cache` are the float32 [max_positions, D/2] tables of
+`core.models.layers.RotaryEmbedding`.
 
 The reference is transformers' arithmetic: cos and sin are cast to the query's dtype
 first, then x * cos + rotate_half(x) * sin, each operation rounded to that dtype.
@@ -102,6 +104,11 @@ def _rotary_embedding_samples(dtype: torch.dtype, device: torch.device) -> list[
         sample("packed requests, views into a fused QKV", [7, 0, 1, 31], *qkv_views(4, 4, 2, 16)),
         sample("head size 2, contiguous q and k", [0, 3, 5], *dense((3, 2, 2), (3, 1, 2))),
         sample("odd head counts", [1, 2], *dense((2, 3, 8), (2, 1, 8))),
+        sample(
+            "partial rotary: 8 of each 16-wide head",
+            [3, 30, 4],
+            *(t[..., :8] for t in qkv_views(3, 4, 2, 16)),
+        ),
     ]
 
 

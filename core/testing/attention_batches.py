@@ -57,6 +57,7 @@ class AttentionCase:
     sliding_window: int | None
     schedule: str
     layout: str = "layer_outermost"  # or "block_outermost": pages of blocks interleaved
+    logits_soft_cap: float | None = None
 
     @property
     def num_heads(self) -> int:
@@ -75,6 +76,8 @@ class AttentionCase:
             parts.append(f"window{self.sliding_window}")
         if self.layout != "layer_outermost":
             parts.append(self.layout.replace("_", "-"))
+        if self.logits_soft_cap is not None:
+            parts.append(f"softcap{self.logits_soft_cap:g}")
         return "-".join(parts)
 
 

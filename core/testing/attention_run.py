@@ -73,12 +73,15 @@ class PagedAttentionRun:
             self.buffer, tensor, NEIGHBOUR, num_blocks, self.shape[1:], dtype
         )
         self.builder = backend.get_builder_cls()(spec, [LAYER], device)
+        # The cap goes as the Attention layer passes it: a keyword, and only when set.
+        soft_cap = {} if case.logits_soft_cap is None else {"logits_soft_cap": case.logits_soft_cap}
         self.impl = backend.get_impl_cls()(
             case.num_heads,
             case.head_size,
             1 / math.sqrt(case.head_size),
             case.num_kv_heads,
             case.sliding_window,
+            **soft_cap,
         )
 
     def step(

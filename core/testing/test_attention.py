@@ -4,12 +4,13 @@
   chunks (fresh and on cached context) and decodes, GQA ratios 1/2/4, sliding windows,
   contexts at block edges, shuffled block tables, both KV-cache layouts; for each declared
   dtype and head size (16 and 64 when it declares any), at 1e-5 of the output's scale in
-  float32 and 2e-2 in 16-bit types. Its stored K/V equal the reference's when it uses
+  float32 and 2e-2 in 16-bit types; with attention-score soft-capping too when it
+  declares `logits_soft_cap`. Its stored K/V equal the reference's when it uses
   the reference's cache shape, and it never writes outside its own blocks.
 - `supports_combination` returns None or a reason for each declared combination (a
   reason skips the combination: the backend cannot serve it on this machine), and a
-  reason, without raising, for a dtype, head size, block size, KV-cache dtype or
-  attention type it does not declare.
+  reason, without raising, for a dtype, head size, block size, KV-cache dtype,
+  attention type or soft-capping it does not declare.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ SAMPLE_HEAD_SIZES = (16, 64)  # when a backend accepts any head size
 DEFAULT_BLOCK_SIZE = 16
 MIN_BLOCK_SIZE = 4  # the schedules need room for lengths b - 2 .. b + 1
 NUM_KV_HEADS = 2
+# Random scores of the cases have a standard deviation of about 1: a cap of 1 bends most.
+SOFT_CAP = 1.0
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -87,7 +90,10 @@ def test_undeclared_combination_is_refused_with_a_reason(
 
 
 def requirements(case: AttentionCase) -> AttentionRequirements:
-    return AttentionRequirements(case.dtype, case.head_size, case.block_size)
+    return AttentionRequirements(
+        case.dtype, case.head_size, case.block_size,
+        logits_soft_cap=case.logits_soft_cap is not None,
+    )  # fmt: skip
 
 
 def attention_cases(caps: AttentionCapabilities) -> list[AttentionCase]:
@@ -116,18 +122,22 @@ def attention_cases(caps: AttentionCapabilities) -> list[AttentionCase]:
             replace(base, layout="block_outermost"),
         ]
         cases += [replace(base, block_size=size) for size in block_sizes[1:]]
+        if caps.logits_soft_cap:
+            capped = replace(base, logits_soft_cap=SOFT_CAP)
+            cases += [capped, replace(capped, sliding_window=3, schedule="block-edges")]
     return cases
 
 
 def declared_requirements(caps: AttentionCapabilities) -> list[AttentionRequirements]:
     return [
-        AttentionRequirements(dtype, head_size, block_size, kv_dtype, attn_type)
-        for dtype, head_size, block_size, kv_dtype, attn_type in itertools.product(
+        AttentionRequirements(dtype, head_size, block_size, kv_dtype, attn_type, soft_cap)
+        for dtype, head_size, block_size, kv_dtype, attn_type, soft_cap in itertools.product(
             sorted(caps.dtypes, key=str),
             _head_sizes(caps),
             _block_sizes(caps),
             sorted(caps.kv_cache_dtypes),
             sorted(caps.attention_types),
+            (False, True) if caps.logits_soft_cap else (False,),
         )
     ]
 
@@ -154,6 +164,8 @@ def undeclared_requirements(caps: AttentionCapabilities) -> dict[str, AttentionR
     attn_type = next((t for t in AttentionType if t not in caps.attention_types), None)
     if attn_type is not None:
         found[f"attention-type-{attn_type.value}"] = replace(base, attn_type=attn_type)
+    if not caps.logits_soft_cap:
+        found["logits-soft-cap"] = replace(base, logits_soft_cap=True)
     return found
 
 

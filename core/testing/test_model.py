@@ -38,6 +38,15 @@ TINY = dict(
     max_position_embeddings=128,
     rms_norm_eps=1e-5,
 )
+# What an architecture needs beyond TINY (transformers' defaults would not run it small).
+ARCHITECTURE_SETTINGS = {
+    "DeepseekV2ForCausalLM": dict(
+        num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=None, qk_nope_head_dim=16,
+        qk_rope_head_dim=16, v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1,
+        topk_method="group_limited_greedy", n_group=2, topk_group=1,
+    ),
+}  # fmt: skip
 STEPS = (7, 5, 1, 1)  # new tokens per step: two prompt chunks, two decodes
 BLOCK_SIZE, BLOCK_IDS = 4, [3, 1, 4, 2]  # blocks of the sequence, out of order
 PARITY = 1e-4
@@ -61,7 +70,10 @@ def hf_model(target: Target, tmp_path: Path) -> Any:
     hf_class = getattr(transformers, name, None)
     if hf_class is None:
         pytest.skip(f"transformers {transformers.__version__} has no {name} to compare with")
-    config = hf_class.config_class(**TINY, architectures=[name])
+    settings = {**TINY, **ARCHITECTURE_SETTINGS.get(name, {})}
+    config = hf_class.config_class(**settings, architectures=[name])
+    if config.pad_token_id is not None and config.pad_token_id >= TINY["vocab_size"]:
+        config.pad_token_id = None  # a full-size default (Phi-3's 32000) outside TINY's vocab
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     model = hf_class(config).eval()
@@ -92,8 +104,10 @@ def run_paged(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
     layers = list(iter_attention_layers(model))
     num_blocks = max(BLOCK_IDS) + 1
     for layer in layers:
-        layer.bind_backend(TorchRefBackend)
-        shape = TorchRefBackend.get_kv_cache_shape(
+        # Multi-head latent attention layers take the reference family's MLA backend.
+        backend = TorchRefBackend.mla_backend if layer.use_mla else TorchRefBackend
+        layer.bind_backend(backend)
+        shape = backend.get_kv_cache_shape(
             num_blocks, BLOCK_SIZE, layer.num_kv_heads, layer.head_size
         )
         layer.kv_cache = torch.zeros(shape)

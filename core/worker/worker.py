@@ -223,6 +223,8 @@ class Worker:
             block_size=self.config.cache.block_size,
             kv_cache_dtype=self.config.cache.kv_cache_dtype,
             attn_type=layers[0].attn_type,
+            use_mla=layers[0].use_mla,
+            logits_soft_cap=any(layer.logits_soft_cap is not None for layer in layers),
         )
         choice = select_attention_backend(self.platform, req, components.attention_backend)
         for layer in layers:

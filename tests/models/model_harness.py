@@ -19,6 +19,7 @@ from core.models.llama import LlamaForCausalLM
 from core.models.mistral import MistralForCausalLM
 from core.models.mixtral import MixtralForCausalLM
 from core.models.olmoe import OlmoeForCausalLM
+from core.models.phi3 import Phi3ForCausalLM
 from core.models.qwen2 import Qwen2ForCausalLM
 from core.models.qwen3 import Qwen3ForCausalLM
 from core.models.qwen_moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
@@ -49,6 +50,7 @@ ARCHITECTURES = {
         Qwen3MoeForCausalLM,
     ),
     "OlmoeForCausalLM": (transformers.OlmoeConfig, transformers.OlmoeForCausalLM, OlmoeForCausalLM),
+    "Phi3ForCausalLM": (transformers.Phi3Config, transformers.Phi3ForCausalLM, Phi3ForCausalLM),
 }
 
 TINY = dict(

@@ -86,8 +86,8 @@ def test_rotary_embedding_matches_llama_rotary_embedding(rope, dtype):
 
 
 def test_unsupported_rope_type_is_named():
-    with pytest.raises(ValueError, match="'yarn' is not supported"):
-        RotaryEmbedding(HEAD_DIM, 64, 10000.0, {"rope_type": "yarn", "factor": 4.0})
+    with pytest.raises(ValueError, match="'proportional' is not supported"):
+        RotaryEmbedding(HEAD_DIM, 64, 10000.0, {"rope_type": "proportional", "factor": 4.0})
 
 
 def test_llama3_rope_without_original_context_is_named():

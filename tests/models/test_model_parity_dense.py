@@ -26,6 +26,12 @@ LLAMA3_ROPE = {
     # puts frequencies in all three bands (kept, interpolated, divided by the factor).
     "original_max_position_embeddings": 64,
 }
+PHI3_LONGROPE = {
+    "rope_type": "longrope",
+    "rope_theta": 10000.0,
+    "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],  # one per rotated frequency
+    "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0],
+}
 
 CASES = {
     "llama-llama3-rope-tied": (
@@ -39,6 +45,20 @@ CASES = {
         dict(use_sliding_window=True, sliding_window=4, max_window_layers=1),
     ),
     "qwen3-qk-norm-bias": ("Qwen3ForCausalLM", dict(attention_bias=True)),
+    # Phi-3's default pad id (32000) is outside the tiny vocabulary.
+    "phi3-fused-qkv-sliding-window": ("Phi3ForCausalLM", dict(sliding_window=5, pad_token_id=None)),
+    # Phi-4-mini's shape: LongRoPE, 12 of 16 dimensions rotated, tied embeddings. The
+    # sequence stays inside the original window (the long factors: tests/models/test_phi3.py).
+    "phi4-mini-longrope-partial-rotary-tied": (
+        "Phi3ForCausalLM",
+        dict(
+            rope_parameters=PHI3_LONGROPE,
+            original_max_position_embeddings=32,
+            partial_rotary_factor=0.75,
+            tie_word_embeddings=True,
+            pad_token_id=None,
+        ),
+    ),
 }
 
 

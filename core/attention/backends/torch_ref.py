@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from core.attention.backends.mla_ref import TorchRefMLABackend
 from core.attention.interface import (
     AttentionBackend,
     AttentionCapabilities,
@@ -58,6 +59,8 @@ class TorchRefImpl(AttentionImpl):
       Encoder-only layers (`attn_type` ENCODER_ONLY) see every key of their prompt, which
       is always wholly in the step (a prefill chunk from position 0, or one decode row).
     - `scale` multiplies q.k before the softmax; the result is in the query's dtype.
+    - With `logits_soft_cap` c set, each score s = scale * q.k becomes c * tanh(s / c)
+      before masking and the softmax (Gemma 2's attention).
     """
 
     def forward(
@@ -110,8 +113,10 @@ class TorchRefImpl(AttentionImpl):
         else:
             k, v = gather_pages(kv_cache, chunk.block_ids)  # [>= seq_len, Hkv, D]
             k, v = k[: chunk.seq_len], v[: chunk.seq_len]
+        # A plain causal square lets SDPA skip the masked half instead of reading a mask;
+        # the soft-capped path takes no is_causal, so it always gets the mask.
         mask = None
-        if not cacheless or self.sliding_window is not None:
+        if not cacheless or self.sliding_window is not None or self.logits_soft_cap is not None:
             device = query.device
             q_pos = torch.arange(chunk.seq_len - q_len, chunk.seq_len, device=device)[:, None]
             k_pos = torch.arange(chunk.seq_len, device=device)[None, :]
@@ -120,15 +125,12 @@ class TorchRefImpl(AttentionImpl):
                 mask &= q_pos - k_pos < self.sliding_window
         # 4-D inputs: on a CPU, SDPA's flash kernel takes only those (3-D ones fall back to
         # the unfused math path, ~5x slower on long prompts).
-        out = F.scaled_dot_product_attention(
+        out = self._attend(
             query.transpose(0, 1)[None],  # [1, Hq, q_len, D]
             k.transpose(0, 1)[None],  # [1, Hkv, seq_len, D]
             v.transpose(0, 1)[None],
-            attn_mask=mask,
-            # A plain causal square lets SDPA skip the masked half instead of reading a mask.
+            mask,
             is_causal=mask is None,
-            scale=self.scale,
-            enable_gqa=self.num_heads != self.num_kv_heads,
         )
         return out[0].transpose(0, 1)
 
@@ -145,12 +147,11 @@ class TorchRefImpl(AttentionImpl):
                 "encoder-only attention needs the whole prompt in one step; chunked "
                 "prefill and prefix caching must be off (--runner pooling turns them off)"
             )
-        out = F.scaled_dot_product_attention(
+        out = self._attend(
             query.transpose(0, 1)[None],  # [1, Hq, q_len, D]
             key.transpose(0, 1)[None],  # [1, Hkv, q_len, D]
             value.transpose(0, 1)[None],
-            scale=self.scale,
-            enable_gqa=self.num_heads != self.num_kv_heads,
+            mask=None,
         )
         return out[0].transpose(0, 1)
 
@@ -173,15 +174,34 @@ class TorchRefImpl(AttentionImpl):
         visible = decode.key_positions < seq_lens  # [B, L]
         if self.sliding_window is not None:
             visible &= decode.key_positions >= seq_lens - self.sliding_window
-        out = F.scaled_dot_product_attention(
-            query[:, :, None, :],  # [B, Hq, 1, D]
-            k,
-            v,
-            attn_mask=visible[:, None, None, :],
-            scale=self.scale,
-            enable_gqa=self.num_heads != self.num_kv_heads,
-        )
+        out = self._attend(query[:, :, None, :], k, v, visible[:, None, None, :])  # [B, Hq, 1, D]
         return out[:, :, 0]
+
+    def _attend(
+        self,
+        query: torch.Tensor,  # [B, Hq, Q, D]
+        key: torch.Tensor,  # [B, Hkv, L, D]
+        value: torch.Tensor,  # [B, Hkv, L, D]
+        mask: torch.Tensor | None,  # bool, broadcast to [B, Hq, Q, L]: True where visible
+        is_causal: bool = False,  # mask None: causal square, else every key visible
+    ) -> torch.Tensor:  # [B, Hq, Q, D]
+        """SDPA, or, with a soft cap (which SDPA cannot apply), the same math spelled out;
+        a soft-capping caller passes its mask, never is_causal."""
+        if self.logits_soft_cap is None:
+            return F.scaled_dot_product_attention(
+                query, key, value, attn_mask=mask, is_causal=is_causal, scale=self.scale,
+                enable_gqa=self.num_heads != self.num_kv_heads,
+            )  # fmt: skip
+        group = self.num_heads // self.num_kv_heads  # query head h reads KV head h // group
+        key = key.repeat_interleave(group, dim=1)  # [B, Hq, L, D]
+        value = value.repeat_interleave(group, dim=1)
+        cap = self.logits_soft_cap
+        scores = torch.tanh(query @ key.transpose(-1, -2) * self.scale / cap) * cap  # [B, Hq, Q, L]
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        # The softmax in float32, as transformers' eager attention computes it.
+        weights = scores.softmax(dim=-1, dtype=torch.float32).to(query.dtype)
+        return weights @ value
 
 
 def gather_pages(
@@ -230,7 +250,9 @@ class TorchRefBackend(AttentionBackend):
     capabilities = AttentionCapabilities(
         dtypes=frozenset({torch.float32, torch.float16, torch.bfloat16}),
         attention_types=frozenset({AttentionType.DECODER, AttentionType.ENCODER_ONLY}),
+        logits_soft_cap=True,
     )
+    mla_backend = TorchRefMLABackend  # multi-head latent attention layers
 
     @staticmethod
     def get_impl_cls() -> type[AttentionImpl]:

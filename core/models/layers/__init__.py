@@ -1,7 +1,7 @@
 """The building blocks of the Llama-family decoders."""
 
-from core.models.layers.activation import SiluAndMul
-from core.models.layers.layernorm import RMSNorm
+from core.models.layers.activation import GeluTanhAndMul, SiluAndMul
+from core.models.layers.layernorm import GemmaRMSNorm, RMSNorm
 from core.models.layers.linear import (
     LinearBase,
     MergedLinear,
@@ -13,6 +13,8 @@ from core.models.layers.rotary_embedding import RotaryEmbedding
 from core.models.layers.vocab_embedding import LMHead, TiedLMHead, VocabEmbedding, VocabMatrix
 
 __all__ = [
+    "GeluTanhAndMul",
+    "GemmaRMSNorm",
     "LMHead",
     "LinearBase",
     "MergedLinear",

@@ -1,8 +1,9 @@
-"""The gated activation of the Llama-family MLP."""
+"""The gated activations of the decoders' MLPs."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from core.ops import silu_and_mul
@@ -14,3 +15,12 @@ class SiluAndMul(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, 2 * I] -> [T, I]
         return silu_and_mul(x)
+
+
+class GeluTanhAndMul(nn.Module):
+    """gelu(gate) * up with GELU's tanh approximation (`gelu_pytorch_tanh`: Gemma's MLP),
+    where the input is [gate | up] concatenated on the last dimension. Plain PyTorch."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, 2 * I] -> [T, I]
+        gate, up = x.chunk(2, dim=-1)
+        return F.gelu(gate, approximate="tanh") * up

@@ -51,15 +51,36 @@ def select_experts(
     router_logits: torch.Tensor,  # [T, E]
     top_k: int,
     renormalize: bool,
+    groups: tuple[int, int] = (1, 1),
+    scaling_factor: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # ([T, top_k] float32 weights, [T, top_k] ids)
     """Each token's `top_k` experts by softmax probability (computed in float32, as
     transformers does), and their probabilities, renormalized over the chosen ones when
-    `renormalize`."""
+    `renormalize`, then times `scaling_factor`.
+
+    `groups` (n_group, topk_group) limits the choice (DeepSeek's group-limited greedy):
+    the E experts form n_group consecutive groups, each scored by its best expert, and
+    only the topk_group best groups' experts can be chosen; (1, 1) is no limit.
+    """
     probs = torch.softmax(router_logits.float(), dim=-1)
+    n_group, topk_group = groups
+    if topk_group < n_group:
+        probs = _keep_top_groups(probs, n_group, topk_group)
     weights, ids = torch.topk(probs, top_k, dim=-1)
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights, ids
+    return weights * scaling_factor, ids
+
+
+def _keep_top_groups(
+    probs: torch.Tensor,  # [T, E]
+    n_group: int,
+    topk_group: int,
+) -> torch.Tensor:  # [T, E]: zero outside each token's topk_group best groups
+    grouped = probs.view(probs.shape[0], n_group, -1)  # [T, G, E / G]
+    best = torch.topk(grouped.amax(dim=-1), topk_group, dim=-1).indices  # [T, topk_group]
+    keep = torch.zeros_like(grouped[..., 0], dtype=torch.bool).scatter_(1, best, True)
+    return grouped.masked_fill(~keep[..., None], 0.0).view_as(probs)
 
 
 class StackedExperts(nn.Module):
@@ -175,6 +196,8 @@ class FusedMoE(nn.Module):
         super().__init__()
         self.top_k = moe.top_k
         self.renormalize = renormalize
+        self.expert_groups = (moe.n_group, moe.topk_group)
+        self.routed_scaling_factor = moe.routed_scaling_factor
         self.tp_size = get_tensor_model_parallel_world_size()
         # The router stays unquantized, as in the checkpoints that quantize the experts.
         self.gate = ReplicatedLinear(
@@ -205,7 +228,10 @@ class FusedMoE(nn.Module):
             self.pending_load = torch.zeros(self.placement.num_slots)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
-        weights, ids = select_experts(self.gate(x), self.top_k, self.renormalize)
+        weights, ids = select_experts(
+            self.gate(x), self.top_k, self.renormalize, self.expert_groups,
+            self.routed_scaling_factor,
+        )  # fmt: skip
         if self.exchanges_tokens:
             out = self._exchanged(x, weights, ids)
         else:

@@ -105,6 +105,7 @@ class FlashAttentionBackend(AttentionBackend):
         head_sizes=frozenset({16, 32, 64, 80, 96, 128, 256}),
         block_sizes=frozenset({16, 32, 64}),
         kv_cache_dtypes=frozenset({"auto"}),
+        logits_soft_cap=False,  # the kernels do not soft-cap scores (Gemma 2 runs elsewhere)
     )
     # Launches depend only on the batch's host integers (see the kernels module), and the
     # metadata lives in persistent buffers: any padded batch can be captured whole.

@@ -87,6 +87,8 @@ class CpuPagedBackend(TorchRefBackend):
         dtypes=frozenset({torch.float32, torch.float16, torch.bfloat16}),
         # The kernel is compiled for these head sizes (so its loops fully unroll).
         head_sizes=frozenset({16, 32, 64, 80, 96, 128, 256}),
+        # Neither C++ kernel soft-caps scores (the reference's capability is not inherited).
+        logits_soft_cap=False,
     )
 
     @staticmethod
