@@ -193,7 +193,10 @@ class AttentionImpl(ABC):
     reference `core.attention.backends.torch_ref.TorchRefImpl` and overrides its public
     hook `forward_decode` or `forward_prefill`, which receive the public metadata types of
     `core.attention.paged_metadata` (`DecodeBatch`, `PrefillChunk`); the hooks' contract
-    (KV layout, GQA, sliding window, soft-capping) is written on TorchRefImpl.
+    (KV layout, GQA, sliding window, soft-capping) is written on TorchRefImpl. For
+    multi-head latent attention the reference is
+    `core.attention.backends.mla_ref.TorchRefMLAImpl`, whose `forward_decode` takes the
+    queries already absorbed into latent space.
 
     `logits_soft_cap` (a positive cap) is passed, as a keyword, only for a layer that has
     one, and such a layer binds only a backend whose capabilities declare

@@ -70,18 +70,8 @@ class Attention(nn.Module):
     ) -> None:
         """Create this layer's kernel; `config` (--attention-backend-config) adds keywords.
 
-        Raises ValueError when the layer soft-caps and the backend does not declare it
-        (the selector refuses such a backend first, given the layers' requirements).
+        Raises ValueError when the backend cannot serve the layer (`impl_keywords`).
         """
-        soft_cap = {}
-        if self.logits_soft_cap is not None:
-            if not backend.capabilities.logits_soft_cap:
-                raise ValueError(
-                    f"{self.layer_name}: attention backend {backend.name!r} cannot serve "
-                    "logit soft-capping (logits_soft_cap)"
-                )
-            # Only then: the constructors of backends without the capability need not take it.
-            soft_cap["logits_soft_cap"] = self.logits_soft_cap
         impl = partial(
             backend.get_impl_cls(),
             self.num_heads,
@@ -90,9 +80,26 @@ class Attention(nn.Module):
             self.num_kv_heads,
             self.sliding_window,
             self.attn_type,
-            **soft_cap,
+            **self.impl_keywords(backend),
         )
         self.impl = build_component(impl, config or {}, "--attention-backend-config")
+
+    def impl_keywords(self, backend: type[AttentionBackend]) -> dict[str, Any]:
+        """The keywords this layer's impl takes besides `AttentionImpl`'s positional
+        arguments; ValueError when `backend` cannot serve the layer.
+
+        A soft-capping layer passes `logits_soft_cap`, and only then: the constructors of
+        backends without the capability need not take it (the selector refuses such a
+        backend first, given the layers' requirements).
+        """
+        if self.logits_soft_cap is None:
+            return {}
+        if not backend.capabilities.logits_soft_cap:
+            raise ValueError(
+                f"{self.layer_name}: attention backend {backend.name!r} cannot serve "
+                "logit soft-capping (logits_soft_cap)"
+            )
+        return {"logits_soft_cap": self.logits_soft_cap}
 
     def kv_cache_spec(self, block_size: int, dtype: torch.dtype) -> AttentionSpec:
         """What this layer keeps per block (the worker reports it to the engine)."""

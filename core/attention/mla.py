@@ -11,16 +11,14 @@ latents themselves (core.attention.backends.mla_ref).
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 
-from core.attention.interface import AttentionBackend, AttentionType, MLADims
+from core.attention.interface import AttentionBackend, MLADims
 from core.attention.layer import Attention
 from core.kv_cache.spec import MLAAttentionSpec
-from core.plugins.components import build_component
 
 __all__ = ["MLAAttention"]
 
@@ -40,28 +38,15 @@ class MLAAttention(Attention):
         # keeps the model's name (named_parameters yields a shared one once).
         self.kv_b_proj = kv_b_proj
 
-    def bind_backend(
-        self, backend: type[AttentionBackend], config: dict[str, Any] | None = None
-    ) -> None:
-        """Create this layer's MLA kernel; ValueError when `backend` is not an MLA backend
-        (the selector picks a family's `mla_backend` for MLA requirements)."""
+    def impl_keywords(self, backend: type[AttentionBackend]) -> dict[str, Any]:
+        """The MLA impl's `mla` and `kv_b_proj`; ValueError when `backend` is not an MLA
+        backend (the selector picks a family's `mla_backend` for MLA requirements)."""
         if not backend.capabilities.mla:
             raise ValueError(
                 f"{self.layer_name}: attention backend {backend.name!r} cannot serve "
                 "multi-head latent attention (MLA)"
             )
-        impl = partial(
-            backend.get_impl_cls(),
-            self.num_heads,
-            self.head_size,
-            self.scale,
-            self.num_kv_heads,
-            None,
-            AttentionType.DECODER,
-            mla=self.dims,
-            kv_b_proj=self.kv_b_proj,
-        )
-        self.impl = build_component(impl, config or {}, "--attention-backend-config")
+        return {"mla": self.dims, "kv_b_proj": self.kv_b_proj}
 
     def kv_cache_spec(self, block_size: int, dtype: torch.dtype) -> MLAAttentionSpec:
         """One latent of `head_size` per token, no separate value."""

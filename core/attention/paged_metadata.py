@@ -16,9 +16,19 @@ from dataclasses import dataclass, field
 
 import torch
 
-from core.attention.interface import AttentionMetadataBuilder, CommonAttentionMetadata
+from core.attention.interface import (
+    AttentionBackend,
+    AttentionMetadataBuilder,
+    CommonAttentionMetadata,
+)
 
-__all__ = ["DecodeBatch", "PagedAttentionMetadata", "PagedAttentionMetadataBuilder", "PrefillChunk"]
+__all__ = [
+    "DecodeBatch",
+    "PagedAttentionMetadata",
+    "PagedAttentionMetadataBuilder",
+    "PagedMetadataBackend",
+    "PrefillChunk",
+]
 
 
 @dataclass
@@ -129,3 +139,12 @@ class PagedAttentionMetadataBuilder(AttentionMetadataBuilder):
             key_positions=torch.arange(num_blocks * block_size, device=index.device)[None, :],
             token_rows=slice(first, first + len(rows)) if consecutive else None,
         )
+
+
+class PagedMetadataBackend(AttentionBackend):
+    """A backend whose impl reads these metadata: the reference backends (`TorchRefBackend`,
+    `TorchRefMLABackend`) and the kernel plugins' backends that subclass them."""
+
+    @staticmethod
+    def get_builder_cls() -> type[AttentionMetadataBuilder]:
+        return PagedAttentionMetadataBuilder

@@ -20,6 +20,7 @@ setup(
                 "core_cpu_kernels/csrc/linear_avx512.cpp",
                 "core_cpu_kernels/csrc/linear_avx512_bf16.cpp",
                 "core_cpu_kernels/csrc/linear_scalar.cpp",
+                "core_cpu_kernels/csrc/mla_decode.cpp",
                 "core_cpu_kernels/csrc/paged_attention.cpp",
                 "core_cpu_kernels/csrc/paged_prefill.cpp",
                 "core_cpu_kernels/csrc/quant_linear.cpp",

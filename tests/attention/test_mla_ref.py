@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from paged_steps import paged_step
 from torch import nn
 
 from core.attention.backends.mla_ref import TorchRefMLABackend, TorchRefMLAImpl
@@ -16,11 +17,9 @@ from core.attention.backends.torch_ref import TorchRefBackend
 from core.attention.interface import (
     AttentionCapabilities,
     AttentionRequirements,
-    CommonAttentionMetadata,
     MLADims,
 )
 from core.attention.mla import MLAAttention
-from core.attention.paged_metadata import PagedAttentionMetadataBuilder
 from core.attention.selector import select_attention_backend
 from core.kv_cache.spec import MLAAttentionSpec
 from core.platforms.cpu import CpuPlatform
@@ -54,32 +53,15 @@ def expanded_attention(
 def step(generator: torch.Generator, requests: list[tuple[int, int]]):
     """A cache holding each request's cached latents, the step's metadata, its queries,
     its new latents, and each request's whole context of latents."""
+    spec = MLAAttentionSpec(block_size=BLOCK, head_size=LATENT, dtype=torch.float32)
+    tables, starts, metadata = paged_step(generator, requests, spec, NUM_BLOCKS)
     cache = torch.zeros(TorchRefMLABackend.get_kv_cache_shape(NUM_BLOCKS, BLOCK, 1, LATENT))
-    order = torch.randperm(NUM_BLOCKS - 1, generator=generator) + 1  # block 0 is the null block
-    tables, contexts, slots, starts = [], [], [], [0]
-    for i, (cached, new) in enumerate(requests):
-        blocks = order[4 * i : 4 * i + 4]  # room for 16 tokens
+    contexts = []
+    for blocks, (cached, new) in zip(tables, requests, strict=True):
         latents = torch.randn(cached + new, LATENT, generator=generator)
         for pos in range(cached):
             cache[blocks[pos // BLOCK], pos % BLOCK] = latents[pos]
-        slots += [int(blocks[p // BLOCK]) * BLOCK + p % BLOCK for p in range(cached, cached + new)]
-        tables.append(blocks)
         contexts.append(latents)
-        starts.append(starts[-1] + new)
-    seq_lens = [cached + new for cached, new in requests]
-    common = CommonAttentionMetadata(
-        query_start_loc=torch.tensor(starts, dtype=torch.int32),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        num_computed_tokens=torch.tensor([c for c, _ in requests], dtype=torch.int32),
-        block_table=torch.stack(tables).int(),
-        slot_mapping=torch.tensor(slots),
-        num_reqs=len(requests),
-        num_actual_tokens=starts[-1],
-        max_query_len=max(new for _, new in requests),
-        max_seq_len=max(seq_lens),
-    )
-    spec = MLAAttentionSpec(block_size=BLOCK, head_size=LATENT, dtype=torch.float32)
-    metadata = PagedAttentionMetadataBuilder(spec, ["attn"], torch.device("cpu")).build(common)
     query = torch.randn(starts[-1], HEADS, DIMS.qk_nope_head_dim + DIMS.qk_rope_head_dim,
                         generator=generator)  # fmt: skip
     new_latents = torch.cat([ctx[c:] for ctx, (c, _) in zip(contexts, requests, strict=True)])
@@ -132,7 +114,8 @@ def test_mla_requirements_get_the_reference_family_mla_backend():
     mla = AttentionRequirements(torch.float32, LATENT, BLOCK, use_mla=True)
     plain = AttentionRequirements(torch.float32, LATENT, BLOCK)
 
-    assert select_attention_backend(CpuPlatform(), mla).backend is TorchRefMLABackend
+    choice = select_attention_backend(CpuPlatform(), mla, forced="torch_ref")
+    assert choice.backend is TorchRefMLABackend
     assert TorchRefBackend.mla_backend is TorchRefMLABackend
     assert TorchRefMLABackend.supports_combination(plain) == (
         "serves only multi-head latent attention (MLA) layers"
@@ -149,3 +132,38 @@ def test_mla_layer_caches_one_latent_and_refuses_other_backends():
         layer.bind_backend(TorchRefBackend)
     layer.bind_backend(TorchRefMLABackend)
     assert isinstance(layer.impl, TorchRefMLAImpl)
+
+
+class RecordingDecode(TorchRefMLAImpl):
+    """Overrides only the public decode hook, as a kernel plugin does."""
+
+    def __init__(self, kv_b_proj: nn.Module, result: torch.Tensor) -> None:
+        super().__init__(HEADS, LATENT, SCALE, 1, mla=DIMS, kv_b_proj=kv_b_proj)
+        self.result = result
+        self.queries: list[torch.Tensor] = []
+
+    def forward_decode(self, query, kv_cache, decode):
+        self.queries.append(query.clone())
+        return self.result
+
+
+def test_the_decode_hook_gets_absorbed_queries_and_its_result_goes_through_w_uv():
+    generator = torch.Generator().manual_seed(1)
+    nope, rope, rank = DIMS.qk_nope_head_dim, DIMS.qk_rope_head_dim, DIMS.kv_lora_rank
+    kv_b = torch.randn(HEADS * (nope + DIMS.v_head_dim), rank, generator=generator)
+    cache, metadata, query, new_latents, _, _ = step(generator, DECODES)
+    latent_out = torch.randn(len(DECODES), HEADS, rank, generator=generator)
+    impl = RecordingDecode(WeightOnly(kv_b), latent_out)
+    key = new_latents[:, None, :]
+
+    with torch.no_grad():
+        out = impl.forward(query, key, key[..., :rank], cache, metadata)
+
+    (seen,) = impl.queries  # one call, with every decode row (the whole step)
+    per_head = kv_b.view(HEADS, nope + DIMS.v_head_dim, rank)
+    for h in range(HEADS):
+        w_uk, w_uv = per_head[h, :nope], per_head[h, nope:]  # [Dn, R], [Dv, R]
+        q_nope, q_pe = query[:, h, :nope], query[:, h, nope:]
+        assert q_pe.shape[-1] == rope
+        torch.testing.assert_close(seen[:, h], torch.cat((q_nope @ w_uk, q_pe), dim=-1))
+        torch.testing.assert_close(out[:, h], latent_out[:, h] @ w_uv.T)

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from paged_steps import paged_step
 
 from core.attention.backends.torch_ref import TorchRefBackend, TorchRefImpl
-from core.attention.interface import CommonAttentionMetadata
-from core.attention.paged_metadata import DecodeBatch, PagedAttentionMetadataBuilder
+from core.attention.paged_metadata import DecodeBatch
 from core.kv_cache.spec import FullAttentionSpec
 
 BLOCK, HEADS, KV_HEADS, DIM, NUM_BLOCKS = 4, 4, 2, 8, 24
@@ -36,37 +36,18 @@ def dense_attention(
 
 def step(generator: torch.Generator, requests: list[tuple[int, int]] = REQUESTS):
     """A cache holding each request's cached K/V, and the step's metadata and tensors."""
+    spec = FullAttentionSpec(
+        block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=DIM, dtype=torch.float32
+    )
+    tables, starts, metadata = paged_step(generator, requests, spec, NUM_BLOCKS)
     cache = torch.zeros(TorchRefBackend.get_kv_cache_shape(NUM_BLOCKS, BLOCK, KV_HEADS, DIM))
-    order = torch.randperm(NUM_BLOCKS - 1, generator=generator) + 1  # block 0 is the null block
-    tables, contexts, slots, starts = [], [], [], [0]
-    for i, (cached, new) in enumerate(requests):
-        blocks = order[4 * i : 4 * i + 4]  # room for 16 tokens
+    contexts = []
+    for blocks, (cached, new) in zip(tables, requests, strict=True):
         k, v = torch.randn(2, cached + new, KV_HEADS, DIM, generator=generator)
         for pos in range(cached):
             cache[blocks[pos // BLOCK], 0, pos % BLOCK] = k[pos]
             cache[blocks[pos // BLOCK], 1, pos % BLOCK] = v[pos]
-        slots += [
-            int(blocks[pos // BLOCK]) * BLOCK + pos % BLOCK for pos in range(cached, cached + new)
-        ]
-        tables.append(blocks)
         contexts.append((k, v))
-        starts.append(starts[-1] + new)
-    seq_lens = [cached + new for cached, new in requests]
-    common = CommonAttentionMetadata(
-        query_start_loc=torch.tensor(starts, dtype=torch.int32),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        num_computed_tokens=torch.tensor([c for c, _ in requests], dtype=torch.int32),
-        block_table=torch.stack(tables).int(),
-        slot_mapping=torch.tensor(slots),
-        num_reqs=len(requests),
-        num_actual_tokens=starts[-1],
-        max_query_len=max(n for _, n in requests),
-        max_seq_len=max(seq_lens),
-    )
-    spec = FullAttentionSpec(
-        block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=DIM, dtype=torch.float32
-    )
-    metadata = PagedAttentionMetadataBuilder(spec, ["attn"], torch.device("cpu")).build(common)
     return cache, metadata, contexts, starts
 
 

@@ -18,22 +18,17 @@ The step's metadata are the reference backend's (`core.attention.paged_metadata`
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core.attention.interface import (
-    AttentionBackend,
-    AttentionCapabilities,
-    AttentionImpl,
-    AttentionMetadataBuilder,
-    AttentionType,
-    MLADims,
-)
+from core.attention.interface import AttentionCapabilities, AttentionImpl, AttentionType, MLADims
 from core.attention.paged_metadata import (
     DecodeBatch,
     PagedAttentionMetadata,
-    PagedAttentionMetadataBuilder,
+    PagedMetadataBackend,
     PrefillChunk,
 )
 
@@ -41,7 +36,17 @@ __all__ = ["TorchRefMLABackend", "TorchRefMLAImpl"]
 
 
 class TorchRefMLAImpl(AttentionImpl):
-    """The reference MLA kernel (the forward contract is written on `MLADims`).
+    """The reference MLA kernel (the forward contract is written on `MLADims`), and the
+    class a kernel plugin subclasses to replace one half.
+
+    `forward` stores the step's latents at `slot_mapping`, then calls `forward_prefill`
+    once per prefill chunk and, with W_UK absorbed into the decode rows' queries,
+    `forward_decode` once for the decode batch, and places their rows in the output. The
+    hooks are the kernel seam, as on `TorchRefImpl`: a subclass overrides either one
+    (cpu_kernels replaces `forward_decode` with a C++ kernel) and inherits the rest; its
+    backend subclasses `TorchRefMLABackend`. Both hooks run with the step's latents
+    already in the cache, read it, write nothing but their result, and return it in the
+    query's dtype.
 
     KV layout (`TorchRefMLABackend.get_kv_cache_shape`): `kv_cache` is
     [num_blocks, block_size, latent_size] in the model's dtype, the latent of the token at
@@ -49,26 +54,16 @@ class TorchRefMLAImpl(AttentionImpl):
     `num_kv_heads` 1; `scale` multiplies q.k over the heads' full keys.
     """
 
-    def __init__(
-        self,
-        num_heads: int,
-        head_size: int,
-        scale: float,
-        num_kv_heads: int,
-        sliding_window: int | None = None,
-        attn_type: AttentionType = AttentionType.DECODER,
-        *,
-        mla: MLADims,
-        kv_b_proj: nn.Module,
-    ) -> None:
-        if num_kv_heads != 1 or head_size != mla.latent_size:
+    def __init__(self, *args: Any, mla: MLADims, kv_b_proj: nn.Module, **kwargs: Any) -> None:
+        """`AttentionImpl`'s arguments, and the layer's sizes and kv_b_proj (`MLADims`)."""
+        super().__init__(*args, **kwargs)
+        if self.num_kv_heads != 1 or self.head_size != mla.latent_size:
             raise ValueError(
-                f"MLA keeps one latent of size {mla.latent_size} per token, got {num_kv_heads}"
-                f" KV heads of size {head_size}"
+                f"MLA keeps one latent of size {mla.latent_size} per token, got "
+                f"{self.num_kv_heads} KV heads of size {self.head_size}"
             )
-        if sliding_window is not None or attn_type is not AttentionType.DECODER:
+        if self.sliding_window is not None or self.attn_type is not AttentionType.DECODER:
             raise ValueError("MLA serves causal decoder attention over the whole context only")
-        super().__init__(num_heads, head_size, scale, num_kv_heads, sliding_window, attn_type)
         self.mla = mla
         self.kv_b_proj = kv_b_proj
 
@@ -90,7 +85,7 @@ class TorchRefMLAImpl(AttentionImpl):
         decode = attn_metadata.decode
         if decode is not None:
             rows = decode.token_index
-            output[rows] = self.forward_decode(query[rows], kv_cache, decode)
+            output[rows] = self._decode_absorbed(query[rows], kv_cache, decode)
         return output
 
     def forward_prefill(
@@ -124,28 +119,44 @@ class TorchRefMLAImpl(AttentionImpl):
         )
         return out[0].transpose(0, 1)
 
-    def forward_decode(
+    def _decode_absorbed(
         self,
         query: torch.Tensor,  # [B, H, Dn + Dr]
         kv_cache: torch.Tensor,  # [num_blocks, block_size, L]
         decode: DecodeBatch,
     ) -> torch.Tensor:  # [B, H, Dv]
-        """Each row's query over its cached latents, with the weights absorbed."""
+        """Each row's query over its cached latents, with the weights absorbed: W_UK
+        folded into the query, `forward_decode` over the latents, W_UV applied after."""
         dims = self.mla
         w_uk, w_uv = self.absorbed_weights()
         q_nope, q_pe = query.split([dims.qk_nope_head_dim, dims.qk_rope_head_dim], dim=-1)
         q_latent = torch.einsum("bhn,hnr->bhr", q_nope, w_uk)  # [B, H, R]
-        q = torch.cat((q_latent, q_pe), dim=-1)  # [B, H, L]
+        out = self.forward_decode(torch.cat((q_latent, q_pe), dim=-1), kv_cache, decode)
+        return torch.einsum("bhr,hvr->bhv", out, w_uv)
+
+    def forward_decode(
+        self,
+        query: torch.Tensor,  # [B, H, L]: [W_UK^T q_nope | q_pe] per head
+        kv_cache: torch.Tensor,  # [num_blocks, block_size, L]
+        decode: DecodeBatch,
+    ) -> torch.Tensor:  # [B, H, R]
+        """The decode hook: row i's heads over its cached latents as one KV head (MQA).
+
+        Head h of row i returns sum_t w_t * c_t[:kv_lora_rank], w = softmax_t(scale *
+        query[i, h] . c_t), over the latents c_t at positions [0, decode.seq_lens[i]),
+        read from `kv_cache` through `decode.block_table[i]` (the row's new latent
+        included). The query is already in latent space, so its dot product with a
+        latent is the head's q.k over its full key; the caller applies W_UV.
+        """
         latents = gather_latents(kv_cache, decode.block_table)  # [B, S, L]
         visible = decode.key_positions < decode.seq_lens[:, None]  # [B, S]
-        out = F.scaled_dot_product_attention(
-            q[:, None],  # [B, 1, H, L]: the heads are the queries of one KV head
+        return F.scaled_dot_product_attention(
+            query[:, None],  # [B, 1, H, L]: the heads are the queries of one KV head
             latents[:, None],  # [B, 1, S, L]
-            latents[:, None, :, : dims.kv_lora_rank],  # [B, 1, S, R]
+            latents[:, None, :, : self.mla.kv_lora_rank],  # [B, 1, S, R]
             attn_mask=visible[:, None, None, :],
             scale=self.scale,
-        )[:, 0]  # [B, H, R]
-        return torch.einsum("bhr,hvr->bhv", out, w_uv)
+        )[:, 0]
 
     def absorbed_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(W_UK [H, Dn, R], W_UV [H, Dv, R]): views of kv_b_proj's current weight."""
@@ -169,7 +180,7 @@ def _write_latents(kv_cache: torch.Tensor, latents: torch.Tensor, slots: torch.T
         kv_cache[slots // block_size, slots % block_size] = latents
 
 
-class TorchRefMLABackend(AttentionBackend):
+class TorchRefMLABackend(PagedMetadataBackend):
     """The reference backend's MLA variant (`TorchRefBackend.mla_backend`)."""
 
     name = "torch_ref_mla"
@@ -180,10 +191,6 @@ class TorchRefMLABackend(AttentionBackend):
     @staticmethod
     def get_impl_cls() -> type[AttentionImpl]:
         return TorchRefMLAImpl
-
-    @staticmethod
-    def get_builder_cls() -> type[AttentionMetadataBuilder]:
-        return PagedAttentionMetadataBuilder
 
     @staticmethod
     def get_kv_cache_shape(

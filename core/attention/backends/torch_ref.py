@@ -18,17 +18,11 @@ import torch
 import torch.nn.functional as F
 
 from core.attention.backends.mla_ref import TorchRefMLABackend
-from core.attention.interface import (
-    AttentionBackend,
-    AttentionCapabilities,
-    AttentionImpl,
-    AttentionMetadataBuilder,
-    AttentionType,
-)
+from core.attention.interface import AttentionCapabilities, AttentionImpl, AttentionType
 from core.attention.paged_metadata import (
     DecodeBatch,
     PagedAttentionMetadata,
-    PagedAttentionMetadataBuilder,
+    PagedMetadataBackend,
     PrefillChunk,
 )
 
@@ -242,7 +236,7 @@ def _write_kv(
         kv_cache[blocks, 1, offsets] = value
 
 
-class TorchRefBackend(AttentionBackend):
+class TorchRefBackend(PagedMetadataBackend):
     """The reference backend; a kernel plugin's backend subclasses it to keep its
     metadata builder and KV layout while `get_impl_cls` returns a TorchRefImpl subclass."""
 
@@ -257,10 +251,6 @@ class TorchRefBackend(AttentionBackend):
     @staticmethod
     def get_impl_cls() -> type[AttentionImpl]:
         return TorchRefImpl
-
-    @staticmethod
-    def get_builder_cls() -> type[AttentionMetadataBuilder]:
-        return PagedAttentionMetadataBuilder
 
     @staticmethod
     def get_kv_cache_shape(

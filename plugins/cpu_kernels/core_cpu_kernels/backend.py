@@ -1,9 +1,10 @@
 """`cpu_paged`: the reference backend with its attention done by C++ kernels.
 
-Both kernels read keys and values straight from the paged cache, where the reference
+The kernels read keys and values straight from the paged cache, where the reference
 gathers each context into a dense copy for SDPA. Decode rows: one pass over each
 sequence's keys. Prefill chunks: a flash-attention kernel that never materializes the
-causal mask the reference builds for a chunk on cached context.
+causal mask the reference builds for a chunk on cached context. Its MLA variant
+(`cpu_paged_mla`) attends decode rows over their cached latents in one pass.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 import torch
 
+from core.attention.backends.mla_ref import TorchRefMLABackend, TorchRefMLAImpl
 from core.attention.backends.torch_ref import TorchRefBackend, TorchRefImpl
 from core.attention.interface import AttentionCapabilities, AttentionImpl, AttentionType
 from core.attention.paged_metadata import DecodeBatch, PrefillChunk
@@ -81,6 +83,35 @@ class CpuPagedImpl(TorchRefImpl):
         return out
 
 
+class CpuPagedMLAImpl(TorchRefMLAImpl):
+    """The reference MLA impl with its `forward_decode` hook done by the C++ kernel: each
+    row's latents read once for all heads, under an online softmax (mla_decode.cpp).
+    Prefill chunks stay on the reference, which decompresses their context."""
+
+    def forward_decode(
+        self,
+        query: torch.Tensor,  # [B, H, L]: absorbed into latent space
+        kv_cache: torch.Tensor,  # [num_blocks, block_size, L]
+        decode: DecodeBatch,
+    ) -> torch.Tensor:  # [B, H, R]
+        query = query.contiguous()
+        out = query.new_empty(*query.shape[:2], self.mla.kv_lora_rank)
+        _C.mla_decode_attention(
+            out, query, kv_cache, decode.block_table, decode.seq_lens, self.scale
+        )
+        return out
+
+
+class CpuPagedMLABackend(TorchRefMLABackend):
+    """`cpu_paged`'s backend for multi-head latent attention layers."""
+
+    name = "cpu_paged_mla"
+
+    @staticmethod
+    def get_impl_cls() -> type[AttentionImpl]:
+        return CpuPagedMLAImpl
+
+
 class CpuPagedBackend(TorchRefBackend):
     name = "cpu_paged"
     capabilities = AttentionCapabilities(
@@ -90,6 +121,7 @@ class CpuPagedBackend(TorchRefBackend):
         # Neither C++ kernel soft-caps scores (the reference's capability is not inherited).
         logits_soft_cap=False,
     )
+    mla_backend = CpuPagedMLABackend  # multi-head latent attention layers
 
     @staticmethod
     def get_impl_cls() -> type[AttentionImpl]:

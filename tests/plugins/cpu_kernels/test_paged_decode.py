@@ -1,4 +1,5 @@
-"""The C++ decode kernel against the reference backend's decode, and its selection."""
+"""The C++ decode kernels (paged attention, multi-head latent attention) against the
+reference backends' decode hooks, and their selection."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ import importlib.metadata as metadata
 
 import pytest
 import torch
+from torch import nn
 
+from core.attention.backends.mla_ref import TorchRefMLAImpl
 from core.attention.backends.torch_ref import TorchRefImpl
-from core.attention.interface import AttentionRequirements
+from core.attention.interface import AttentionRequirements, MLADims
 from core.attention.paged_metadata import DecodeBatch
 from core.attention.selector import select_attention_backend
 from core.kv_cache.layout import KVCacheTensor, create_kv_cache_view
@@ -24,15 +27,20 @@ NUM_BLOCKS, BLOCK_SIZE = 40, 16
 SEQ_LENS = [1, 15, 16, 17, 33, 100, 200]  # block edges, partial blocks, many blocks
 
 
-def paged_cache(dtype: torch.dtype, kv_heads: int, head_size: int, layout: str) -> torch.Tensor:
-    """A random cache; "block_outermost" interleaves two layers so pages are strided."""
-    page = (2, BLOCK_SIZE, kv_heads, head_size)
+def paged_cache(dtype: torch.dtype, page: tuple[int, ...], layout: str) -> torch.Tensor:
+    """A random cache of pages shaped `page`; "block_outermost" interleaves two layers so
+    pages are strided."""
     page_bytes = torch.Size(page).numel() * dtype.itemsize
     tensor = getattr(KVCacheTensor, layout)(("other", "this"), NUM_BLOCKS, page_bytes)
     buffer = torch.zeros(tensor.size, dtype=torch.int8)
     cache = create_kv_cache_view(buffer, tensor, "this", NUM_BLOCKS, page, dtype)
     cache.copy_(torch.randn(cache.shape, generator=torch.Generator().manual_seed(0)))
     return cache
+
+
+def kv_page(kv_heads: int, head_size: int) -> tuple[int, ...]:
+    """The reference's page: K then V of each token of a block."""
+    return (2, BLOCK_SIZE, kv_heads, head_size)
 
 
 def decode_batch(seq_lens: list[int]) -> DecodeBatch:
@@ -54,7 +62,7 @@ def decode_batch(seq_lens: list[int]) -> DecodeBatch:
     [(9, 3, 64, None), (4, 4, 128, None), (8, 2, 16, 20), (6, 1, 80, 5)],
 )
 def test_float32_decode_matches_the_reference(layout, heads, kv_heads, head_size, window):
-    cache = paged_cache(torch.float32, kv_heads, head_size, layout)
+    cache = paged_cache(torch.float32, kv_page(kv_heads, head_size), layout)
     batch = decode_batch(SEQ_LENS)
     q = torch.randn(len(SEQ_LENS), heads, head_size, generator=torch.Generator().manual_seed(2))
     args = (heads, head_size, head_size**-0.5, kv_heads, window)
@@ -83,7 +91,7 @@ def test_half_precision_decode_matches_the_reference_in_float32(
     # Head sizes below, at and between whole vectors of bf16 pairs (AVX512_BF16's 32); GQA
     # groups smaller and larger than the query heads the bf16 kernel sums in one pass over
     # the values (6 at D 64, 1 at D 256), and windows that start inside a tile of 16 keys.
-    cache = paged_cache(dtype, kv_heads, head_size, layout)
+    cache = paged_cache(dtype, kv_page(kv_heads, head_size), layout)
     batch = decode_batch(SEQ_LENS)
     shape = (len(SEQ_LENS), heads, head_size)
     q = torch.randn(shape, generator=torch.Generator().manual_seed(2)).to(dtype)
@@ -97,13 +105,71 @@ def test_half_precision_decode_matches_the_reference_in_float32(
 
 
 def test_bad_inputs_are_refused_with_the_reason():
-    cache = paged_cache(torch.float32, 3, 64, "layer_outermost")
+    cache = paged_cache(torch.float32, kv_page(3, 64), "layer_outermost")
     batch = decode_batch([5, 6])
     impl = backend.CpuPagedImpl(9, 64, 0.125, 3)
     with pytest.raises(RuntimeError, match="kv_cache dtype must match query"):
         impl.forward_decode(torch.randn(2, 9, 64, dtype=torch.bfloat16), cache, batch)
     with pytest.raises(RuntimeError, match="head sizes of query and kv_cache differ"):
         impl.forward_decode(torch.randn(2, 9, 32), cache, batch)
+
+
+# DeepSeek-V2's latent (512 + 64), the tiny test models' (16 + 8), and sizes that are not
+# whole vectors of 8 lanes (rank 12, latent 18).
+MLA_SIZES = {
+    "deepseek_v2": MLADims(kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+                           v_head_dim=128),
+    "tiny": MLADims(kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12),
+    "odd": MLADims(kv_lora_rank=12, qk_nope_head_dim=4, qk_rope_head_dim=6, v_head_dim=4),
+}  # fmt: skip
+
+
+def mla_decode(
+    kernel: bool, dims: MLADims, query: torch.Tensor, cache: torch.Tensor, batch: DecodeBatch
+) -> torch.Tensor:  # query [B, H, L] (absorbed) -> [B, H, R]
+    """The decode hook of the C++ impl (kernel) or of the reference, at DeepSeek's scale."""
+    heads = query.shape[1]
+    # The decode hook attends over latents only: kv_b_proj is never called.
+    kv_b_proj = nn.Linear(dims.kv_lora_rank, heads * (dims.qk_nope_head_dim + dims.v_head_dim))
+    scale = (dims.qk_nope_head_dim + dims.qk_rope_head_dim) ** -0.5
+    cls = backend.CpuPagedMLAImpl if kernel else TorchRefMLAImpl
+    impl = cls(heads, dims.latent_size, scale, 1, mla=dims, kv_b_proj=kv_b_proj)
+    return impl.forward_decode(query, cache, batch)
+
+
+@pytest.mark.parametrize("layout", ["layer_outermost", "block_outermost"])
+@pytest.mark.parametrize("heads", [1, 16])
+@pytest.mark.parametrize("size", sorted(MLA_SIZES))
+def test_float32_mla_decode_matches_the_reference(layout, heads, size):
+    dims = MLA_SIZES[size]
+    cache = paged_cache(torch.float32, (BLOCK_SIZE, dims.latent_size), layout)
+    batch = decode_batch(SEQ_LENS)
+    shape = (len(SEQ_LENS), heads, dims.latent_size)
+    q = torch.randn(shape, generator=torch.Generator().manual_seed(2))
+
+    got = mla_decode(True, dims, q, cache, batch)
+
+    assert got.shape == (len(SEQ_LENS), heads, dims.kv_lora_rank)
+    expected = mla_decode(False, dims, q, cache, batch)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("heads", "size"), [(16, "deepseek_v2"), (1, "tiny"), (16, "odd")])
+def test_half_precision_mla_decode_matches_the_reference_in_float32(dtype, heads, size):
+    dims = MLA_SIZES[size]
+    cache = paged_cache(dtype, (BLOCK_SIZE, dims.latent_size), "layer_outermost")
+    batch = decode_batch(SEQ_LENS)
+    shape = (len(SEQ_LENS), heads, dims.latent_size)
+    q = torch.randn(shape, generator=torch.Generator().manual_seed(2)).to(dtype)
+
+    got = mla_decode(True, dims, q, cache, batch)
+
+    assert got.dtype == dtype
+    # The kernel accumulates in float32, so compare with the reference run in float32.
+    expected = mla_decode(False, dims, q.float(), cache.float(), batch)
+    tolerance = 2 * torch.finfo(dtype).eps
+    torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
 
 
 def requirements(head_size: int) -> AttentionRequirements:
@@ -120,6 +186,10 @@ def test_the_cpu_platform_prefers_the_kernel_when_installed():
     choice = select_attention_backend(CpuPlatform(), requirements(48), registry=registry)
     assert choice.name == "torch_ref"
     assert "head size 48" in choice.rejected["cpu_paged"]
+    # Multi-head latent attention layers get the family's MLA backend, at any latent size.
+    mla = AttentionRequirements(torch.float32, head_size=24, block_size=16, use_mla=True)
+    choice = select_attention_backend(CpuPlatform(), mla, registry=registry)
+    assert (choice.name, choice.backend) == ("cpu_paged", backend.CpuPagedMLABackend)
 
 
 def test_without_the_plugin_the_cpu_platform_falls_back_to_the_reference():

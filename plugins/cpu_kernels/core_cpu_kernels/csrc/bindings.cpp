@@ -7,6 +7,8 @@
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention,
         "Decode attention over a paged KV cache (writes into out)");
+  m.def("mla_decode_attention", &mla_decode_attention,
+        "Multi-head latent attention decode over a paged latent cache (writes into out)");
   m.def("paged_prefill_attention", &paged_prefill_attention,
         "Causal prefill attention of chunks over a paged KV cache (writes into out)");
   m.def("rms_norm", &rms_norm, "core::rms_norm on contiguous-row CPU tensors");

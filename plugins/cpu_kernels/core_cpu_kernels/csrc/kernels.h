@@ -14,6 +14,11 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor query, torch::Tenso
                             torch::Tensor block_table, torch::Tensor seq_lens, double scale,
                             int64_t sliding_window);
 
+// Multi-head latent attention decode over a paged latent cache (contract in
+// mla_decode.cpp); writes into out.
+void mla_decode_attention(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache,
+                          torch::Tensor block_table, torch::Tensor seq_lens, double scale);
+
 // Causal prefill attention of one or more chunks straight from the paged KV cache (contract
 // in paged_prefill.cpp); writes into out.
 void paged_prefill_attention(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache,

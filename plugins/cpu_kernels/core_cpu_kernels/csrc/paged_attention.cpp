@@ -9,16 +9,16 @@
 // re-reading a value from cache per query head, whose sums stay in registers.
 
 #include <torch/types.h>
-#include <ATen/Parallel.h>
 
 #include "cpu_utils.h"
 #include "fast_exp.h"
+#include "float8.h"
 #include "head_sizes.h"
 #include "isa_registry.h"
 #include "kernels.h"
+#include "paged_rows.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -28,41 +28,20 @@
 
 namespace {
 
+using core_cpu::CacheStrides;
 using core_cpu::exp_nonpositive;
+using core_cpu::F8;
+using core_cpu::kLanes;
+using core_cpu::lane_sum;
+using core_cpu::load8;
+using core_cpu::Task;
 using core_cpu::to_float;
-
-struct CacheStrides {
-  int64_t block, kv, token, head;  // in elements; the head dimension is contiguous
-};
-
-struct Task {
-  const int64_t* blocks;  // this sequence's block table row
-  int64_t seq_len;        // keys [start, seq_len) are visible
-  int64_t start;
-};
+using core_cpu::token_rows;
 
 // Per-sequence shape: query head h uses KV head h / group (GQA groups are adjacent).
 struct Heads {
   int64_t num_kv_heads, group;
 };
-
-// rows[i] = the K (kv = 0) or V (kv = 1) row of KV head 0 of visible token i (position
-// start + i). Walking block by block keeps the division by block_size out of the
-// per-token loop; the compute loops then index rows alone.
-template <typename T>
-void token_rows(const T* cache, const CacheStrides& s, const Task& t, int64_t block_size,
-                int64_t kv, std::vector<const T*>& rows) {
-  rows.clear();
-  for (int64_t pos = t.start; pos < t.seq_len;) {
-    const int64_t offset = pos % block_size;
-    const int64_t in_block = block_size - offset, left = t.seq_len - pos;
-    const int64_t count = in_block < left ? in_block : left;
-    const T* row = cache + t.blocks[pos / block_size] * s.block + kv * s.kv +
-                   offset * s.token;
-    for (int64_t j = 0; j < count; ++j, row += s.token) rows.push_back(row);
-    pos += count;
-  }
-}
 
 // A row of D values as float32: the row itself, or its conversion in `buffer`.
 template <int64_t D, typename T>
@@ -73,27 +52,6 @@ CORE_INLINE const float* as_floats(const T* row, float* buffer) {
     for (int64_t d = 0; d < D; ++d) buffer[d] = to_float(row[d]);
     return buffer;
   }
-}
-
-// Eight float32 lanes as a GCC vector: each clone of a kernel below compiles its
-// arithmetic for its own ISA (one ymm register on x86-64-v3), where auto-vectorization
-// left these loops scalar (GCC jams the loop over tokens into the one over d, then gives
-// up on it). Every supported head size is a multiple of 8. The helpers always inline, so
-// the baseline clone's ABI for passing a 32-byte vector (GCC's -Wpsabi note) never applies.
-#pragma GCC diagnostic ignored "-Wpsabi"
-using F8 = float __attribute__((vector_size(32)));
-constexpr int64_t kLanes = 8;
-
-CORE_INLINE F8 load8(const float* p) {
-  F8 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-CORE_INLINE float lane_sum(F8 v) {
-  float sum = 0.f;
-  for (int64_t l = 0; l < kLanes; ++l) sum += v[l];
-  return sum;
 }
 
 // The passes over keys and values ask for the row this many tokens ahead: the rows of a
@@ -407,15 +365,10 @@ void decode(torch::Tensor& out, const torch::Tensor& query, const torch::Tensor&
   const int64_t* lens = seq_lens.data_ptr<int64_t>();
   const int64_t table_stride = block_table.stride(0);
 
-  // Sequences are handed out one at a time as threads free up: contexts differ in length
-  // (a batch mixes new and old requests), and an even split of the count left one thread
-  // idle at the end while the other finished the longer half.
-  std::atomic<int64_t> next_seq{0};
-  const int64_t num_workers = std::min<int64_t>(at::get_num_threads(), num_seqs);
-  at::parallel_for(0, num_workers, 1, [&](int64_t, int64_t) {
+  core_cpu::for_each_sequence(num_seqs, [&](auto next_seq) {
     std::vector<float> q(num_heads * D), acc(num_heads * D), scores;
     std::vector<const T*> keys, values;
-    for (int64_t seq = next_seq++; seq < num_seqs; seq = next_seq++) {
+    for (int64_t seq = next_seq(); seq < num_seqs; seq = next_seq()) {
       const int64_t len = lens[seq];
       const int64_t start = sliding_window > 0 ? std::max<int64_t>(0, len - sliding_window) : 0;
       const Task task{table + seq * table_stride, len, start};
@@ -463,12 +416,7 @@ void check_inputs(const torch::Tensor& out, const torch::Tensor& query,
   TORCH_CHECK(kv_cache.scalar_type() == query.scalar_type(), "kv_cache dtype must match query");
   TORCH_CHECK(kv_cache.size(4) == query.size(2), "head sizes of query and kv_cache differ");
   TORCH_CHECK(query.size(1) % kv_cache.size(3) == 0, "query heads must be a multiple of KV heads");
-  TORCH_CHECK(block_table.dim() == 2 && block_table.size(0) == query.size(0) &&
-                  block_table.scalar_type() == torch::kInt64 && block_table.stride(1) == 1,
-              "block_table must be int64 [B, max_blocks] with contiguous rows");
-  TORCH_CHECK(seq_lens.dim() == 1 && seq_lens.size(0) == query.size(0) &&
-                  seq_lens.scalar_type() == torch::kInt64 && seq_lens.is_contiguous(),
-              "seq_lens must be contiguous int64 [B]");
+  core_cpu::check_block_table(block_table, seq_lens, query.size(0));
   TORCH_CHECK(query.device().is_cpu() && kv_cache.device().is_cpu(), "CPU tensors only");
 }
 
