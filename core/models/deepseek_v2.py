@@ -22,6 +22,7 @@ times routed_scaling_factor) plus ungated shared experts that every token goes t
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from functools import partial
 from typing import ClassVar
 
 import torch
@@ -42,7 +43,7 @@ from core.models.layers import (
 )
 from core.models.layers.fused_moe import FusedMoE
 from core.models.layers.rotary_embedding import yarn_softmax_scale_factor
-from core.models.llama import DecoderOptions, LlamaMLP
+from core.models.llama import DecoderLayer, DecoderOptions, LlamaMLP, check_hidden_act
 from core.models.qwen_moe import GATED_EXPERTS
 from core.quantization.interface import QuantizationConfig
 
@@ -139,46 +140,6 @@ class DeepseekV2MoE(FusedMoE):
         return out if self.shared_experts is None else out + self.shared_experts(x)
 
 
-class DeepseekV2DecoderLayer(nn.Module):
-    """A pre-norm layer carrying the residual stream as the Llama decoder does: it returns
-    its MLP output and the stream before it, which the next norm adds (fused)."""
-
-    def __init__(
-        self,
-        config: ArchConfig,
-        layer_idx: int,
-        rotary_emb: RotaryEmbedding,
-        prefix: str,
-        dtype: torch.dtype,
-    ) -> None:
-        super().__init__()
-        eps = config.rms_norm_eps
-        self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype)
-        self.self_attn = DeepseekV2Attention(
-            config, config.mla, rotary_emb, f"{prefix}.self_attn", dtype
-        )
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype)
-        if config.moe is not None and config.moe.is_sparse(layer_idx):
-            self.mlp: nn.Module = DeepseekV2MoE(config, f"{prefix}.mlp", dtype)
-        else:
-            options = DecoderOptions(mlp_bias=config.mlp_bias)
-            self.mlp = LlamaMLP(config, options, None, f"{prefix}.mlp", dtype)
-
-    def forward(
-        self,
-        positions: torch.Tensor,  # [T] int64
-        hidden: torch.Tensor,  # [T, hidden]
-        residual: torch.Tensor | None,  # None: `hidden` is the whole stream
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # (MLP output, residual before it)
-        if residual is None:
-            residual, hidden = hidden, self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
-
-
 class DeepseekV2Model(nn.Module):
     """Embedding, decoder layers and final norm: token ids to last hidden states."""
 
@@ -194,7 +155,7 @@ class DeepseekV2Model(nn.Module):
             config.rope_scaling,
         )  # fmt: skip
         self.layers = nn.ModuleList(
-            DeepseekV2DecoderLayer(config, i, self.rotary_emb, f"{prefix}.layers.{i}", dtype)
+            _decoder_layer(config, i, self.rotary_emb, f"{prefix}.layers.{i}", dtype)
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
@@ -270,6 +231,21 @@ class DeepseekV2ForCausalLM(nn.Module):
         return self.config.tie_word_embeddings and hf_name == "lm_head.weight"
 
 
+def _decoder_layer(
+    config: ArchConfig, layer_idx: int, rotary_emb: RotaryEmbedding, prefix: str, dtype: torch.dtype
+) -> DecoderLayer:
+    """Layer `layer_idx`: MLA, then its experts where the config makes it sparse, else the
+    dense gated MLP; pre-norm on the Llama decoder's residual stream."""
+    self_attn = DeepseekV2Attention(config, config.mla, rotary_emb, f"{prefix}.self_attn", dtype)
+    if config.moe is not None and config.moe.is_sparse(layer_idx):
+        mlp: nn.Module = DeepseekV2MoE(config, f"{prefix}.mlp", dtype)
+    else:
+        options = DecoderOptions(mlp_bias=config.mlp_bias)
+        mlp = LlamaMLP(config, options, None, f"{prefix}.mlp", dtype)
+    norm = partial(RMSNorm, config.hidden_size, config.rms_norm_eps, dtype)
+    return DecoderLayer(self_attn, mlp, norm)
+
+
 def deinterleave_rotary_rows(weight: torch.Tensor, block: int, rotary: int) -> torch.Tensor:
     """`weight` (rows [N * block, ...]) with the last `rotary` rows of each block reordered
     from interleaved pairs (x0, x1), (x2, x3)... to x0, x2, ..., x1, x3, ... (the pairs
@@ -285,9 +261,7 @@ def _check_supported(config: ArchConfig, quant_config: QuantizationConfig | None
     """ValueError naming what this implementation does not support."""
     if config.mla is None:
         raise ValueError("DeepseekV2ForCausalLM needs 'kv_lora_rank' (latent attention)")
-    if config.hidden_act != "silu":
-        raise ValueError(f"config 'hidden_act' {config.hidden_act!r} is not supported by "
-                         "DeepseekV2ForCausalLM (only 'silu')")  # fmt: skip
+    check_hidden_act(config, "silu", "DeepseekV2ForCausalLM")
     if quant_config is not None:
         raise ValueError(f"DeepseekV2ForCausalLM: quantization {quant_config.name!r} is not "
                          "supported yet; load the unquantized checkpoint")  # fmt: skip

@@ -1,5 +1,5 @@
-"""The Llama-family decoder, shared by Llama, Mistral, Qwen2, Qwen3 and the mixtures of
-experts built on it (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE).
+"""The Llama-family decoder, shared by Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2 and 3
+and the mixtures of experts built on it (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE).
 
 One implementation, parameterized by the ArchConfig and a few per-architecture switches
 (`DecoderOptions`); the other architectures are subclasses that only choose switches.
@@ -9,8 +9,9 @@ attention layers find how they split into requests in the forward context.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import ClassVar
 
 import torch
@@ -18,15 +19,17 @@ from torch import nn
 
 from core.attention.layer import Attention
 from core.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_world_size
-from core.models.arch_config import ArchConfig
+from core.models.arch_config import SLIDING_ATTENTION, ArchConfig, MoEConfig
 from core.models.hf_weights import ExpertParam, StackedParam, load_hf_weights
 from core.models.layers import (
+    GeluTanhAndMul,
     LMHead,
     MergedLinear,
     QKVLinear,
     RMSNorm,
     RotaryEmbedding,
     RowParallelLinear,
+    ScaledVocabEmbedding,
     SiluAndMul,
     TiedLMHead,
     VocabEmbedding,
@@ -43,6 +46,11 @@ _STACKED_PARAMS = (
     StackedParam("gate_up_proj", "gate_proj", 0),
     StackedParam("gate_up_proj", "up_proj", 1),
 )
+# The gated MLP's activation module for each config `hidden_act` a decoder may apply.
+_GATED_ACTIVATIONS: dict[str, type[nn.Module]] = {
+    "silu": SiluAndMul,
+    "gelu_pytorch_tanh": GeluTanhAndMul,
+}
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,15 @@ class DecoderOptions:
     # The config's sparse layers are mixtures of experts; renormalize their top-k weights.
     moe: bool = False
     moe_renormalize: bool = False
+    # Gemma's switches (core.models.gemma2).
+    hidden_act: str = "silu"  # the gated MLP's activation, the one the config must name
+    norm: type[RMSNorm] = RMSNorm  # the class of every norm (Gemma: GemmaRMSNorm, 1 + w)
+    sandwich_norms: bool = False  # normalize the attention and MLP outputs too
+    scale_embedding: bool = False  # embedding rows times sqrt(hidden_size)
+    query_pre_attn_scalar: bool = False  # scale scores by the config's scalar ** -0.5
+    soft_cap: bool = False  # soft-cap attention scores at the config's attn_logit_softcapping
+    # The unscaled RoPE base of a table of the sliding layers' own (None: they share it).
+    local_rope_theta: float | None = None
 
 
 class LlamaMLP(nn.Module):
@@ -77,7 +94,7 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = MergedLinear(
             hidden, [inter, inter], options.mlp_bias, quant_config, f"{prefix}.gate_up_proj", dtype
         )
-        self.act_fn = SiluAndMul()
+        self.act_fn = _GATED_ACTIVATIONS[options.hidden_act]()
         self.down_proj = RowParallelLinear(
             inter, hidden, options.mlp_bias, quant_config, f"{prefix}.down_proj", dtype
         )
@@ -126,15 +143,17 @@ class LlamaAttention(nn.Module):
         self.k_norm = _qk_norm(config, options, config.num_key_value_heads, dtype)
         self.norm_across_heads = options.qk_norm_across_heads
         self.clip_qkv = config.clip_qkv if options.clip_qkv else None
-        self.rotary_emb = rotary_emb  # the model's one table, shared by every layer
+        self.rotary_emb = rotary_emb  # the model's table of this layer's type, shared
         window = config.layer_sliding_window(layer_idx) if options.sliding_window else None
+        scalar = config.query_pre_attn_scalar if options.query_pre_attn_scalar else None
         self.attn = Attention(
             layer_name=f"{prefix}.attn",
             num_heads=self.num_heads,
             head_size=self.head_dim,
-            scale=self.head_dim**-0.5,
+            scale=(scalar or self.head_dim) ** -0.5,
             num_kv_heads=self.num_kv_heads,
             sliding_window=window,
+            logits_soft_cap=config.attn_logit_softcapping if options.soft_cap else None,
         )
 
     def forward(
@@ -162,33 +181,37 @@ class LlamaAttention(nn.Module):
         return self.o_proj(out)
 
 
-class LlamaDecoderLayer(nn.Module):
-    """One pre-norm decoder layer that carries the residual stream the vLLM way.
+class DecoderLayer(nn.Module):
+    """One pre-norm decoder layer around its attention and MLP, carrying the residual
+    stream the vLLM way.
 
     The layer returns its MLP output and the residual stream *before* that output is
     added: the next layer's input norm adds them in the same pass that normalizes the
     sum (`core::fused_add_rms_norm`), and the model's final norm does the last add. The
     sums are the unfused layer's, in the same order, so the outputs are unchanged.
+
+    With `sandwich_norms` (Gemma) the attention and MLP outputs are normalized too: then
+    `post_attention_layernorm` (transformers' name) normalizes the attention output alone
+    and `pre_feedforward_layernorm` adds the stream, so h + post_norm(attn(pre_norm(h)))
+    is summed exactly where transformers sums it.
     """
 
     def __init__(
         self,
-        config: ArchConfig,
-        options: DecoderOptions,
-        layer_idx: int,
-        rotary_emb: RotaryEmbedding,
-        quant_config: QuantizationConfig | None,
-        prefix: str,
-        dtype: torch.dtype,
+        self_attn: nn.Module,  # (positions [T], hidden [T, hidden]) -> [T, hidden]
+        mlp: nn.Module,  # [T, hidden] -> [T, hidden]
+        norm: Callable[[], RMSNorm],  # a new norm of the hidden size
+        sandwich_norms: bool = False,
     ) -> None:
         super().__init__()
-        eps = config.rms_norm_eps
-        self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype)
-        self.self_attn = LlamaAttention(
-            config, options, layer_idx, rotary_emb, quant_config, f"{prefix}.self_attn", dtype
-        )
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype)
-        self.mlp = _mlp(config, options, layer_idx, quant_config, f"{prefix}.mlp", dtype)
+        self.input_layernorm = norm()
+        self.self_attn = self_attn
+        self.post_attention_layernorm = norm()
+        self.mlp = mlp
+        self.sandwich_norms = sandwich_norms
+        if sandwich_norms:
+            self.pre_feedforward_layernorm = norm()
+            self.post_feedforward_layernorm = norm()
 
     def forward(
         self,
@@ -201,8 +224,12 @@ class LlamaDecoderLayer(nn.Module):
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
         hidden = self.self_attn(positions, hidden)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        if not self.sandwich_norms:
+            hidden, residual = self.post_attention_layernorm(hidden, residual)
+            return self.mlp(hidden), residual
+        hidden = self.post_attention_layernorm(hidden)
+        hidden, residual = self.pre_feedforward_layernorm(hidden, residual)
+        return self.post_feedforward_layernorm(self.mlp(hidden)), residual
 
 
 class LlamaModel(nn.Module):
@@ -228,34 +255,58 @@ class LlamaModel(nn.Module):
             config.num_hidden_layers, pp.rank_in_group, pp.world_size
         )
         needs_embedding = self.is_first_stage or (self.is_last_stage and config.tie_word_embeddings)
+        embedding = ScaledVocabEmbedding if options.scale_embedding else VocabEmbedding
         self.embed_tokens = (
-            VocabEmbedding(
+            embedding(
                 config.vocab_size, config.hidden_size, dtype, quant_config, f"{prefix}.embed_tokens"
             )
             if needs_embedding
             else MissingLayer()
         )
-        # One table for all layers: it is indexed by position only.
-        self.rotary_emb = RotaryEmbedding(
-            config.head_dim,
-            config.max_position_embeddings,
-            config.rope_theta,
-            config.rope_scaling,
-            config.rotary_dim,
-        )
+        # One table for all layers (it is indexed by position only), or for all but the
+        # sliding ones where they have a base of their own.
+        rotary_emb = partial(RotaryEmbedding, config.head_dim, config.max_position_embeddings)
+        self.rotary_emb = rotary_emb(config.rope_theta, config.rope_scaling, config.rotary_dim)
+        if options.local_rope_theta is not None:
+            self.local_rotary_emb = rotary_emb(options.local_rope_theta, None, config.rotary_dim)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(
-                config, options, i, self.rotary_emb, quant_config, f"{prefix}.layers.{i}", dtype
-            )
+            self._layer(config, options, i, quant_config, f"{prefix}.layers.{i}", dtype)
             if self.start <= i < self.end
             else MissingLayer()
             for i in range(config.num_hidden_layers)
         )
         self.norm = (
-            RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+            options.norm(config.hidden_size, config.rms_norm_eps, dtype)
             if self.is_last_stage
             else MissingLayer()
         )
+
+    def _layer(
+        self,
+        config: ArchConfig,
+        options: DecoderOptions,
+        layer_idx: int,
+        quant_config: QuantizationConfig | None,
+        prefix: str,
+        dtype: torch.dtype,
+    ) -> DecoderLayer:
+        """Decoder layer `layer_idx`: rotated by the sliding layers' own table where they
+        have one, else by the model's; its MLP the experts where the architecture and config
+        make it sparse, else the dense gated MLP."""
+        rotary_emb = self.rotary_emb
+        if options.local_rope_theta is not None:
+            sliding = config.layer_types[layer_idx] == SLIDING_ATTENTION
+            rotary_emb = self.local_rotary_emb if sliding else rotary_emb
+        self_attn = LlamaAttention(
+            config, options, layer_idx, rotary_emb, quant_config, f"{prefix}.self_attn", dtype
+        )
+        moe = config.moe
+        if options.moe and moe is not None and moe.is_sparse(layer_idx):
+            mlp: nn.Module = _experts(config, moe, options, quant_config, f"{prefix}.mlp", dtype)
+        else:
+            mlp = LlamaMLP(config, options, quant_config, f"{prefix}.mlp", dtype)
+        norm = partial(options.norm, config.hidden_size, config.rms_norm_eps, dtype)
+        return DecoderLayer(self_attn, mlp, norm, options.sandwich_norms)
 
     def forward(
         self,
@@ -308,6 +359,7 @@ class LlamaForCausalLM(nn.Module):
     stacked_params: ClassVar[tuple[StackedParam, ...]] = _STACKED_PARAMS
     expert_params: ClassVar[tuple[ExpertParam, ...]] = ()  # a mixture of experts' names
     has_lm_head: ClassVar[bool] = True
+    hidden_act_key: ClassVar[str] = "hidden_act"  # the config's name for the activation
 
     @classmethod
     def decoder_options(cls, config: ArchConfig) -> DecoderOptions:
@@ -322,13 +374,9 @@ class LlamaForCausalLM(nn.Module):
         dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
-        if config.hidden_act != "silu":  # the gated MLP is SiLU's (SiluAndMul)
-            raise ValueError(
-                f"config 'hidden_act' {config.hidden_act!r} is not supported by "
-                f"{type(self).__name__} (only 'silu')"
-            )
-        self.config = config
         options = self.decoder_options(config)
+        self.check_supported(config, options)
+        self.config = config
         self.model = LlamaModel(config, options, quant_config, "model", dtype)
         if not self.model.is_last_stage or not self.has_lm_head:
             self.lm_head: nn.Module = MissingLayer()
@@ -338,6 +386,12 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = LMHead(
                 config.vocab_size, config.hidden_size, dtype, quant_config, "lm_head"
             )
+
+    @classmethod
+    def check_supported(cls, config: ArchConfig, options: DecoderOptions) -> None:
+        """ValueError naming what of `config` (or of this run's parallelism) the
+        architecture does not support."""
+        check_hidden_act(config, options.hidden_act, cls.__name__, cls.hidden_act_key)
 
     def forward(
         self,
@@ -381,31 +435,37 @@ class LlamaForCausalLM(nn.Module):
         return isinstance(module, MissingLayer)
 
 
+def check_hidden_act(
+    config: ArchConfig, supported: str, model: str, key: str = "hidden_act"
+) -> None:
+    """ValueError unless the config's MLP activation is `supported`, the one the gated MLP
+    of `model` applies (`key`: what the config calls it)."""
+    if config.hidden_act != supported:
+        problem = f"config {key!r} {config.hidden_act!r} is not supported by {model}"
+        raise ValueError(f"{problem} (only {supported!r})")
+
+
 def _qk_norm(
     config: ArchConfig, options: DecoderOptions, num_heads: int, dtype: torch.dtype
 ) -> nn.Module:
     """The RMSNorm of queries or keys (of `num_heads` heads) where the architecture has
     one, per head or across them; else identity."""
     if options.qk_norm_across_heads:
-        return RMSNorm(num_heads * config.head_dim, config.rms_norm_eps, dtype)
+        return options.norm(num_heads * config.head_dim, config.rms_norm_eps, dtype)
     if options.qk_norm:
-        return RMSNorm(config.head_dim, config.rms_norm_eps, dtype)
+        return options.norm(config.head_dim, config.rms_norm_eps, dtype)
     return nn.Identity()
 
 
-def _mlp(
+def _experts(
     config: ArchConfig,
+    moe: MoEConfig,
     options: DecoderOptions,
-    layer_idx: int,
     quant_config: QuantizationConfig | None,
     prefix: str,
     dtype: torch.dtype,
-) -> nn.Module:
-    """Layer `layer_idx`'s MLP: its experts where the architecture and config make it
-    sparse, else the dense gated MLP."""
-    moe = config.moe
-    if not options.moe or moe is None or not moe.is_sparse(layer_idx):
-        return LlamaMLP(config, options, quant_config, prefix, dtype)
+) -> FusedMoE:
+    """A sparse layer's mixture of experts, with the config's shared expert if any."""
     if quant_config is not None:
         raise ValueError(
             f"{prefix}: quantized experts are not supported yet (quantization "

@@ -6,14 +6,11 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import torch
-
 from core.distributed.parallel_state import get_tensor_model_parallel_world_size
 from core.models.arch_config import ArchConfig
 from core.models.hf_weights import ExpertParam
 from core.models.llama import DecoderOptions, LlamaForCausalLM
 from core.models.qwen_moe import GATED_EXPERTS, with_experts
-from core.quantization.interface import QuantizationConfig
 
 
 class OlmoeForCausalLM(LlamaForCausalLM):
@@ -27,12 +24,9 @@ class OlmoeForCausalLM(LlamaForCausalLM):
         )
         return with_experts(options, config)
 
-    def __init__(
-        self,
-        config: ArchConfig,
-        quant_config: QuantizationConfig | None = None,
-        dtype: torch.dtype = torch.float32,
-    ) -> None:
+    @classmethod
+    def check_supported(cls, config: ArchConfig, options: DecoderOptions) -> None:
+        super().check_supported(config, options)
         tp_size = get_tensor_model_parallel_world_size()
         if tp_size > 1:
             # The norms' statistic spans every head: ranks would need to gather them.
@@ -40,4 +34,3 @@ class OlmoeForCausalLM(LlamaForCausalLM):
                 f"--tensor-parallel-size {tp_size}: OLMoE runs on one tensor-parallel rank "
                 "for now (its query/key norms span all heads)"
             )
-        super().__init__(config, quant_config, dtype)

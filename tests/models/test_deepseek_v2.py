@@ -1,9 +1,12 @@
 """DeepSeek-V2 against transformers, float32: logits at every position through the paged
 reference backends (prompt chunks over cached latents, then decodes), and greedy tokens
 through the engine (chunked prefill, prefix hits, preemption) with a KV cache of one
-latent per token; its routing and configuration on their own."""
+latent per token, on the reference MLA backend and on core-cpu-kernels' (its C++ decode
+kernel); its routing and configuration on their own."""
 
 from __future__ import annotations
+
+import importlib.util
 
 import pytest
 import torch
@@ -15,10 +18,9 @@ from deepseek_checkpoints import (
     QK_ROPE_HEAD_DIM,
     random_deepseek,
 )
+from engine_parity import BLOCK_SIZE, SHARED, WORDS, assert_greedy_parity
 from model_harness import assert_logits_match
-from tiny_engine_checkpoint import greedy_reference
 
-from core import LLM, SamplingParams
 from core.kv_cache.spec import MLAAttentionSpec
 from core.model_loader.safetensors_loader import load_safetensors_checkpoint
 from core.models import ArchConfig
@@ -26,7 +28,7 @@ from core.models.arch_config import MoEConfig
 from core.models.deepseek_v2 import DeepseekV2ForCausalLM
 from core.models.layers.fused_moe import select_experts
 from core.testing.test_model import run_paged
-from core.testing.tiny_checkpoint import VOCAB, write_tiny_checkpoint
+from core.testing.tiny_checkpoint import VOCAB
 
 LATENT = KV_LORA_RANK + QK_ROPE_HEAD_DIM
 
@@ -52,8 +54,6 @@ def test_logits_match_transformers_at_every_position(variant, tmp_path):
         assert_logits_match(got, hf_model(input_ids[None]).logits[0])
 
 
-WORDS = [VOCAB[f"w{i}"] for i in range(45)]
-SHARED = [WORDS[(7 * j + 3) % 45] for j in range(12)]  # three blocks of 4
 PROMPTS = [
     SHARED + [WORDS[5], WORDS[9]],
     [WORDS[(3 * j) % 45] for j in range(19)],
@@ -62,37 +62,40 @@ PROMPTS = [
     [WORDS[1], WORDS[2], WORDS[3]],
 ]
 MAX_TOKENS = 8
-BLOCK_SIZE, KV_CACHE_BYTES = 4, 12 * 1024  # 16 blocks of one latent per token and layer
+KV_CACHE_BYTES = 12 * 1024  # 16 blocks of one latent per token and layer
+# The cache's blocks hold fewer than the batch needs, so requests are preempted.
+ENGINE = dict(max_model_len=48, kv_cache_memory="12KiB")  # KV_CACHE_BYTES
 
 
+# Forced, cpu_paged serves these layers through its MLA backend or not at all (the
+# selector raises): its parity is its C++ decode kernel's.
+ATTENTION_BACKENDS = [
+    "torch_ref",
+    pytest.param(
+        "cpu_paged",
+        marks=pytest.mark.skipif(
+            importlib.util.find_spec("core_cpu_kernels") is None,
+            reason="core-cpu-kernels is not installed (optional plugin)",
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize("attention_backend", ATTENTION_BACKENDS)
 @pytest.mark.parametrize("variant", DEEPSEEK_VARIANTS)
 def test_greedy_tokens_equal_transformers_through_chunks_prefix_hits_and_preemption(
-    variant, tmp_path
+    variant, attention_backend, tmp_path
 ):
     hf_model = random_deepseek(variant)
-    write_tiny_checkpoint(tmp_path, hf_model)
-    # An 8-token step budget prefills the longer prompts in chunks beside decodes; the
-    # cache's blocks hold fewer than the batch needs, so requests are preempted.
-    llm = LLM(str(tmp_path), dtype="float32", max_model_len=48, block_size=BLOCK_SIZE,
-              kv_cache_memory="12KiB", max_num_batched_tokens=8)  # fmt: skip
-    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    try:
-        specs = [manager.spec for manager in llm.engine.core.scheduler.kv.coordinator.managers]
-        num_blocks = llm.engine.core.num_gpu_blocks
-        first = llm.generate([PROMPTS[0]], greedy, use_tqdm=False)  # caches the shared prefix
-        outputs = llm.generate(PROMPTS[1:], greedy, use_tqdm=False)
-        num_preemptions = llm.engine.core.scheduler.num_preemptions
-    finally:
-        llm.engine.shutdown()
+    run = assert_greedy_parity(hf_model, tmp_path, PROMPTS, MAX_TOKENS,
+                               attention_backend=attention_backend, **ENGINE)  # fmt: skip
     # One latent per token and layer: the budget pays for that many float32 values, not
     # for every head's key and value.
+    specs = run.kv_cache_specs
     assert specs == [MLAAttentionSpec(block_size=BLOCK_SIZE, head_size=LATENT, dtype=torch.float32)]
     assert specs[0].page_size_bytes == BLOCK_SIZE * LATENT * 4
-    assert num_blocks == KV_CACHE_BYTES // (NUM_LAYERS * BLOCK_SIZE * LATENT * 4)
-    got = [o.outputs[0].token_ids for o in [*first, *outputs]]
-    assert got == [greedy_reference(hf_model, prompt, MAX_TOKENS) for prompt in PROMPTS]
-    assert outputs[1].num_cached_tokens == 12  # the shared prefix's three blocks
-    assert num_preemptions > 0
+    assert run.num_gpu_blocks == KV_CACHE_BYTES // (NUM_LAYERS * BLOCK_SIZE * LATENT * 4)
+    assert run.num_preemptions > 0
 
 
 def test_group_limited_routing_matches_transformers():

@@ -8,10 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from engine_parity import SHARED, WORDS, assert_greedy_parity
 from model_harness import assert_logits_match
-from tiny_engine_checkpoint import greedy_reference
 
-from core import LLM, SamplingParams
 from core.kv_cache.spec import FullAttentionSpec, SlidingWindowSpec
 from core.model_loader.safetensors_loader import load_safetensors_checkpoint
 from core.models import ArchConfig
@@ -19,7 +18,7 @@ from core.models.arch_config import FULL_ATTENTION, SLIDING_ATTENTION
 from core.models.gemma2 import Gemma2ForCausalLM
 from core.models.gemma3 import Gemma3ForCausalLM
 from core.testing.test_model import run_paged
-from core.testing.tiny_checkpoint import VOCAB, write_tiny_checkpoint
+from core.testing.tiny_checkpoint import VOCAB
 
 WINDOW = 8
 GEMMA3_ROPE = {  # the full layers' base and linear scaling differ from the sliding ones'
@@ -75,8 +74,6 @@ def test_logits_match_transformers_at_every_position(architecture, tmp_path):
         assert_logits_match(got, hf_model(input_ids[None]).logits[0])
 
 
-WORDS = [VOCAB[f"w{i}"] for i in range(45)]
-SHARED = [WORDS[(7 * j + 3) % 45] for j in range(12)]  # three blocks of 4
 PROMPTS = [  # past the window of 8, so the sliding layer drops blocks
     SHARED + [WORDS[(5 * j) % 45] for j in range(8)],
     [WORDS[(3 * j) % 45] for j in range(19)],
@@ -85,33 +82,22 @@ PROMPTS = [  # past the window of 8, so the sliding layer drops blocks
     [WORDS[(17 * j + 4) % 45] for j in range(18)],
 ]
 MAX_TOKENS = 8
+# 16 blocks of 4 per group hold fewer than the batch needs, so requests are preempted.
+ENGINE = dict(max_model_len=48, kv_cache_memory="32KiB")
 
 
 @pytest.mark.parametrize("architecture", GEMMA)
 def test_greedy_tokens_equal_transformers_through_chunks_prefix_hits_and_preemption(
     architecture, tmp_path
 ):
-    hf_model = random_gemma(architecture)
-    write_tiny_checkpoint(tmp_path, hf_model)
-    # An 8-token step budget prefills the prompts in chunks beside decodes; 16 blocks of 4
-    # per group hold fewer than the batch needs, so requests are preempted.
-    llm = LLM(str(tmp_path), dtype="float32", max_model_len=48, block_size=4,
-              kv_cache_memory="32KiB", max_num_batched_tokens=8)  # fmt: skip
-    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    try:
-        specs = [manager.spec for manager in llm.engine.core.scheduler.kv.coordinator.managers]
-        first = llm.generate([PROMPTS[0]], greedy, use_tqdm=False)  # caches the shared prefix
-        outputs = llm.generate(PROMPTS[1:], greedy, use_tqdm=False)
-        num_preemptions = llm.engine.core.scheduler.num_preemptions
-    finally:
-        llm.engine.shutdown()
+    run = assert_greedy_parity(random_gemma(architecture), tmp_path, PROMPTS, MAX_TOKENS, **ENGINE)
     layer = dict(block_size=4, num_kv_heads=2, head_size=16, dtype=torch.float32)
     # Two groups, in layer order: the sliding layer frees what its window no longer sees.
-    assert specs == [SlidingWindowSpec(sliding_window=WINDOW, **layer), FullAttentionSpec(**layer)]
-    got = [o.outputs[0].token_ids for o in [*first, *outputs]]
-    assert got == [greedy_reference(hf_model, prompt, MAX_TOKENS) for prompt in PROMPTS]
-    assert outputs[1].num_cached_tokens == 12  # the shared prefix's three blocks
-    assert num_preemptions > 0
+    assert run.kv_cache_specs == [
+        SlidingWindowSpec(sliding_window=WINDOW, **layer),
+        FullAttentionSpec(**layer),
+    ]
+    assert run.num_preemptions > 0
 
 
 BASE = dict(architectures=["Gemma3ForCausalLM"], vocab_size=8, hidden_size=8,

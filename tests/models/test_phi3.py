@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine_parity import SHARED, WORDS, assert_greedy_parity
 from model_harness import tiny_hf_model
 from tp_checkpoint import VOCAB as TP_VOCAB
 
-from core import LLM, SamplingParams
 from core.distributed.parallel_state import patch_tensor_parallel
 from core.model_loader import resolve_model
 from core.models.hf_weights import FusedCheckpointModule, split_fused_weights
 from core.models.registry import build_model
 from core.testing.tiny_checkpoint import VOCAB, write_tiny_checkpoint
 
-WORDS = [VOCAB[f"w{i}"] for i in range(45)]
-SHARED = [WORDS[(7 * j + 3) % 45] for j in range(12)]  # three blocks of 4
 PROMPTS = [
     SHARED + [WORDS[5], WORDS[9]],
     [WORDS[(3 * j) % 45] for j in range(27)],
@@ -27,6 +25,9 @@ PROMPTS = [
     [WORDS[1], WORDS[2], WORDS[3]],
 ]
 MAX_TOKENS = 20  # the prompts end by position 26; the generations reach 33 to 46
+# 18 blocks of 4 (2 KiB each): fewer than the second batch's 27 blocks, so requests are
+# preempted and recomputed.
+ENGINE = dict(max_model_len=64, kv_cache_memory="36KiB")
 ORIGINAL = 32  # LongRoPE's original window, of max_position_embeddings 128
 LONGROPE = {
     "rope_type": "longrope",
@@ -68,23 +69,8 @@ def cached_greedy(model, prompt: list[int], n: int) -> list[int]:
 @pytest.mark.parametrize("case", MODELS)
 def test_greedy_tokens_equal_transformers_through_chunks_prefix_hits_and_preemption(case, tmp_path):
     hf_model = random_phi3(**MODELS[case])
-    write_tiny_checkpoint(tmp_path, hf_model)
-    # An 8-token step budget: the longer prompts are prefilled in chunks beside decodes.
-    # 18 blocks of 4 (2 KiB each): fewer than the second batch's 27 blocks, so requests
-    # are preempted and recomputed.
-    llm = LLM(str(tmp_path), dtype="float32", max_model_len=64, block_size=4,
-              kv_cache_memory="36KiB", max_num_batched_tokens=8)  # fmt: skip
-    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    try:
-        first = llm.generate([PROMPTS[0]], greedy, use_tqdm=False)  # caches the shared prefix
-        outputs = llm.generate(PROMPTS[1:], greedy, use_tqdm=False)
-        num_preemptions = llm.engine.core.scheduler.num_preemptions
-    finally:
-        llm.engine.shutdown()
-    got = [o.outputs[0].token_ids for o in [*first, *outputs]]
-    assert got == [cached_greedy(hf_model, prompt, MAX_TOKENS) for prompt in PROMPTS]
-    assert outputs[1].num_cached_tokens == 12  # the shared prefix's three blocks
-    assert num_preemptions > 0
+    run = assert_greedy_parity(hf_model, tmp_path, PROMPTS, MAX_TOKENS, cached_greedy, **ENGINE)
+    assert run.num_preemptions > 0
 
 
 def rows(t: torch.Tensor, rank: int, parts: int) -> torch.Tensor:

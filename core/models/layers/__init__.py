@@ -10,7 +10,13 @@ from core.models.layers.linear import (
     RowParallelLinear,
 )
 from core.models.layers.rotary_embedding import RotaryEmbedding
-from core.models.layers.vocab_embedding import LMHead, TiedLMHead, VocabEmbedding, VocabMatrix
+from core.models.layers.vocab_embedding import (
+    LMHead,
+    ScaledVocabEmbedding,
+    TiedLMHead,
+    VocabEmbedding,
+    VocabMatrix,
+)
 
 __all__ = [
     "GeluTanhAndMul",
@@ -23,6 +29,7 @@ __all__ = [
     "ReplicatedLinear",
     "RowParallelLinear",
     "RotaryEmbedding",
+    "ScaledVocabEmbedding",
     "SiluAndMul",
     "TiedLMHead",
     "VocabEmbedding",

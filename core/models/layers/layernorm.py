@@ -1,6 +1,9 @@
-"""RMSNorm with the numerics of Hugging Face's LlamaRMSNorm, through core's kernel ops."""
+"""RMSNorm with the numerics of Hugging Face's LlamaRMSNorm, through core's kernel ops, and
+Gemma's variant of it."""
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -17,10 +20,14 @@ class RMSNorm(nn.Module):
     (`core info` names it).
     """
 
+    # What a new weight holds: the identity scale, in the parameterization checkpoints use.
+    initial_weight: ClassVar[float] = 1.0
+
     def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)
+        weight = torch.full((hidden_size,), self.initial_weight, dtype=dtype)
+        self.weight = nn.Parameter(weight, requires_grad=False)
 
     def forward(
         self,
@@ -29,11 +36,19 @@ class RMSNorm(nn.Module):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """norm(x); with a residual, (norm(x + residual), x + residual) in one pass."""
         if residual is None:
-            return rms_norm(x, self.weight, self.eps)
+            return self._norm(x)
+        return self._add_norm(x, residual)
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+    def _add_norm(
+        self, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return fused_add_rms_norm(x, residual, self.weight, self.eps)
 
 
-class GemmaRMSNorm(nn.Module):
+class GemmaRMSNorm(RMSNorm):
     """x / sqrt(mean(x^2) + eps) * (1 + weight): Gemma's norm, whose checkpoints store the
     offset from 1 (a zero weight is the identity scale).
 
@@ -41,19 +56,11 @@ class GemmaRMSNorm(nn.Module):
     result cast to the input dtype last. Plain PyTorch: no kernel op has this numerics.
     """
 
-    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype = torch.float32) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.zeros(hidden_size, dtype=dtype), requires_grad=False)
+    initial_weight: ClassVar[float] = 0.0
 
-    def forward(
-        self,
-        x: torch.Tensor,  # [..., hidden_size]
-        residual: torch.Tensor | None = None,  # [..., hidden_size]
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """norm(x); with a residual, (norm(x + residual), x + residual), as RMSNorm."""
-        if residual is None:
-            return self._norm(x)
+    def _add_norm(
+        self, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         x = x + residual
         return self._norm(x), x
 

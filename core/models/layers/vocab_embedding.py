@@ -96,6 +96,16 @@ class VocabEmbedding(VocabMatrix):
         return get_tp_group().all_reduce(rows.masked_fill_(elsewhere[:, None], 0))
 
 
+class ScaledVocabEmbedding(VocabEmbedding):
+    """Embedding rows times sqrt(hidden_size), the factor rounded to float32 and then to
+    the rows' dtype (as transformers' Gemma embedding): a tied LM head reads the unscaled
+    matrix."""
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden_size]
+        rows = super().forward(input_ids)
+        return rows * torch.tensor(rows.shape[-1] ** 0.5).to(rows.dtype)
+
+
 class LMHead(VocabMatrix):
     """Hidden states -> vocabulary logits by its own W (see TiedLMHead for a shared one)."""
 
