@@ -121,6 +121,12 @@ class EngineSetup:
             lora_manager_class(config.lora, registry)  # installed, or the package to install
         arch.check_tensor_parallel(tp_size)
         parallel = config.parallel
+        if arch.mla is not None and parallel.world_size > 1:
+            raise ValueError(
+                f"--tensor-parallel-size {tp_size} x --pipeline-parallel-size "
+                f"{parallel.pipeline_parallel_size}: multi-head latent attention "
+                f"({', '.join(arch.architectures)}) runs on one rank for now; use 1 and 1"
+            )
         spare = parallel.eplb.num_redundant_experts if parallel.enable_eplb else 0
         ranks, flags = tp_size, f"--tensor-parallel-size {tp_size}"
         if parallel.experts_span_engines:
