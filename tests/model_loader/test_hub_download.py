@@ -205,7 +205,7 @@ def test_an_unreachable_hub_with_an_empty_cache_is_a_value_error(hub, hf_cache):
 
 
 @pytest.mark.slow
-def test_core_serve_downloads_a_hub_id_and_exits_1_with_one_line_when_it_cannot(
+def test_core_serve_downloads_a_hub_id_starts_again_offline_and_exits_1_when_it_cannot(
     hub, tmp_path, monkeypatch
 ):
     for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_CACHE"):
@@ -223,6 +223,7 @@ def test_core_serve_downloads_a_hub_id_and_exits_1_with_one_line_when_it_cannot(
         server.stop()
     assert hub.fetched("acme/tiny") == NEEDED
     assert (tmp_path / "hf-home" / "hub" / "models--acme--tiny").is_dir()
+    assert "Fetching 5 files" in server.log.read_text()  # the download's progress
     offline = {"HF_HOME": str(tmp_path / "empty-hf-home"), "HF_HUB_OFFLINE": "1"}
     for model, more_env, cause in [
         ("acme/gated", {}, "a gated repository"),
@@ -236,3 +237,11 @@ def test_core_serve_downloads_a_hub_id_and_exits_1_with_one_line_when_it_cannot(
         assert [line for line in lines if line.startswith("Error")] == lines[-1:], lines
         assert lines[-1].startswith(f"Error: model {model}: {cause}"), lines
         assert "Traceback" not in failed.log.read_text()
+    hub.stop()  # the second start reads the cache: the hub is unreachable
+    again = ServerProcess("acme/tiny", *small, env=env)
+    try:
+        again.wait_ready()
+        reply = httpx.post(f"{again.url}/v1/completions", json=body, timeout=60).json()
+        assert reply["usage"]["completion_tokens"] == 4
+    finally:
+        again.stop()
