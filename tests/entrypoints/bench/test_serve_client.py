@@ -102,7 +102,10 @@ def test_tokens_sharing_a_chunk_count_as_zero_gaps():
     # 8 tokens in 2 chunks: one real gap and 6 zero gaps per request
     assert result.output_tokens == 48
     assert result.itl_ms.median == 0.0
-    assert result.itl_ms.mean == pytest.approx(result.tpot_ms.mean, rel=0.1)
+    # A request's gaps add up to its tokens' span, which the stream's end only extends
+    # (more so on a busy machine): never above TPOT. Dropping the zero gaps instead would
+    # leave one real gap per request and a mean about 7 times larger.
+    assert 0.3 * result.tpot_ms.mean <= result.itl_ms.mean <= result.tpot_ms.mean * (1 + 1e-9)
 
 
 def test_without_usage_tokens_are_counted_from_chunks(paced_url):
