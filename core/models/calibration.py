@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core.attention.backends.torch_ref import TorchRefBackend
+from core.attention.backends.torch_ref import TorchRefBackend, bind_reference_backend
 from core.attention.interface import CommonAttentionMetadata
 from core.attention.layer import Attention
 from core.forward_context import ForwardContext, set_forward_context
@@ -40,13 +40,7 @@ def forward_sequence(model: nn.Module, token_ids: torch.Tensor) -> torch.Tensor:
     common = _prefill_metadata(num_tokens, num_blocks)
     metadata = {}
     for layer in (m for m in model.modules() if isinstance(m, Attention)):
-        # Multi-head latent attention layers take the reference family's MLA backend.
-        backend = TorchRefBackend.mla_backend if layer.use_mla else TorchRefBackend
-        layer.bind_backend(backend)
-        shape = backend.get_kv_cache_shape(
-            num_blocks, BLOCK_SIZE, layer.num_kv_heads, layer.head_size
-        )
-        layer.kv_cache = torch.zeros(shape)
+        bind_reference_backend(layer, num_blocks, BLOCK_SIZE)
         builder = TorchRefBackend.get_builder_cls()(
             layer.kv_cache_spec(BLOCK_SIZE, torch.float32), [layer.layer_name], token_ids.device
         )

@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch import nn
 
-from core.attention.backends.torch_ref import TorchRefBackend
+from core.attention.backends.torch_ref import TorchRefBackend, bind_reference_backend
 from core.attention.interface import CommonAttentionMetadata
 from core.forward_context import ForwardContext, set_forward_context
 from core.model_loader.safetensors_loader import load_safetensors_checkpoint
@@ -104,13 +104,7 @@ def run_paged(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
     layers = list(iter_attention_layers(model))
     num_blocks = max(BLOCK_IDS) + 1
     for layer in layers:
-        # Multi-head latent attention layers take the reference family's MLA backend.
-        backend = TorchRefBackend.mla_backend if layer.use_mla else TorchRefBackend
-        layer.bind_backend(backend)
-        shape = backend.get_kv_cache_shape(
-            num_blocks, BLOCK_SIZE, layer.num_kv_heads, layer.head_size
-        )
-        layer.kv_cache = torch.zeros(shape)
+        bind_reference_backend(layer, num_blocks, BLOCK_SIZE)
     logits, start = [], 0
     for count in STEPS:
         positions = torch.arange(start, start + count)

@@ -14,6 +14,8 @@ step reads them back only for a one-token prompt, and nothing outlives the reque
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
@@ -26,7 +28,10 @@ from core.attention.paged_metadata import (
     PrefillChunk,
 )
 
-__all__ = ["TorchRefBackend", "TorchRefImpl", "gather_pages"]
+if TYPE_CHECKING:
+    from core.attention.layer import Attention
+
+__all__ = ["TorchRefBackend", "TorchRefImpl", "bind_reference_backend", "gather_pages"]
 
 
 class TorchRefImpl(AttentionImpl):
@@ -262,3 +267,13 @@ class TorchRefBackend(PagedMetadataBackend):
         block's page is contiguous and the KVCacheTensor layouts can place whole pages.
         """
         return (num_blocks, 2, block_size, num_kv_heads, head_size)
+
+
+def bind_reference_backend(layer: Attention, num_blocks: int, block_size: int) -> None:
+    """Bind the reference backend to `layer` (its MLA variant for a multi-head latent
+    attention layer) with a zeroed KV cache of `num_blocks` blocks: how model checks run
+    a model outside an engine (the conformance kit, calibration)."""
+    backend = TorchRefBackend.mla_backend if layer.use_mla else TorchRefBackend
+    layer.bind_backend(backend)
+    shape = backend.get_kv_cache_shape(num_blocks, block_size, layer.num_kv_heads, layer.head_size)
+    layer.kv_cache = torch.zeros(shape)
