@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
@@ -89,6 +89,16 @@ class ModelConfig(_Config):
     # generate: sample tokens; pooling: embed (one pooled vector per prompt, no sampling).
     # "auto" is resolved from the checkpoint before the config is frozen (core.pooling.runner).
     runner: Literal["auto", "generate", "pooling"] = "auto"
+    # The most items of each modality one prompt may carry ({"image": 2}); a modality not
+    # named keeps core.multimodal.processing.DEFAULT_ITEM_LIMIT, and 0 refuses it.
+    limit_mm_per_prompt: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)
+    # The directory whose files `file://` media URLs may name (None: no local files).
+    allowed_local_media_path: str | None = None
+    # The core.io_processors entry that turns raw request data into prompts and outputs
+    # into responses (None: the checkpoint's config.json `io_processor_plugin`, if any).
+    io_processor_plugin: str | None = None
+    # Whether the checkpoint's model takes images: read from it at start, not a flag.
+    multimodal: bool = False
 
     def torch_dtype(self, platform: Any) -> torch.dtype:
         """--dtype, or for "auto" the platform's `default_dtype` (read only then: the CPU
@@ -120,6 +130,10 @@ class SchedulerConfig(_Config):
     long_prefill_token_threshold: int = Field(default=0, ge=0)
     enable_chunked_prefill: bool = True
     policy: Literal["fcfs", "priority"] = "fcfs"
+    # Multimodal models: the encoder embeddings one step may compute, and how many the
+    # encoder cache holds (None: the step's token budget, and at least one image's worth).
+    max_num_encoder_input_tokens: int | None = Field(default=None, ge=1)
+    encoder_cache_size: int | None = Field(default=None, ge=1)
 
     def max_step_tokens(self, max_model_len: int) -> int:
         """The most tokens one step may schedule: what the model runner's buffers hold."""

@@ -62,6 +62,7 @@ POOLING = "--runner pooling"
 COMPILED = "-O1 / -O2 (compile, capture graphs)"
 EXPERTS_ACROSS_ENGINES = "--enable-expert-parallel with --data-parallel-size > 1"
 KV_TRANSFER = "--kv-transfer-config"
+MULTIMODAL = "a multimodal model (images in)"
 
 _ENABLED: dict[str, Callable[[EngineConfig], bool]] = {
     LORA: lambda config: config.lora is not None,
@@ -70,6 +71,7 @@ _ENABLED: dict[str, Callable[[EngineConfig], bool]] = {
     POOLING: lambda config: config.model.runner == "pooling",
     EXPERTS_ACROSS_ENGINES: lambda config: config.parallel.experts_span_engines,
     KV_TRANSFER: lambda config: config.kv_transfer.kv_connector is not None,
+    MULTIMODAL: lambda config: config.model.multimodal,
 }
 
 

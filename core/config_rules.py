@@ -25,6 +25,7 @@ from core.config_rule import (
     EXPERTS_ACROSS_ENGINES,
     KV_TRANSFER,
     LORA,
+    MULTIMODAL,
     PIPELINE,
     POOLING,
     SPECULATIVE,
@@ -360,6 +361,16 @@ _not_built("pooling-speculative", POOLING, SPECULATIVE, "serve without it", _POO
 _not_built("pooling-lora", POOLING, LORA, "serve without it", _POOLING_MESSAGE)
 _not_built("pooling-pipeline", POOLING, PIPELINE, "use 1 stage", _POOLING_MESSAGE)
 
+# -- multimodal models -----------------------------------------------------------------------
+
+_MULTIMODAL_MESSAGE = "{flag} with a multimodal model (images in) is not built yet; {remedy}"
+_not_built("multimodal-pipeline", MULTIMODAL, PIPELINE, "use 1 stage", _MULTIMODAL_MESSAGE)
+_not_built(
+    "multimodal-speculative", MULTIMODAL, SPECULATIVE, "serve without it", _MULTIMODAL_MESSAGE
+)
+_not_built("multimodal-lora", MULTIMODAL, LORA, "serve without it", _MULTIMODAL_MESSAGE)
+_not_built("multimodal-pooling", MULTIMODAL, POOLING, "use --runner generate", _MULTIMODAL_MESSAGE)
+
 
 def _whole_prompt_rule(name: str, section: str, key: str) -> None:
     """Register: pooling that needs whole prompts (whole_prompt_reason) turns `key` off by
@@ -483,6 +494,8 @@ _eager_only(
     "{flag}: pooling models (--runner pooling) run eagerly; use -O0 or --enforce-eager",
 )
 _eager_only("lora-eager", LORA, _UNCOMPILED_MESSAGE)
+# A step's forward takes token embeddings with the items' merged in, not token ids.
+_eager_only("multimodal-eager", MULTIMODAL, _UNCOMPILED_MESSAGE)
 _eager_only("pipeline-eager", PIPELINE, _UNCOMPILED_MESSAGE)
 # The experts' all-to-all exchange has sizes that depend on each step's routing.
 _eager_only("experts-across-engines-eager", EXPERTS_ACROSS_ENGINES, _UNCOMPILED_MESSAGE)

@@ -95,6 +95,18 @@ class EngineArgs:
         "pooler", "", "--pooler-config",
         'pooling JSON as vLLM\'s, e.g. {"pooling_type": "MEAN", "normalize": false}',
     )  # fmt: skip
+    limit_mm_per_prompt: str | dict | None = _option(
+        "model", "limit_mm_per_prompt", "--limit-mm-per-prompt",
+        'most multimodal items per prompt, JSON per modality, e.g. {"image": 2}',
+    )  # fmt: skip
+    allowed_local_media_path: str | None = _option(
+        "model", "allowed_local_media_path", "--allowed-local-media-path",
+        "the directory whose files file:// media URLs may read (default: none)",
+    )  # fmt: skip
+    io_processor_plugin: str | None = _option(
+        "model", "io_processor_plugin", "--io-processor-plugin",
+        "the core.io_processors plugin turning raw request data into prompts and responses",
+    )  # fmt: skip
     block_size: int | None = _option(
         "cache", "block_size", "--block-size", "tokens per KV block", type=int
     )
@@ -137,6 +149,15 @@ class EngineArgs:
     enable_chunked_prefill: bool | None = _option(
         "scheduler", "enable_chunked_prefill",
         "--enable-chunked-prefill/--no-enable-chunked-prefill", "chunked prefill", default=None,
+    )  # fmt: skip
+    max_num_encoder_input_tokens: int | None = _option(
+        "scheduler", "max_num_encoder_input_tokens", "--max-num-encoder-input-tokens",
+        "multimodal encoder embeddings one step may compute (default: the token budget)",
+        type=int,
+    )  # fmt: skip
+    encoder_cache_size: int | None = _option(
+        "scheduler", "encoder_cache_size", "--encoder-cache-size",
+        "encoder embeddings the encoder cache holds (default: the encoder budget)", type=int,
     )  # fmt: skip
     scheduling_policy: str | None = _option(
         "scheduler", "policy", "--scheduling-policy", "victim and admission order",
@@ -270,6 +291,7 @@ class EngineArgs:
         stored_quantization: StoredQuantization | None = None,
         pooling: CheckpointPooling | None = None,
         num_layers: int | None = None,
+        multimodal: bool = False,
     ) -> EngineConfig:
         """The EngineConfig of these options, in phases that each run once: the sections of
         the flags given; the defaults (the platform's with its -O level, the plugins'
@@ -280,12 +302,14 @@ class EngineArgs:
 
         `model_max_len` is the checkpoint's context length: the default max_model_len and
         the most a user may ask for; `num_layers` its decoder layers (at least one per
-        pipeline stage). `usage` picks the platform's default token budget.
+        pipeline stage), `multimodal` whether it takes images. `usage` picks the platform's
+        default token budget.
         `stored_quantization` (how the checkpoint stores its weights) turns --quantization
         into the method the model runs with (None: float weights). `pooling` (what the
         checkpoint says about pooling) resolves --runner and the pooler config.
         """
         config = self._explicit_config()
+        config.model.set_default("multimodal", multimodal)
         facts = ConfigFacts(self.given_flags(), model_max_len, num_layers, pooling)
         platform.apply_config_defaults(config)
         if hooks is not None:
@@ -450,6 +474,7 @@ _CONVERTERS: dict[str, Callable[..., None]] = {
     "attention_backend_config": _set_json,
     "sampler_config": _set_json,
     "eplb_config": _set_json,
+    "limit_mm_per_prompt": _set_json,
     "kv_transfer_config": _set_section,
     "speculative_config": _set_section,
     "pooler_config": _set_section,

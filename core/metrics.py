@@ -169,6 +169,24 @@ class EngineMetrics:
         self._preemptions = self._family(
             Counter, "num_preemptions", "Cumulative number of preemption from the engine."
         )
+        self._mm_queries = self._family(
+            Counter,
+            "mm_cache_queries",
+            "Multimodal cache queries: lookups of an item's encoder output, in items.",
+        )
+        self._mm_hits = self._family(
+            Counter,
+            "mm_cache_hits",
+            "Multimodal cache hits: items whose encoder output was already computed.",
+        )
+        self._encoder_inputs = self._family(
+            Counter, "encoder_inputs_computed", "Multimodal items the encoder computed."
+        )
+        self._encoder_usage = self._family(
+            Gauge,
+            "encoder_cache_usage_perc",
+            "Encoder cache usage: the share held by items a request still needs (1 = full).",
+        )
         self._iteration_tokens = self._family(
             Histogram,
             "iteration_tokens_total",
@@ -259,6 +277,7 @@ class EngineMetrics:
         self._running.labels(*labels).set(stats.num_running)
         self._waiting.labels(*labels).set(stats.num_waiting)
         self._kv_usage.labels(*labels).set(stats.kv_cache_usage)
+        self._encoder_usage.labels(*labels).set(stats.encoder_cache_usage)
         if stats.expert_imbalance is not None:
             self._expert_imbalance.labels(*labels).set(stats.expert_imbalance)
         last = self._last_stats.get(engine_index)
@@ -269,6 +288,9 @@ class EngineMetrics:
             (self._external_hits, "external_prefix_cache_hits"),
             *self._transfer_counters,
             (self._preemptions, "num_preemptions"),
+            (self._mm_queries, "mm_cache_queries"),
+            (self._mm_hits, "mm_cache_hits"),
+            (self._encoder_inputs, "num_encoder_inputs"),
         ):
             before = None if last is None else getattr(last, field)
             counter.labels(*labels).inc(_growth(getattr(stats, field), before))
@@ -289,7 +311,7 @@ class EngineMetrics:
         what they counted."""
         for engine in self._engines:
             labels = (self._model_name, engine)
-            for gauge in (self._running, self._waiting, self._kv_usage):
+            for gauge in (self._running, self._waiting, self._kv_usage, self._encoder_usage):
                 gauge.labels(*labels).set(0)
         if self._lora is not None:
             self._lora.clear()

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from core.engine.protocol import EngineCoreRequest
     from core.kv_cache.block_hash import BlockHash, BlockHasher
     from core.lora.request import LoRARequest
+    from core.multimodal.inputs import MultiModalFeature
     from core.pooling.params import PoolingParams
 
 __all__ = [
@@ -143,6 +144,7 @@ class Request:
         block_hasher: BlockHasher | None = None,
         max_model_len: int | None = None,
         pooling_params: PoolingParams | None = None,
+        mm_features: list[MultiModalFeature] | None = None,
     ) -> None:
         if not prompt_token_ids:
             raise ValueError(f"request {request_id}: prompt_token_ids must not be empty")
@@ -159,6 +161,7 @@ class Request:
         self.cache_salt = cache_salt
         self.lora_request = lora_request
         self.pooling_params = pooling_params
+        self.mm_features = _check_features(request_id, mm_features or [], len(prompt_token_ids))
         if sampling_params is None:
             if max_model_len is not None:
                 check_pooled_prompt(len(prompt_token_ids), max_model_len)
@@ -201,6 +204,7 @@ class Request:
             block_hasher=block_hasher,
             max_model_len=max_model_len,
             pooling_params=request.pooling_params,
+            mm_features=request.mm_features,
         )
 
     @property
@@ -265,6 +269,27 @@ class Request:
             f"Request({self.request_id!r}, {self.status.name}, tokens={self.num_tokens}, "
             f"computed={self.num_computed_tokens})"
         )
+
+
+def _check_features(
+    request_id: str, features: list[MultiModalFeature], num_prompt_tokens: int
+) -> list[MultiModalFeature]:
+    """The items, checked to lie inside the prompt in order without overlapping (the
+    scheduler and the workers walk them in that order)."""
+    end = 0
+    for feature in features:
+        placeholder = feature.placeholder
+        if (
+            placeholder.offset < end
+            or placeholder.length < 1
+            or placeholder.end > num_prompt_tokens
+        ):
+            raise ValueError(
+                f"request {request_id}: multimodal placeholders must be non-empty, in prompt "
+                "order, inside the prompt and apart"
+            )
+        end = placeholder.end
+    return features
 
 
 def _resolve_max_tokens(

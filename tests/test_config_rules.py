@@ -21,6 +21,7 @@ from core.platforms.cpu import CpuPlatform
 
 NGRAM = '{"method": "ngram", "num_speculative_tokens": 2}'
 EXPERTS_ACROSS_ENGINES = {"enable_expert_parallel": True, "data_parallel_size": 2}
+MULTIMODAL = {"multimodal": True}  # the checkpoint's model takes images
 
 
 class GraphPlatform(CpuPlatform):
@@ -183,6 +184,26 @@ REFUSED: dict[str, tuple[Case, tuple[str, ...]]] = {
         ),
         ("cudagraph_mode PIECEWISE", "compilation is off", "use -O2"),
     ),
+    "multimodal-pipeline": (
+        Case({"pipeline_parallel_size": 2}, model=MULTIMODAL),
+        ("--pipeline-parallel-size > 1", "a multimodal model", "use 1 stage"),
+    ),
+    "multimodal-speculative": (
+        Case({"speculative_config": NGRAM}, model=MULTIMODAL),
+        ("--speculative-config", "a multimodal model"),
+    ),
+    "multimodal-lora": (
+        Case({"enable_lora": True}, model=MULTIMODAL),
+        ("--enable-lora", "a multimodal model"),
+    ),
+    "multimodal-pooling": (
+        Case({"runner": "pooling"}, model=MULTIMODAL),
+        ("--runner pooling", "a multimodal model", "--runner generate"),
+    ),
+    "multimodal-eager": (
+        Case({"optimization_level": 1}, GraphPlatform, model=MULTIMODAL),
+        ("-O1", "a multimodal model", "use -O0 or --enforce-eager"),
+    ),
     "pooling-eager": (
         Case({"optimization_level": 2}, GraphPlatform, model={"pooling": LAST_TOKEN_EMBEDDER}),
         ("-O2", "--runner pooling", "use -O0 or --enforce-eager"),
@@ -246,6 +267,7 @@ YIELDED: dict[str, tuple[Case, Callable[[EngineConfig], bool]]] = {
     ),
     "pooling-eager": (Case({}, GraphPlatform, model={"pooling": LAST_TOKEN_EMBEDDER}), _eager),
     "lora-eager": (Case({"enable_lora": True}, GraphPlatform), _eager),
+    "multimodal-eager": (Case({}, GraphPlatform, model=MULTIMODAL), _eager),
     "pipeline-eager": (Case({"pipeline_parallel_size": 2}, GraphPlatform), _eager),
     "experts-across-engines-eager": (Case(EXPERTS_ACROSS_ENGINES, GraphPlatform), _eager),
 }

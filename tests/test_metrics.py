@@ -36,6 +36,10 @@ VLLM_FAMILIES = {
     "kv_transfer_bytes": "counter",
     "kv_transfer_failed_loads": "counter",
     "num_preemptions": "counter",
+    "mm_cache_queries": "counter",
+    "mm_cache_hits": "counter",
+    "encoder_inputs_computed": "counter",
+    "encoder_cache_usage_perc": "gauge",
     "prompt_tokens": "counter",
     "generation_tokens": "counter",
     "request_success": "counter",
@@ -168,6 +172,19 @@ def test_external_prefix_cache_counts_grow_from_the_connectors_totals():
     assert value(metrics, "external_prefix_cache_queries_total") == 90
     assert value(metrics, "external_prefix_cache_hits_total") == 48
     assert value(metrics, "kv_transfer_blocks_total") == 5
+
+
+def test_encoder_cache_counts_grow_and_its_usage_follows_the_latest_step():
+    metrics = EngineMetrics(MODEL, config())
+    for queries, hits, encoded, usage in ((4, 3, 1, 0.5), (6, 4, 2, 0.25)):
+        stats = scheduler_stats()
+        stats.mm_cache_queries, stats.mm_cache_hits = queries, hits
+        stats.num_encoder_inputs, stats.encoder_cache_usage = encoded, usage
+        metrics.record(step(scheduler=stats))
+    assert value(metrics, "mm_cache_queries_total") == 6
+    assert value(metrics, "mm_cache_hits_total") == 4
+    assert value(metrics, "encoder_inputs_computed_total") == 2
+    assert value(metrics, "encoder_cache_usage_perc") == 0.25
 
 
 def test_the_expert_imbalance_gauge_follows_the_latest_measurement():

@@ -11,6 +11,8 @@ LLMEngine (see core_client).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
+from typing import Any
 
 from core.engine.core_client import EngineCoreClient
 from core.engine.output_processor import (
@@ -53,9 +55,12 @@ class EngineFrontend:
         return self.processor.default_sampling_params()
 
     def prepare(
-        self, prompt: str | list[int], params: SamplingParams | PoolingParams
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | PoolingParams,
+        multi_modal_data: Mapping[str, Any] | None = None,
     ) -> PreparedRequest:
-        return self.processor.prepare(prompt, params)
+        return self.processor.prepare(prompt, params, multi_modal_data)
 
     def has_unfinished_requests(self) -> bool:
         return self.output_processor.has_unfinished_requests()

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,13 +25,19 @@ from core.config import EngineConfig, UsageContext
 from core.engine.protocol import EngineCoreRequest
 from core.engine_args import EngineArgs
 from core.input_checks import check_text
+from core.io_processors.interface import IOProcessor
+from core.io_processors.selector import load_io_processor
 from core.lora.request import LoRARequest
 from core.lora.selector import lora_manager_class
 from core.model_loader import Checkpoint, resolve_model
 from core.model_loader.gguf_loader import GGUFCheckpoint
 from core.model_loader.load_checks import check_load_options
 from core.models.arch_config import ArchConfig
+from core.models.multimodal import supports_multimodal
 from core.models.registry import resolve_model_class
+from core.multimodal.encoder_cache import EncoderBudget
+from core.multimodal.inputs import MultiModalFeature
+from core.multimodal.processing import MultiModalProcessor, process_prompt
 from core.platforms.interface import Platform
 from core.platforms.selection import select_platform
 from core.plugins.hooks import get_hook_manager
@@ -68,8 +75,9 @@ class PreparedRequest:
     """A validated request, ready to be queued."""
 
     prompt: str | None
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int]  # placeholders expanded: one per embedding of each item
     params: SamplingParams | PoolingParams  # generate, or embed (--runner pooling)
+    mm_features: list[MultiModalFeature] = field(default_factory=list)  # in prompt order
 
 
 @dataclass
@@ -105,6 +113,7 @@ class EngineSetup:
             stored_quantization=checkpoint.stored_quantization,
             pooling=CheckpointPooling.read(checkpoint, model_cls, engine_args.runner),
             num_layers=arch.num_hidden_layers,
+            multimodal=supports_multimodal(model_cls),
         )
         tp_size = config.parallel.tensor_parallel_size
         if config.model.quantization is not None:
@@ -155,6 +164,10 @@ class InputProcessor:
         self._loras: dict[int, LoRARequest] = {}  # adapters checked, by lora_int_id
         self._retired_lora_ids: set[int] = set()
         self._shape_model: torch.nn.Module | None = None
+        self._checkpoint = checkpoint
+        # Built in the frontend only (the engine core never imports a processor), before
+        # the engine core starts, so a wrong --io-processor-plugin stops the start early.
+        self.io_processor: IOProcessor | None = load_io_processor(self.config, checkpoint.hf_config)
 
     def _generation_defaults(self, checkpoint: Checkpoint) -> dict[str, Any]:
         source = self.config.model.generation_config
@@ -168,18 +181,36 @@ class InputProcessor:
         """SamplingParams with the model's generation_config.json defaults."""
         return SamplingParams(**self.generation_defaults)
 
+    @cached_property
+    def mm_processor(self) -> MultiModalProcessor | None:
+        """The model's multimodal processor; None for a model that takes only text."""
+        model_cls = resolve_model_class(self._arch.architectures)
+        if not supports_multimodal(model_cls):
+            return None
+        return model_cls.multimodal_processor(self._checkpoint.path, self._checkpoint.hf_config)
+
     def prepare(
-        self, prompt: str | list[int], params: SamplingParams | PoolingParams
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | PoolingParams,
+        multi_modal_data: Mapping[str, Any] | None = None,
     ) -> PreparedRequest:
         """Tokenize and validate; ValueError naming the problem, nothing queued.
 
         SamplingParams ask to generate, PoolingParams to embed, each only on a model served
-        by that runner (see `require_runner`).
+        by that runner (see `require_runner`). `multi_modal_data` ({"image": an image or a
+        list}) goes with a prompt holding one placeholder per item; each placeholder is
+        expanded to its item's embeddings.
         """
         if isinstance(params, PoolingParams):
+            if multi_modal_data:
+                raise ValueError("multi_modal_data: embedding requests take text only")
             return self._prepare_pooled(prompt, params)
         self.require_runner("generate")
         text, token_ids = self._prompt_tokens(prompt)
+        features: list[MultiModalFeature] = []
+        if multi_modal_data or self.mm_processor is not None:
+            token_ids, features = self._expand_items(token_ids, multi_modal_data or {})
         # Only the check: max_tokens stays as given (None, or capped to the room left by the
         # engine core's Request, with the same rule), so SamplingParams is not re-validated
         # against a cap the caller never asked for.
@@ -189,7 +220,26 @@ class InputProcessor:
         params = msgspec.structs.replace(params)  # the caller's object stays untouched
         params.verify(self.config.model.max_logprobs, self.vocab_size)
         params.resolve_bad_words(lambda word: self.tokenizer.encode(word, False))
-        return PreparedRequest(text, token_ids, params)
+        return PreparedRequest(text, token_ids, params, features)
+
+    def _expand_items(
+        self, token_ids: list[int], mm_data: Mapping[str, Any]
+    ) -> tuple[list[int], list[MultiModalFeature]]:
+        """The prompt with each item's placeholder expanded, and the items' features;
+        ValueError naming multi_modal_data for a text-only model or an item larger than an
+        explicit encoder budget."""
+        if self.mm_processor is None:
+            raise ValueError(
+                f"multi_modal_data: {self.served_model_name} takes text only, not "
+                f"{', '.join(mm_data)}"
+            )
+        processed = process_prompt(
+            self.mm_processor, token_ids, mm_data, self.config.model.limit_mm_per_prompt
+        )
+        budget = EncoderBudget.of(self.config.scheduler, self.max_model_len)
+        for feature in processed.features:
+            budget.check_item(feature)
+        return processed.prompt_token_ids, processed.features
 
     def _prepare_pooled(self, prompt: str | list[int], params: PoolingParams) -> PreparedRequest:
         self.require_runner("pooling")
@@ -333,6 +383,7 @@ class InputProcessor:
             priority=priority,
             cache_salt=cache_salt,
             lora_request=lora_request,
+            mm_features=prepared.mm_features or None,
         )
 
 

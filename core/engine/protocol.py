@@ -16,6 +16,7 @@ from __future__ import annotations
 import msgspec
 
 from core.lora.request import LoRARequest
+from core.multimodal.inputs import MultiModalFeature
 from core.pooling.params import PoolingParams
 from core.request import EngineCoreEvent, EngineCoreEventType, FinishReason
 from core.sampling_params import SamplingParams
@@ -48,3 +49,4 @@ class EngineCoreRequest(msgspec.Struct, kw_only=True, array_like=True):
     cache_salt: str | None = None  # requests with different salts never share cache
     lora_request: LoRARequest | None = None  # None: the base model
     pooling_params: PoolingParams | None = None  # set: embed the prompt (--runner pooling)
+    mm_features: list[MultiModalFeature] | None = None  # multimodal items, in prompt order

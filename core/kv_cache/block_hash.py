@@ -100,20 +100,27 @@ def hash_block_tokens(
     return _digest((parent, tuple(token_ids), extra_keys), algo)
 
 
-def _extra_keys(request: Request, block_index: int) -> tuple:
-    """Keys that separate equal tokens: LoRA adapter and cache salt, on block 0 only.
+def _extra_keys(request: Request, block_index: int, block_size: int) -> tuple:
+    """Keys that separate equal tokens: LoRA adapter and cache salt on block 0, and on
+    every block the identifiers of the multimodal items whose placeholders it overlaps.
 
     The chain carries block 0's hash into every later one, so one mention isolates the
-    whole namespace. Tagged pairs keep a salt "x" apart from an adapter named "x".
-    (Multimodal feature ids, when they come, belong here per block.)
+    whole namespace. Tagged pairs keep a salt "x" apart from an adapter named "x". An
+    item's placeholder positions hold the same token id whatever the image, so only its
+    identifier tells two images apart.
     """
-    if block_index != 0:
-        return ()
     keys = []
-    if request.lora_name is not None:
-        keys.append(("lora", request.lora_name))
-    if request.cache_salt is not None:
-        keys.append(("salt", request.cache_salt))
+    if block_index == 0:
+        if request.lora_name is not None:
+            keys.append(("lora", request.lora_name))
+        if request.cache_salt is not None:
+            keys.append(("salt", request.cache_salt))
+    start, end = block_index * block_size, (block_index + 1) * block_size
+    for feature in request.mm_features:
+        if feature.placeholder.offset >= end:
+            break
+        if feature.placeholder.end > start:
+            keys.append(("mm", feature.identifier))
     return tuple(keys)
 
 
@@ -134,7 +141,8 @@ def make_block_hasher(block_size: int, algo: HashAlgo = "sha256") -> BlockHasher
         while (block_index + 1) * block_size <= request.num_tokens:
             start = block_index * block_size
             tokens = request.all_token_ids[start : start + block_size]
-            parent = hash_block_tokens(parent, tokens, _extra_keys(request, block_index), algo)
+            extra = _extra_keys(request, block_index, block_size)
+            parent = hash_block_tokens(parent, tokens, extra, algo)
             new_hashes.append(parent)
             block_index += 1
         return new_hashes

@@ -107,6 +107,13 @@ class SchedulerStats(msgspec.Struct, kw_only=True):
     # {adapter name: number of requests} of the running and the waiting LoRA requests.
     running_lora_adapters: dict[str, int] = msgspec.field(default_factory=dict)
     waiting_lora_adapters: dict[str, int] = msgspec.field(default_factory=dict)
+    # Multimodal models: lookups of an item's encoder output by a request and those found
+    # held (cumulative), items encoded (cumulative), and the share of the encoder cache
+    # that items some request still needs hold.
+    mm_cache_queries: int = 0
+    mm_cache_hits: int = 0
+    num_encoder_inputs: int = 0
+    encoder_cache_usage: float = 0.0
 
     @property
     def prefix_cache_hit_rate(self) -> float:

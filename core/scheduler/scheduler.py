@@ -28,6 +28,7 @@ from typing import Any
 from core.config import EngineConfig
 from core.kv_cache.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from core.kv_transfer.interface import KVConnector
+from core.multimodal.encoder_cache import EncoderBudget, EncoderCacheManager
 from core.request import EngineCoreEventType, Request, RequestStatus
 from core.scheduler.output import (
     EngineCoreOutput,
@@ -62,6 +63,12 @@ class _Step:
     # none), cut to those their scheduled tokens reach.
     running_reqs: list[Request] = field(default_factory=list)
     preempted: bool = False
+    # Multimodal items to encode this step: request id -> indices into its mm_features,
+    # the identifiers being encoded (a second request with the same item shares them),
+    # and the embeddings the encoder may still compute.
+    encoder_inputs: dict[str, list[int]] = field(default_factory=dict)
+    encoding: set[str] = field(default_factory=set)
+    encoder_budget: int = 0
 
 
 class Scheduler:
@@ -103,6 +110,9 @@ class Scheduler:
         self._pending_outputs: list[EngineCoreOutput] = []
         # The scheduler role of --kv-transfer-config's connector (None: no connector).
         self.remote = RemoteKV(kv_connector) if kv_connector is not None else None
+        self.encoder_budget = EncoderBudget.of(sched, max_model_len)
+        self.encoder_cache = EncoderCacheManager(self.encoder_budget.cache)
+        self.num_encoder_inputs = 0  # multimodal items encoded so far
 
     # -- requests -------------------------------------------------------------------------
 
@@ -141,6 +151,7 @@ class Scheduler:
             self._unsent_tokens.pop(request.request_id, None)
         if self.grammars is not None:
             self.grammars.remove(request.request_id)
+        self.encoder_cache.release_all(request.request_id, request.mm_features)
         keep, params = False, None
         if self.remote is not None:
             block_ids = self.kv.get_block_ids(request.request_id)
@@ -158,7 +169,7 @@ class Scheduler:
     # -- schedule -------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        step = _Step(token_budget=self.token_budget())
+        step = _Step(token_budget=self.token_budget(), encoder_budget=self.encoder_budget.compute)
         self._schedule_running(step)
         if not step.preempted:
             self._schedule_waiting(step)
@@ -169,6 +180,7 @@ class Scheduler:
             )
         for req_id, count in step.num_scheduled.items():
             self.requests[req_id].num_computed_tokens += count
+        self.num_encoder_inputs += sum(map(len, step.encoder_inputs.values()))
         if self.remote is not None:
             output.kv_connector_metadata = self.remote.connector.build_connector_meta(output)
         return output
@@ -221,6 +233,9 @@ class Scheduler:
         while index < len(self.running) and step.token_budget > 0:
             request = self.running[index]
             count = self._num_new_tokens(request, request.num_computed_tokens, step.token_budget)
+            count, to_encode = self._plan_encoder_inputs(
+                request, request.num_computed_tokens, count, step
+            )
             if count <= 0:
                 index += 1
                 continue
@@ -230,6 +245,8 @@ class Scheduler:
             index = self.running.index(request) + 1
             step.running_reqs.append(request)
             self._take(step, request, count, blocks)
+            self._commit_encoder_inputs(request, request.num_computed_tokens, count, to_encode,
+                                        step)  # fmt: skip
             # The budget may have cut the request's drafts off: it verifies those reached.
             request.drafts.cut(request.num_computed_tokens + count - request.num_tokens)
 
@@ -261,7 +278,10 @@ class Scheduler:
             step.token_budget += step.num_scheduled.pop(request.request_id)
             step.new_blocks.pop(request.request_id)
             step.running_reqs.remove(request)
+        # Items it was to encode this step still are (the workers keep a preempted
+        # request's state): freeable, they may serve it when it resumes.
         self.kv.free(request)
+        self.encoder_cache.release_all(request.request_id, request.mm_features)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.drafts.clear()
@@ -332,6 +352,9 @@ class Scheduler:
                                            skipped)  # fmt: skip
         num_known = num_computed + num_external
         count = self._num_new_tokens(request, num_known, step.token_budget)
+        count, to_encode = self._plan_encoder_inputs(request, num_known, count, step)
+        if count <= 0:
+            return False  # its next item cannot be encoded this step
         if not self.chunked_prefill and num_known + count < request.num_tokens:
             return False  # the whole prompt must fit in one step
         new_computed = num_computed - request.num_computed_tokens
@@ -354,6 +377,7 @@ class Scheduler:
         if request.num_cached_tokens < 0:
             request.num_cached_tokens = num_computed
         self._take(step, request, count, blocks)
+        self._commit_encoder_inputs(request, num_known, count, to_encode, step)
         return True
 
     def _start_loading(
@@ -401,6 +425,75 @@ class Scheduler:
         step.new_blocks[request.request_id] = blocks
         step.token_budget -= count
 
+    # -- multimodal items -------------------------------------------------------------------
+
+    def _needed_items(self, request: Request, start: int, count: int) -> list[int]:
+        """Indices of the request's items whose placeholders overlap positions
+        start .. start + count - 1: their embeddings are needed this step."""
+        features = request.mm_features
+        if not features or start >= features[-1].placeholder.end:
+            return []
+        end = start + count
+        return [
+            i
+            for i, f in enumerate(features)
+            if f.placeholder.offset < end and f.placeholder.end > start
+        ]
+
+    def _plan_encoder_inputs(
+        self, request: Request, start: int, count: int, step: _Step
+    ) -> tuple[int, list[int]]:
+        """The tokens the request may compute from `start` (at most `count`), cut before
+        the first item that neither is encoded nor fits this step's encoder budget and the
+        cache's room, and the items to encode for them. Changes nothing."""
+        cache = self.encoder_cache
+        budget, room = step.encoder_budget, cache.room()
+        to_encode: list[int] = []
+        for i in self._needed_items(request, start, count):
+            feature = request.mm_features[i]
+            identifier, size = feature.identifier, feature.placeholder.length
+            if identifier in step.encoding or cache.holds(identifier):
+                room -= cache.freeable_size(identifier)  # it will be referenced
+                continue
+            # Unset, the budget lets an item larger than it be encoded alone in a step.
+            alone = (
+                not self.encoder_budget.compute_is_explicit
+                and budget == self.encoder_budget.compute
+            )
+            if (size > budget and not alone) or size > room:
+                return max(feature.placeholder.offset - start, 0), to_encode
+            budget -= size
+            room -= size
+            to_encode.append(i)
+        return count, to_encode
+
+    def _commit_encoder_inputs(
+        self, request: Request, start: int, count: int, to_encode: list[int], step: _Step
+    ) -> None:
+        """Reference the needed items already held, hold room for those to encode."""
+        cache, req_id = self.encoder_cache, request.request_id
+        for i in self._needed_items(request, start, count):
+            feature = request.mm_features[i]
+            if cache.uses(req_id, feature.identifier):
+                continue
+            if i in to_encode:
+                cache.count_query(hit=False)
+                cache.allocate(req_id, feature)
+                step.encoding.add(feature.identifier)
+                step.encoder_budget -= feature.placeholder.length
+            else:
+                cache.count_query(hit=cache.lookup(req_id, feature))
+        if to_encode:
+            step.encoder_inputs[req_id] = to_encode
+
+    def _release_consumed_items(self, request: Request) -> None:
+        """Items whose placeholders are all computed live on in the KV cache: the request
+        no longer needs their encoder outputs."""
+        for feature in request.mm_features:
+            if feature.placeholder.end > request.num_computed_tokens:
+                break
+            self.encoder_cache.release(request.request_id, feature.identifier)
+
     def _make_output(self, step: _Step) -> SchedulerOutput:
         new = [
             NewRequestData(
@@ -411,6 +504,7 @@ class Scheduler:
                 block_ids=self.kv.get_block_ids(r.request_id),
                 num_computed_tokens=r.num_computed_tokens,
                 lora_request=r.lora_request,
+                mm_features=r.mm_features or None,
             )
             for r in step.new_reqs
         ]
@@ -437,6 +531,8 @@ class Scheduler:
             total_num_scheduled_tokens=sum(step.num_scheduled.values()),
             scheduled_spec_decode_tokens=drafts,
             finished_req_ids=finished,
+            scheduled_encoder_inputs=step.encoder_inputs,
+            free_encoder_mm_hashes=self.encoder_cache.take_evicted(),
         )
 
     # -- results --------------------------------------------------------------------------
@@ -457,6 +553,8 @@ class Scheduler:
             request = self.requests.get(req_id)
             if request is None:
                 continue  # aborted while the step ran
+            if request.mm_features:
+                self._release_consumed_items(request)
             pooled = runner_output.pooler_output.get(req_id)
             if pooled is not None:
                 outputs.append(self._finish_pooled(request, pooled))
@@ -606,6 +704,10 @@ class Scheduler:
             expert_imbalance=self.expert_imbalance,
             running_lora_adapters=_count_adapters(self.running),
             waiting_lora_adapters=_count_adapters(self.waiting),
+            mm_cache_queries=self.encoder_cache.num_queries,
+            mm_cache_hits=self.encoder_cache.num_hits,
+            num_encoder_inputs=self.num_encoder_inputs,
+            encoder_cache_usage=self.encoder_cache.usage,
         )
 
 

@@ -6,7 +6,8 @@ worker process, over a socket) unchanged. Block ids always travel per KV-cache g
 `tuple[list[int], ...]`, one list per group, even with one group.
 
 Owned by the worker side (DESIGN.md section 4), and the one worker module the scheduler
-may import: it depends on nothing heavier than msgspec, SamplingParams and PoolingParams.
+may import: it depends on nothing heavier than msgspec, SamplingParams, PoolingParams and the
+multimodal features.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from core.lora.request import LoRARequest
+from core.multimodal.inputs import MultiModalFeature
 from core.pooling.params import PoolingParams
 from core.sampling_params import SamplingParams
 
@@ -43,6 +45,7 @@ class NewRequestData(msgspec.Struct, kw_only=True):
     num_computed_tokens: int  # tokens already in the KV cache (a prefix-cache hit)
     lora_request: LoRARequest | None = None  # None: the base model
     pooling_params: PoolingParams | None = None  # set: pooled (--runner pooling), not sampled
+    mm_features: list[MultiModalFeature] | None = None  # multimodal items, in prompt order
 
 
 class CachedRequestData(msgspec.Struct, kw_only=True):
@@ -93,6 +96,11 @@ class SchedulerOutput(msgspec.Struct, kw_only=True):
     scheduled_spec_decode_tokens: dict[str, list[int]] = msgspec.field(default_factory=dict)
     grammar_bitmask: GrammarBitmask | None = None
     kv_connector_metadata: Any = None  # a KVConnectorMetadata of the configured connector
+    # Multimodal items to encode before this step's forward: request id -> indices into
+    # its mm_features (the request may be one preempted this step: its state is kept).
+    scheduled_encoder_inputs: dict[str, list[int]] = msgspec.field(default_factory=dict)
+    # Encoder outputs to drop (by item identifier): no request needs them any more.
+    free_encoder_mm_hashes: list[str] = msgspec.field(default_factory=list)
 
 
 class LogprobsLists(msgspec.Struct, kw_only=True):

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from core.lora.request import LoRARequest
+from core.multimodal.inputs import MultiModalFeature
 from core.pooling.params import PoolingParams
 from core.sampling_params import SamplingParams
 from core.worker.block_table import BlockTable
@@ -32,6 +33,9 @@ class CachedRequestState:
     output_token_ids: list[int] = field(default_factory=list)
     lora_request: LoRARequest | None = None
     pooling_params: PoolingParams | None = None
+    mm_features: list[MultiModalFeature] = field(default_factory=list)  # in prompt order
+    # M-RoPE models: the prompt's [3, P] positions and the offset of later positions.
+    mrope: tuple[np.ndarray, int] | None = None
 
     @property
     def num_tokens(self) -> int:

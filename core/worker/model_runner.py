@@ -52,6 +52,7 @@ from core.forward_context import ForwardContext, set_forward_context
 from core.kv_cache.layout import KVCacheConfig
 from core.kv_transfer.interface import KVConnector
 from core.lora.interface import NO_SLOT, LoRAManager
+from core.models.multimodal import SupportsMultiModal
 from core.models.pipeline import IntermediateTensors
 from core.platforms.device_graph import CaptureGraph
 from core.pooling.interface import Pooler, PoolingSpans
@@ -63,6 +64,7 @@ from core.spec_decode.verification import num_verified
 from core.worker.contract import LogprobsLists, ModelRunnerOutput, SchedulerOutput
 from core.worker.grammar_bitmask import apply_grammar_bitmask
 from core.worker.input_batch import CachedRequestState, InputBatch
+from core.worker.mm_inputs import MultiModalInputs, mrope_step_positions
 from core.worker.speculator import Speculator
 
 
@@ -140,6 +142,11 @@ class ModelRunner:
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
         self.requests: dict[str, CachedRequestState] = {}
+        # A multimodal model's encoder outputs (None: the model takes text only).
+        self.mm_inputs = (
+            MultiModalInputs(model, device) if isinstance(model, SupportsMultiModal) else None
+        )
+        self._uses_mrope = self.mm_inputs is not None and model.uses_mrope
         self._output_path = self._choose_output_path(pooler, speculator)
         self.batch: InputBatch | None = None
         self._attention_layers = {
@@ -181,7 +188,11 @@ class ModelRunner:
                 num_computed_tokens=new.num_computed_tokens,
                 lora_request=new.lora_request,
                 pooling_params=new.pooling_params,
+                mm_features=new.mm_features or [],
             )
+            if self._uses_mrope:
+                table, delta = self.model.mrope_positions(state.prompt_token_ids, state.mm_features)
+                state.mrope = (table.numpy(), delta)
             self.requests[new.req_id] = state
             batch.add(state)
         self._update_cached(so)
@@ -357,6 +368,8 @@ class ModelRunner:
         the last, or a step with nothing scheduled, emits nothing.
         """
         self._update_states(so)
+        if self.mm_inputs is not None:
+            self.mm_inputs.update(so, self.requests)
         output = self._execute_with_connector(so)
         if self.eplb is not None:
             output.expert_imbalance = self.eplb.imbalance()
@@ -434,9 +447,35 @@ class ModelRunner:
         with set_forward_context(self._context(inputs, graph)):
             if graph is not None:
                 return self._graphs.run(graph, input_ids, positions)
+            if self.mm_inputs is not None:
+                return self._multimodal_forward(self.mm_inputs, inputs, input_ids, positions)
             if pp.world_size == 1:
                 return self._forward(input_ids, positions)
             return self._pipeline_stage(pp, input_ids, positions)
+
+    def _multimodal_forward(
+        self,
+        mm: MultiModalInputs,
+        inputs: _StepInputs,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+    ) -> torch.Tensor:
+        """The forward on token embeddings with the items' rows merged in (and, for
+        M-RoPE, [3, T] positions)."""
+        batch = self._require_batch()
+        states = [batch.rows[row] for row in inputs.req_rows]
+        counts = np.diff(inputs.query_start_loc)
+        embeds = mm.merge(
+            self.model.embed_input_ids(input_ids),
+            states,
+            inputs.seq_lens - counts,
+            inputs.query_start_loc,
+        )
+        if self._uses_mrope:
+            positions = mrope_step_positions(
+                batch.rows, inputs.req_rows, inputs.rows, inputs.positions
+            ).to(self.device)
+        return self._forward(input_ids, positions, inputs_embeds=embeds)
 
     def _pipeline_stage(
         self, pp: GroupCoordinator, input_ids: torch.Tensor, positions: torch.Tensor
@@ -502,6 +541,8 @@ class ModelRunner:
         before the KV cache exists."""
         input_ids = torch.zeros(num_tokens, dtype=torch.int64, device=self.device)
         positions = torch.arange(num_tokens, device=self.device) % self.max_model_len
+        if self._uses_mrope:
+            positions = positions.expand(3, num_tokens)
         context = ForwardContext({}, num_tokens, attention_layers=self._attention_layers)
         pp = get_pp_group()
         with set_forward_context(context):

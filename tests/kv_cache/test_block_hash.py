@@ -13,6 +13,7 @@ import pytest
 
 from core.kv_cache.block_hash import hash_block_tokens, make_block_hasher, none_hash
 from core.lora.request import LoRARequest
+from core.multimodal.inputs import MultiModalFeature, PlaceholderRange
 from core.request import Request
 from core.sampling_params import SamplingParams
 
@@ -86,6 +87,7 @@ def test_extra_keys_enter_the_first_block_only():
 _PRINT_HASHES = """
 from core.kv_cache.block_hash import hash_block_tokens
 from core.lora.request import LoRARequest
+from core.multimodal.inputs import MultiModalFeature, PlaceholderRange
 h0 = hash_block_tokens(None, [1, 2, 3, 4], (("salt", "s"),), algo="{algo}")
 print(hash_block_tokens(h0, [5, 6, 7, 8], algo="{algo}").hex())
 """
@@ -134,3 +136,14 @@ def test_bad_hasher_arguments_are_value_errors():
         make_block_hasher(4, "md5")
     with pytest.raises(ValueError, match="hash algo"):
         hash_block_tokens(None, [1], algo="md5")
+
+
+def test_an_items_identifier_separates_the_blocks_its_placeholder_covers():
+    def with_image(identifier: str) -> list:
+        feature = MultiModalFeature("image", identifier, PlaceholderRange(5, 4), {})
+        return request([1, 2, 3, 4, 5] + [9] * 4 + [6, 7, 8], mm_features=[feature]).block_hashes
+
+    a, b, again = with_image("cat"), with_image("dog"), with_image("cat")
+    assert a == again
+    assert a[0] == b[0]  # positions 0-3 come before the image
+    assert a[1] != b[1] and a[2] != b[2]  # the image starts in block 1; the chain carries it

@@ -57,6 +57,10 @@ class StatsLogger:
         queries = stats.prefix_cache_queries - (before.prefix_cache_queries if before else 0)
         hits = stats.prefix_cache_hits - (before.prefix_cache_hits if before else 0)
         preemptions = stats.num_preemptions - (before.num_preemptions if before else 0)
+        mm_queries = stats.mm_cache_queries - (before.mm_cache_queries if before else 0)
+        mm_hits = stats.mm_cache_hits - (before.mm_cache_hits if before else 0)
+        # Only a multimodal engine ever queries its encoder cache.
+        mm = f", MM cache hit rate: {mm_hits / mm_queries:.1%}" if mm_queries else ""
         return (
             f"Engine: Avg prompt throughput: {self._num_prompt_tokens / elapsed_s:.1f} "
             f"tokens/s, Avg generation throughput: "
@@ -64,5 +68,5 @@ class StatsLogger:
             f"Running: {stats.num_running} reqs, Waiting: {stats.num_waiting} reqs, "
             f"KV cache usage: {stats.kv_cache_usage:.1%}, "
             f"Prefix cache hit rate: {hits / queries if queries else 0.0:.1%}, "
-            f"Preemptions: {preemptions}"
+            f"Preemptions: {preemptions}{mm}"
         )

@@ -56,6 +56,20 @@ def test_one_line_per_interval_with_rates_since_the_previous_line(caplog):
     assert "Prefix cache hit rate: 0.0%" in caplog.messages[-1]
 
 
+def test_a_multimodal_engine_logs_its_encoder_cache_hit_rate_since_the_last_line(caplog):
+    clock = Clock()
+    logger = StatsLogger(interval_s=1.0, clock=clock)
+    caplog.set_level(logging.INFO, logger="core.entrypoints.openai.stats_logger")
+    for mm_queries, mm_hits in ((4, 3), (8, 4)):
+        clock.now += 1
+        stats = step(1, queries=0, hits=0, prompt=0, generated=1)
+        stats.scheduler_stats.mm_cache_queries = mm_queries
+        stats.scheduler_stats.mm_cache_hits = mm_hits
+        logger.record(stats)
+    assert caplog.messages[0].endswith("Preemptions: 0, MM cache hit rate: 75.0%")
+    assert caplog.messages[1].endswith("MM cache hit rate: 25.0%")  # 1 of the 4 new
+
+
 def test_aborts_without_an_engine_step_count_but_never_log_alone(caplog):
     clock = Clock()
     logger = StatsLogger(interval_s=1.0, clock=clock)
