@@ -3,7 +3,8 @@
 Built from a transformers-style config.json dict (what every checkpoint loader produces,
 whatever the file format), so the model code depends on one typed value rather than on
 transformers' config classes. Both the transformers 4 spelling (`rope_theta`,
-`rope_scaling`) and the transformers 5 one (`rope_parameters`) are read.
+`rope_scaling`) and the transformers 5 one (`rope_parameters`) are read, and a multimodal
+model's config (the language model's keys nested under `text_config`) as well as a flat one.
 """
 
 from __future__ import annotations
@@ -152,10 +153,12 @@ class ArchConfig:
 
     `rope_scaling` is None for plain RoPE, else a dict with "rope_type" ("linear",
     "llama3", ...) and that type's parameters (llama3: factor, low_freq_factor,
-    high_freq_factor, original_max_position_embeddings). `sliding_window` is already None
-    when the checkpoint turns it off (`use_sliding_window: false`); `layer_types` says per
-    layer whether the window applies. Whether an architecture honours the window at all
-    is the model class's business.
+    high_freq_factor, original_max_position_embeddings); M-RoPE's "mrope_section"
+    (Qwen2-VL) rides in it too, with rope_type "default" when nothing scales.
+    `sliding_window` is already None when the checkpoint turns it off
+    (`use_sliding_window: false`); `layer_types` says per layer whether the window
+    applies. Whether an architecture honours the window at all is the model class's
+    business.
     """
 
     architectures: tuple[str, ...]
@@ -190,10 +193,17 @@ class ArchConfig:
     rope_local_theta: float | None = None  # RoPE base of sliding layers (Gemma 3); None: none
     # The share of each head's dimensions that rotate (Phi-4-mini: 0.75; `rotary_dim`).
     partial_rotary_factor: float = 1.0
+    # The whole config.json dict, for what a model class reads beyond the decoder's
+    # hyperparameters (a vision-language model's `vision_config` and image token ids).
+    hf_config: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @classmethod
     def from_hf(cls, d: dict[str, Any]) -> ArchConfig:
-        """Read a config.json dict; ValueError naming a missing or invalid key."""
+        """Read a config.json dict; ValueError naming a missing or invalid key.
+
+        A vision-language config is read from its `text_config` (see `_text_config`).
+        """
+        hf_config, d = d, _text_config(d)
         architectures = _required(d, "architectures")
         if not isinstance(architectures, list) or not architectures:
             raise ValueError(f"config 'architectures' should be a non-empty list: {architectures}")
@@ -239,6 +249,7 @@ class ArchConfig:
             final_logit_softcapping=_optional_float(d, "final_logit_softcapping"),
             rope_local_theta=_local_rope_theta(d),
             partial_rotary_factor=_partial_rotary_factor(d),
+            hf_config=hf_config,
         )
         config._validate()
         return config
@@ -323,6 +334,22 @@ class ArchConfig:
             raise ValueError(f"config 'head_dim' should be even for RoPE, got {self.head_dim}")
 
 
+def _text_config(d: dict[str, Any]) -> dict[str, Any]:
+    """The language model's keys: a multimodal config's `text_config` (transformers 5 nests
+    them there for Llava and Qwen2-VL), else `d` itself.
+
+    `architectures` is the top level's (the checkpoint's class, not the decoder's), and the
+    embeddings are tied when either level says so: transformers' Llava and Qwen2-VL configs
+    carry a text config's `tie_word_embeddings: true` up to the top, where it is read.
+    """
+    text = d.get("text_config")
+    if not isinstance(text, dict):
+        return d
+    tied = bool(d.get("tie_word_embeddings") or text.get("tie_word_embeddings"))
+    architectures = d.get("architectures") or text.get("architectures")
+    return {**text, "architectures": architectures, "tie_word_embeddings": tied}
+
+
 def _required(d: dict[str, Any], key: str) -> Any:
     if d.get(key) is None:
         raise ValueError(f"model config is missing {key!r}")
@@ -352,7 +379,9 @@ def _rope(d: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     transformers 5 writes one `rope_parameters` dict holding rope_theta and the scaling,
     or one such dict per layer type (Gemma 3: these are the full-attention layers'); older
     configs have a top-level `rope_theta` and a `rope_scaling` dict whose type key is
-    "type" or "rope_type". A "default" type means no scaling.
+    "type" or "rope_type". A "default" type means no scaling. An `mrope_section` (Qwen2-VL's
+    M-RoPE; its first configs call the type "mrope") is kept in the scaling dict, whatever
+    the type: the rotary embedding reads it there.
     """
     rope_parameters = d.get("rope_parameters") or {}
     rope_parameters = rope_parameters.get(FULL_ATTENTION, rope_parameters)
@@ -360,9 +389,12 @@ def _rope(d: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     rope_theta = float(params.pop("rope_theta", None) or d.get("rope_theta") or _DEFAULT_ROPE_THETA)
     legacy_type = params.pop("type", None)
     rope_type = params.pop("rope_type", None) or legacy_type or "default"
+    rope_type = "default" if rope_type == "mrope" else rope_type
     params.pop("partial_rotary_factor", None)  # not scaling: ArchConfig.partial_rotary_factor
     if rope_type == "default":
-        return rope_theta, None
+        if params.get("mrope_section") is None:
+            return rope_theta, None
+        return rope_theta, {"rope_type": "default", "mrope_section": list(params["mrope_section"])}
     if rope_type in ("llama3", "yarn", "longrope", "su"):  # "su": Phi-3's first longrope
         # transformers' rule: a top-level value wins (Phi-3 keeps it there), else the
         # scaling's own, else the model's length.

@@ -314,11 +314,15 @@ class LlamaModel(nn.Module):
         positions: torch.Tensor,  # [T] int64
         num_layers: int | None = None,
         intermediate_tensors: IntermediateTensors | None = None,
+        *,
+        inputs_embeds: torch.Tensor | None = None,  # [T, hidden]: instead of input_ids'
     ) -> torch.Tensor | IntermediateTensors:  # [T, hidden]
-        if self.is_first_stage:
-            hidden = self.embed_tokens(input_ids)
-        else:
+        if not self.is_first_stage:
             hidden = intermediate_tensors["hidden_states"]
+        elif inputs_embeds is not None:
+            hidden = inputs_embeds
+        else:
+            hidden = self.embed_tokens(input_ids)
         residual = None
         end = self.end if num_layers is None else min(num_layers, self.end)
         for layer in self.layers[self.start : end]:
@@ -399,9 +403,15 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,
         num_layers: int | None = None,
         intermediate_tensors: IntermediateTensors | None = None,
+        *,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor | IntermediateTensors:
         # [T] -> [T, hidden]; a stage before the last returns what the next one takes.
-        return self.model(input_ids, positions, num_layers, intermediate_tensors)
+        # `inputs_embeds` [T, hidden] replace the embeddings of input_ids (a multimodal
+        # model's merged text and image embeddings).
+        return self.model(
+            input_ids, positions, num_layers, intermediate_tensors, inputs_embeds=inputs_embeds
+        )
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)  # [N, hidden] -> [N, vocab]

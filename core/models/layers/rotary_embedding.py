@@ -30,6 +30,12 @@ legacy "type" key:
   chooses by position (as vLLM's cache does): the tokens equal transformers' cached
   greedy generation for every prompt inside the original window; a longer prompt
   differs (transformers prefills it with the long factors throughout).
+
+M-RoPE (Qwen2-VL's multimodal rotary; `mrope_section` in the scaling dict, any type) gives
+each token three positions, time, height and width ([3, T]): the rotary frequencies split
+into three consecutive sections of `mrope_section` frequencies, each section turned by
+its own stream's position. Text tokens carry equal streams, which is plain RoPE, so a
+[T] position vector is still taken.
 """
 
 from __future__ import annotations
@@ -53,7 +59,8 @@ class RotaryEmbedding(nn.Module):
     there). The tables are float32 buffers: move the module with `.to(device)`, never
     cast it to a lower precision. With `rotary_dim` below `head_dim` (partial rotary, as
     transformers' `partial_rotary_factor`) only the first `rotary_dim` dimensions of each
-    head rotate, pairing i with i + rotary_dim / 2; the rest pass unchanged.
+    head rotate, pairing i with i + rotary_dim / 2; the rest pass unchanged. With an
+    `mrope_section` in `rope_scaling`, positions may also be M-RoPE's [3, T].
     """
 
     def __init__(
@@ -75,10 +82,14 @@ class RotaryEmbedding(nn.Module):
         cos, sin = rope_cos_sin(self.rotary_dim, max_position_embeddings, rope_theta, rope_scaling)
         self.register_buffer("cos_cache", cos, persistent=False)  # [max_positions, rotary_dim / 2]
         self.register_buffer("sin_cache", sin, persistent=False)
+        section = (rope_scaling or {}).get("mrope_section")
+        # M-RoPE: [rotary_dim / 2], the stream (0 time, 1 height, 2 width) of each frequency.
+        streams = None if section is None else _mrope_streams(section, self.rotary_dim // 2)
+        self.register_buffer("mrope_streams", streams, persistent=False)
 
     def forward(
         self,
-        positions: torch.Tensor,  # [T] int64
+        positions: torch.Tensor,  # [T] int64, or M-RoPE's [3, T]
         query: torch.Tensor,  # [T, num_heads, head_dim], may be a view into a fused QKV
         key: torch.Tensor,  # [T, num_kv_heads, head_dim]
     ) -> None:
@@ -86,7 +97,35 @@ class RotaryEmbedding(nn.Module):
         if self.rotary_dim < self.head_dim:
             # Views of the rotated dimensions: [T, heads, rotary_dim], heads head_dim apart.
             query, key = query[..., : self.rotary_dim], key[..., : self.rotary_dim]
-        rotary_embedding(positions, query, key, self.cos_cache, self.sin_cache)
+        if positions.dim() == 1:
+            rotary_embedding(positions, query, key, self.cos_cache, self.sin_cache)
+            return
+        # M-RoPE: each token's own angles, one row per token, so the op indexes them by
+        # token (0..T-1) rather than by position.
+        cos, sin = self._mrope_tables(positions)
+        rows = torch.arange(positions.shape[1], device=positions.device)
+        rotary_embedding(rows, query, key, cos, sin)
+
+    def _mrope_tables(
+        self,
+        positions: torch.Tensor,  # [3, T] int64
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # cos, sin: [T, rotary_dim / 2]
+        if self.mrope_streams is None:
+            raise ValueError("positions of shape [3, T] need an mrope_section in rope_scaling")
+        index = self.mrope_streams.expand(1, positions.shape[1], -1)  # [1, T, rotary_dim / 2]
+        cos = self.cos_cache[positions].gather(0, index)[0]  # [3, T, r / 2] -> [T, r / 2]
+        sin = self.sin_cache[positions].gather(0, index)[0]
+        return cos, sin
+
+
+def _mrope_streams(section: list[int], num_freqs: int) -> torch.Tensor:  # [num_freqs] int64
+    """The M-RoPE stream of each rotary frequency: `section[i]` consecutive ones per stream."""
+    if len(section) != 3 or sum(section) != num_freqs:
+        raise ValueError(
+            f"rope_scaling 'mrope_section' {list(section)} should be 3 sizes summing to "
+            f"{num_freqs} (half the rotary dimensions)"
+        )
+    return torch.repeat_interleave(torch.arange(3), torch.tensor(section))
 
 
 def rope_cos_sin(
