@@ -24,7 +24,8 @@ __all__ = ["HubModel", "download_model"]
 _HUB_MODEL = re.compile(r"(?P<repo_id>[A-Za-z0-9][\w.-]*/[\w.-]+)(?::(?P<quant_type>[\w.-]+))?")
 
 # What a safetensors load reads besides the weights: the architecture, the tokenizer, the
-# chat template, sampling defaults and a sentence-transformers model's pooling.
+# chat template, sampling defaults, a vision model's image processor and a
+# sentence-transformers model's pooling.
 _METADATA_FILES = (
     CONFIG_FILE,
     "generation_config.json",
@@ -33,6 +34,7 @@ _METADATA_FILES = (
     "special_tokens_map.json",
     "chat_template.jinja",
     "chat_template.json",
+    "preprocessor_config.json",
     "modules.json",
     "*_Pooling/config.json",
 )

@@ -15,6 +15,7 @@ from tiny_checkpoints import tiny_model, write_gguf_model
 
 from core.model_loader import GGUFCheckpoint, SafetensorsCheckpoint, resolve_model
 from core.testing.tiny_checkpoint import reference_model, write_tiny_checkpoint
+from core.testing.tiny_vlm import write_tiny_vlm
 
 TOKEN = "hf_stand_in_token"
 # What write_tiny_checkpoint writes: everything a load reads, and nothing else.
@@ -45,6 +46,7 @@ def repo_dirs(tmp_path_factory) -> dict[str, Path]:
         "gguf": with_decoys(root / "gguf"),
         "sharded": with_decoys(root / "sharded"),
         "no-weights": root / "no-weights",
+        "vlm": with_decoys(write_tiny_vlm(root / "vlm", "llava-clip")),
     }
     # Two different files: the hub library would not fetch a second copy of the same bytes.
     for quant_type, num_layers in (("Q4_K_M", 2), ("Q8_0", 1)):
@@ -62,6 +64,7 @@ def serve_repos(hub: HubStandIn, dirs: dict[str, Path]) -> HubStandIn:
     hub.add_repo("acme/tiny-GGUF", {"main": dirs["gguf"]})
     hub.add_repo("acme/sharded", {"main": dirs["sharded"]})
     hub.add_repo("acme/gated", {"main": dirs["main"]}, token=TOKEN)
+    hub.add_repo("acme/tiny-vlm", {"main": dirs["vlm"]})
     return hub.add_repo("acme/no-weights", {"main": dirs["no-weights"]})
 
 
@@ -121,6 +124,12 @@ def test_revision_picks_the_branch_and_download_dir_the_cache(hub, hf_cache, tmp
     assert (other / "models--acme--tiny" / "refs" / "v2").read_text() == commit
     assert not hf_cache.exists()
     assert resolve_model("acme/tiny").hf_config["num_hidden_layers"] == 2
+
+
+def test_a_vision_model_fetches_its_image_processor_config(hub, hf_cache):
+    checkpoint = resolve_model("acme/tiny-vlm")
+    assert hub.fetched("acme/tiny-vlm") == NEEDED | {"preprocessor_config.json"}
+    assert (checkpoint.path / "preprocessor_config.json").is_file()
 
 
 def test_a_sharded_checkpoint_fetches_the_shards_its_index_names_only(hub, hf_cache, repo_dirs):
