@@ -29,7 +29,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from types import FrameType
@@ -48,6 +48,7 @@ __all__ = [
     "RESERVED_TEMPLATE_KWARGS",
     "check_template_kwargs",
     "load_chat_template",
+    "loops_over_message_content",
     "render_chat_template",
 ]
 
@@ -314,3 +315,74 @@ def load_chat_template(path_or_string: str | Path) -> str:
     if not path.is_file():
         raise ValueError(f"chat template file {text!r} does not exist")
     return path.read_text(encoding="utf-8")
+
+
+@functools.lru_cache(maxsize=32)
+def loops_over_message_content(source: str) -> bool:
+    """Whether the template `source` loops over a message's content (`{% for part in
+    message['content'] %}`): it takes content as a list of parts (vLLM's "openai" content
+    format), not as a string. Names are followed through `{% set %}`, filters, tests and
+    slices (`messages[1:]`, `message.content | selectattr(...)`), as vLLM's detection does.
+    False for a template that does not parse (rendering it will say why)."""
+    try:
+        tree = _template_environment().parse(source)
+    except jinja2.TemplateSyntaxError:
+        return False
+    loops = list(tree.find_all(jinja2.nodes.For))
+    message_lists = _bound_names(tree, {"messages"}, _names_one_of)
+    loop_items = {
+        loop.target.name
+        for loop in loops
+        if isinstance(loop.target, jinja2.nodes.Name) and _names_one_of(loop.iter, message_lists)
+    }
+    messages = _bound_names(tree, loop_items, _names_one_of)
+    contents = _bound_names(tree, set(), lambda node, _: _is_content_of(node, messages))
+    contents = _bound_names(tree, contents, _names_one_of)
+    return any(
+        _is_content_of(loop.iter, messages) or _names_one_of(loop.iter, contents) for loop in loops
+    )
+
+
+def _bound_names(
+    tree: jinja2.nodes.Template,
+    names: set[str],
+    binds: Callable[[jinja2.nodes.Node, set[str]], bool],
+) -> set[str]:
+    """`names` and every name a `{% set name = value %}` binds where `binds(value, names)`,
+    until no more are found (an alias of an alias counts)."""
+    assigns = [
+        a for a in tree.find_all(jinja2.nodes.Assign) if isinstance(a.target, jinja2.nodes.Name)
+    ]
+    found = set(names)
+    while new := {a.target.name for a in assigns if binds(a.node, found)} - found:
+        found |= new
+    return found
+
+
+def _unwrapped(node: jinja2.nodes.Node) -> jinja2.nodes.Node:
+    """The value under its filters, tests and slices: `messages[1:] | reverse` -> messages."""
+    while True:
+        if isinstance(node, jinja2.nodes.Filter | jinja2.nodes.Test) and node.node is not None:
+            node = node.node
+        elif isinstance(node, jinja2.nodes.Getitem) and isinstance(node.arg, jinja2.nodes.Slice):
+            node = node.node
+        else:
+            return node
+
+
+def _names_one_of(node: jinja2.nodes.Node, names: set[str]) -> bool:
+    node = _unwrapped(node)
+    return isinstance(node, jinja2.nodes.Name) and node.name in names
+
+
+def _is_content_of(node: jinja2.nodes.Node, names: set[str]) -> bool:
+    """`message['content']` or `message.content` (filtered or sliced) of a name in `names`."""
+    node = _unwrapped(node)
+    if isinstance(node, jinja2.nodes.Getitem):
+        key = node.arg
+        is_content = isinstance(key, jinja2.nodes.Const) and key.value == "content"
+    elif isinstance(node, jinja2.nodes.Getattr):
+        is_content = node.attr == "content"
+    else:
+        return False
+    return is_content and _names_one_of(node.node, names)

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TypeVar
+
+_Number = TypeVar("_Number", int, float)
 
 
 def plugins_allowlist() -> list[str] | None:
@@ -78,3 +81,32 @@ def kernel_choices_forced() -> dict[str, str]:
             raise ValueError(f"{KERNEL_CHOICE_ENV}: {entry!r} is not op=kernel or op/format=kernel")
         forced[target] = kernel
     return forced
+
+
+def image_fetch_timeout() -> float:
+    """CORE_IMAGE_FETCH_TIMEOUT: seconds an http(s) image URL of a request may take to
+    download (default 5, as vLLM's VLLM_IMAGE_FETCH_TIMEOUT). Past it the request is refused
+    with a 400 naming the URL's field (core.multimodal.media)."""
+    return _positive("CORE_IMAGE_FETCH_TIMEOUT", float, 5.0)
+
+
+def max_media_bytes() -> int:
+    """CORE_MAX_MEDIA_BYTES: the most bytes one image of a request may hold, encoded, whether
+    it comes from a URL, a file or a data URL (default 20 MiB). A larger one is refused with
+    a 400 naming its field, before it is read to the end (core.multimodal.media)."""
+    return _positive("CORE_MAX_MEDIA_BYTES", int, 20 * 1024 * 1024)
+
+
+def _positive(name: str, cast: type[_Number], default: _Number) -> _Number:
+    """The number in `name`, or `default` when it is unset or empty; ValueError naming the
+    variable for text that is not a finite number > 0."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = cast(raw)
+    except ValueError:
+        value = cast(0)
+    if not 0 < value < float("inf"):  # NaN fails too
+        raise ValueError(f"{name}={raw!r}: must be a finite number > 0")
+    return value

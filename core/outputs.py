@@ -1,4 +1,5 @@
-"""What `LLM.generate` / `LLM.embed` return and `AsyncLLM` streams, shaped like vLLM's outputs."""
+"""What `LLM.generate` / `LLM.embed` / `LLM.encode` return and `AsyncLLM` streams, shaped like
+vLLM's outputs."""
 
 from __future__ import annotations
 
@@ -68,4 +69,14 @@ class EmbeddingRequestOutput:
     prompt: str | None
     prompt_token_ids: list[int]
     outputs: EmbeddingOutput | None
+    finished: bool = True
+
+
+@dataclass
+class IOProcessorRequestOutput:
+    """What `LLM.encode` returns for one request (vLLM's shape): the IO processor's answer at
+    `.outputs`, whatever its `post_process` returned."""
+
+    request_id: str
+    outputs: Any
     finished: bool = True

@@ -290,7 +290,7 @@ class Tokenizer:
         (e.g. enable_thinking). Raises ValueError when there is no template or rendering
         fails (raise_exception, sandbox)."""
         return render_chat_template(
-            self._select_chat_template(chat_template, tools),
+            self.select_chat_template(chat_template, tools),
             messages,
             add_generation_prompt=add_generation_prompt,
             tools=tools,
@@ -298,7 +298,9 @@ class Tokenizer:
             template_kwargs=template_kwargs,
         )
 
-    def _select_chat_template(self, chat_template: str | None, tools: object) -> str:
+    def select_chat_template(self, chat_template: str | None, tools: object) -> str:
+        """The source of the template `apply_chat_template` renders with these arguments
+        (see there); ValueError when the model has none."""
         if chat_template is not None:
             return self._chat_templates.get(chat_template, chat_template)
         if tools and "tool_use" in self._chat_templates:

@@ -1,6 +1,7 @@
 """core.chat_template on its own: template sources from files or strings, which value a
 template variable takes when special tokens and kwargs share a name, the kwarg names it
-refuses, hostile inputs (deep nesting, invalid text) and failing templates as ValueErrors.
+refuses, hostile inputs (deep nesting, invalid text) and failing templates as ValueErrors;
+which templates loop over a message's content (vLLM's "openai" content format).
 Rendering against transformers is pinned through Tokenizer in test_tokenizer.py."""
 
 from __future__ import annotations
@@ -11,7 +12,12 @@ import time
 import pytest
 from gguf_vocab_fixtures import CHAT_TEMPLATE
 
-from core.chat_template import MAX_RENDER_CHARS, load_chat_template, render_chat_template
+from core.chat_template import (
+    MAX_RENDER_CHARS,
+    load_chat_template,
+    loops_over_message_content,
+    render_chat_template,
+)
 
 
 def test_load_chat_template_reads_files_and_takes_literal_templates(tmp_path):
@@ -214,3 +220,38 @@ def test_tool_call_arguments_too_deep_to_parse_render_as_an_empty_object(caplog)
 def test_whatever_a_template_raises_is_a_value_error_saying_it_failed(template, error):
     with pytest.raises(ValueError, match=f"^chat template failed to render: {error}"):
         render_over(template, USER)
+
+
+# Hugging Face's llava-1.5 template (abridged) and Qwen2-VL's: both loop over content parts.
+LLAVA = (
+    "{% for message in messages %}{{ message['role'].upper() + ': ' }}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}"
+    "{{ '<image>\\n' }}{% endfor %}{% generation %}{% endgeneration %}{% endfor %}"
+)
+QWEN2_VL = (
+    "{% for message in messages %}{% if message['content'] is string %}"
+    "{{ message['content'] }}{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}<|image_pad|>{% endif %}{% endfor %}{% endif %}"
+    "{% endfor %}"
+)
+
+
+@pytest.mark.parametrize(
+    ("template", "loops"),
+    [
+        (LLAVA, True),
+        (QWEN2_VL, True),
+        # through aliases of the messages, of a message and of its content, and getattr
+        ("{% set ms = messages[1:] %}{% for m in ms %}{% for p in m.content %}{% endfor %}"
+         "{% endfor %}", True),
+        ("{% for m in messages %}{% set parts = m['content'] | list %}{% for p in parts %}"
+         "{% endfor %}{% endfor %}", True),
+        # a string content, a loop over a message's keys, another list: no
+        (CHAT_TEMPLATE, False),
+        ("{% for m in messages %}{% for k in m %}{{ k }}{% endfor %}{% endfor %}", False),
+        ("{% for m in tools %}{% for p in m['content'] %}{% endfor %}{% endfor %}", False),
+        ("{% for m in messages %", False),  # does not parse
+    ],
+)  # fmt: skip
+def test_a_template_loops_over_content_when_a_message_s_content_is_iterated(template, loops):
+    assert loops_over_message_content(template) is loops

@@ -71,6 +71,15 @@ CASES = {
     "trust_remote_code": Case(("--trust-remote-code",), sets="config.model.trust_remote_code"),
     "runner": Case(("--runner", "pooling"), sets="config.model.runner"),
     "pooler_config": Case(("--pooler-config", '{"pooling_type": "MEAN"}'), sets="config.pooler"),
+    "limit_mm_per_prompt": Case(
+        ("--limit-mm-per-prompt", '{"image": 2}'), sets="config.model.limit_mm_per_prompt"
+    ),
+    "allowed_local_media_path": Case(
+        ("--allowed-local-media-path", "/srv/images"), sets="config.model.allowed_local_media_path"
+    ),
+    "io_processor_plugin": Case(
+        ("--io-processor-plugin", "my_plugin"), sets="config.model.io_processor_plugin"
+    ),
     "kv_cache_memory_bytes": Case(
         ("--kv-cache-memory-bytes", "1000000"), sets="config.cache.kv_cache_memory_bytes"
     ),
@@ -104,6 +113,13 @@ CASES = {
         ("--no-enable-chunked-prefill",), sets="config.scheduler.enable_chunked_prefill"
     ),
     "scheduling_policy": Case(("--scheduling-policy", "priority"), sets="config.scheduler.policy"),
+    "max_num_encoder_input_tokens": Case(
+        ("--max-num-encoder-input-tokens", "256"),
+        sets="config.scheduler.max_num_encoder_input_tokens",
+    ),
+    "encoder_cache_size": Case(
+        ("--encoder-cache-size", "512"), sets="config.scheduler.encoder_cache_size"
+    ),
     "tensor_parallel_size": Case(
         ("--tensor-parallel-size", "2"), sets="config.parallel.tensor_parallel_size"
     ),
@@ -154,6 +170,9 @@ CASES = {
     "disable_log_stats": Case(("--disable-log-stats",), sets="frontend.disable_log_stats"),
     "trust_request_chat_template": Case(
         ("--trust-request-chat-template",), sets="frontend.trust_request_chat_template"
+    ),
+    "chat_template_content_format": Case(
+        ("--chat-template-content-format", "openai"), sets="frontend.chat_template_content_format"
     ),
     "max_request_body_bytes": Case(
         ("--max-request-body-bytes", "1000"), sets="frontend.max_request_body_bytes"

@@ -37,6 +37,7 @@ from core.models.multimodal import supports_multimodal
 from core.models.registry import resolve_model_class
 from core.multimodal.encoder_cache import EncoderBudget
 from core.multimodal.inputs import MultiModalFeature
+from core.multimodal.media import allowed_media_root
 from core.multimodal.processing import MultiModalProcessor, process_prompt
 from core.platforms.interface import Platform
 from core.platforms.selection import select_platform
@@ -126,6 +127,7 @@ class EngineSetup:
                     f"--tensor-parallel-size {tp_size}: {config.model.quantization!r} weights "
                     "cannot be split across ranks yet; use --quantization none or one rank"
                 )
+        allowed_media_root(config.model.allowed_local_media_path)
         if config.lora is not None:
             lora_manager_class(config.lora, registry)  # installed, or the package to install
         arch.check_tensor_parallel(tp_size)
@@ -316,9 +318,20 @@ class InputProcessor:
             message = f"messages cannot be rendered with the chat template: {exc}"
             raise ChatRenderError(message, "messages") from exc
         if continue_final_message and messages:
-            last = str(messages[-1].get("content") or "")
+            last = _last_text(messages[-1].get("content"))
             text = text[: text.rfind(last) + len(last)]
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def chat_template_source(
+        self, chat_template: str | None = None, tools: object = None
+    ) -> str | None:
+        """The template `render_chat` renders with for `chat_template` (a request's, or
+        None) and `tools`: the one named, else --chat-template, else the model's; None when
+        there is none (rendering will say so)."""
+        try:
+            return self.tokenizer.select_chat_template(chat_template or self._chat_template, tools)
+        except ValueError:
+            return None
 
     def check_lora(self, request: LoRARequest) -> None:
         """ValueError, before anything is queued, when `request`'s adapter cannot be served:
@@ -385,6 +398,15 @@ class InputProcessor:
             lora_request=lora_request,
             mm_features=prepared.mm_features or None,
         )
+
+
+def _last_text(content: Any) -> str:
+    """The text a message's content ends with: the content itself, or its last text part
+    (OpenAI's list of parts, as the "openai" content format hands it to the template)."""
+    if not isinstance(content, list):
+        return str(content or "")
+    texts = [part.get("text", "") for part in content if part.get("type") == "text"]
+    return texts[-1] if texts else ""
 
 
 def _check_grammar(params: SamplingParams) -> None:

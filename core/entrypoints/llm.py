@@ -1,9 +1,15 @@
-"""LLM: the offline API — `LLM(model).generate(prompts, params)`, `.chat(messages)`, and
-`.embed(prompts)` for a model served with `runner="pooling"`."""
+"""LLM: the offline API — `LLM(model).generate(prompts, params)`, `.chat(messages)`,
+`.embed(prompts)` for a model served with `runner="pooling"`, and `.encode({"data": ...})`
+for a model with an IO processor (`io_processor_plugin=`).
+
+A prompt of a model that takes images carries them as vLLM's do:
+`{"prompt": ..., "multi_modal_data": {"image": a PIL image or a list}}`, one placeholder
+per image in the prompt; `chat` takes them as content parts (core.entrypoints.chat_content).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tqdm import tqdm
@@ -11,12 +17,21 @@ from tqdm import tqdm
 from core.engine.llm_engine import LLMEngine
 from core.engine.processor import PreparedRequest
 from core.engine_args import EngineArgs
+from core.entrypoints.chat_content import (
+    ContentFormat,
+    parse_chat_content,
+    resolve_content_format,
+    template_messages,
+)
+from core.io_processors import IOProcessor, Params, prompt_parts, require_io_processor
 from core.lora.request import LoRARequest
-from core.outputs import EmbeddingRequestOutput, RequestOutput
+from core.multimodal.media import MediaConnector
+from core.outputs import EmbeddingRequestOutput, IOProcessorRequestOutput, RequestOutput
 from core.pooling.params import PoolingParams
 from core.sampling_params import SamplingParams
 
-Prompt = str | list[int] | dict[str, Any]  # text, token ids, {"prompt"} or {"prompt_token_ids"}
+# Text, token ids, or {"prompt"} or {"prompt_token_ids"} with an optional "multi_modal_data".
+Prompt = str | list[int] | dict[str, Any]
 Message = dict[str, Any]
 
 
@@ -25,6 +40,7 @@ class LLM:
 
     def __init__(self, model: str | None = None, **engine_args: Any) -> None:
         self.engine = LLMEngine(EngineArgs(model=model, **engine_args))
+        self._media = MediaConnector(self.engine.config.model.allowed_local_media_path)
 
     def get_tokenizer(self):
         return self.engine.tokenizer
@@ -51,9 +67,7 @@ class LLM:
         for lora in loras:
             if lora is not None:
                 self.engine.processor.check_lora(lora)
-        prepared = [
-            self.engine.prepare(_prompt_input(p), sp) for p, sp in zip(batch, params, strict=True)
-        ]
+        prepared = [self._prepare(p, sp) for p, sp in zip(batch, params, strict=True)]
         return self._run(prepared, priority, loras, use_tqdm)
 
     def chat(
@@ -65,21 +79,48 @@ class LLM:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         chat_template_kwargs: dict[str, Any] | None = None,
+        chat_template_content_format: ContentFormat = "auto",
     ) -> list[RequestOutput]:
-        """Render each conversation with the chat template, then generate."""
+        """Render each conversation with the chat template, then generate.
+
+        Messages may hold `image_url` parts (data URLs, file URLs under
+        allowed_local_media_path, http(s) URLs) and `image_pil` parts (a PIL image);
+        `chat_template_content_format` is how the template sees content (see
+        core.entrypoints.chat_content). Every conversation is checked and its images
+        loaded before any is queued; a bad one raises ValueError naming its field."""
         self.engine.processor.require_runner("generate")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        render_options = {
+            "chat_template": chat_template,
+            "add_generation_prompt": add_generation_prompt,
+            "continue_final_message": continue_final_message,
+            "chat_template_kwargs": chat_template_kwargs,
+        }
         prompts = [
-            self.engine.processor.render_chat(
-                conversation,
-                chat_template=chat_template,
-                add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message,
-                chat_template_kwargs=chat_template_kwargs,
-            )
+            self._chat_prompt(conversation, chat_template_content_format, render_options)
             for conversation in conversations
         ]
         return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _chat_prompt(
+        self,
+        conversation: list[Message],
+        content_format: ContentFormat,
+        render_options: dict[str, Any],
+    ) -> Prompt:
+        """The conversation rendered: its token ids, and its images when it has some."""
+        processor = self.engine.processor
+        content = parse_chat_content(
+            conversation, processor.mm_processor, processor.config.model.limit_mm_per_prompt
+        )
+        images = [self._media.load_image(image.source, image.field) for image in content.images]
+        template = processor.chat_template_source(render_options["chat_template"])
+        content_format = resolve_content_format(content_format, template)
+        messages = template_messages(content, content_format, processor.mm_processor)
+        prompt_token_ids = processor.render_chat(messages, **render_options)
+        if not images:
+            return prompt_token_ids
+        return {"prompt_token_ids": prompt_token_ids, "multi_modal_data": {"image": images}}
 
     def embed(
         self,
@@ -93,10 +134,60 @@ class LLM:
         is queued."""
         batch = _as_list(prompts)
         params = _pooling_params_for(batch, pooling_params)
-        prepared = [
-            self.engine.prepare(_prompt_input(p), pp) for p, pp in zip(batch, params, strict=True)
-        ]
+        prepared = [self._prepare(p, pp) for p, pp in zip(batch, params, strict=True)]
         return self._run(prepared, None, [None] * len(batch), use_tqdm, desc="Embedding")
+
+    def encode(
+        self,
+        requests: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+        params: Params | None = None,
+        use_tqdm: bool = True,
+    ) -> list[IOProcessorRequestOutput]:
+        """Answer each request `{"data": ...}` with the model's IO processor (vLLM's
+        `LLM.encode` with an IO processor plugin): its data parsed and turned into prompts,
+        the prompts generated (or pooled, under `runner="pooling"`) with `params` as the
+        processor's `validate_or_generate_params` leaves them, the outputs post-processed.
+        One output per request, in order, the answer at `.outputs`. ValueError when the
+        model has no IO processor, a request is not `{"data": ...}`, or the processor or
+        the engine refuses its data; every request is checked before any is queued."""
+        processor = require_io_processor(self.engine.processor.io_processor)
+        batch = [requests] if isinstance(requests, Mapping) else list(requests)
+        request_ids = [self.engine.new_request_id() for _ in batch]
+        prepared = [
+            self._prepare_io(processor, request, params, request_id)
+            for request, request_id in zip(batch, request_ids, strict=True)
+        ]
+        flat = [p for per_request in prepared for p in per_request]
+        outputs = self._run(flat, None, [None] * len(flat), use_tqdm, desc="Encoding")
+        answers, start = [], 0
+        for request_id, per_request in zip(request_ids, prepared, strict=True):
+            mine = outputs[start : start + len(per_request)]
+            start += len(per_request)
+            answers.append(
+                IOProcessorRequestOutput(request_id, processor.post_process(mine, request_id))
+            )
+        return answers
+
+    def _prepare_io(
+        self,
+        processor: IOProcessor,
+        request: Mapping[str, Any],
+        params: Params | None,
+        request_id: str,
+    ) -> list[PreparedRequest]:
+        """The validated engine requests of one IO request, nothing queued."""
+        if not isinstance(request, Mapping) or set(request) != {"data"}:
+            raise ValueError(f'an encode request must be {{"data": ...}}, got {request!r:.80}')
+        data = processor.parse_request(request["data"])
+        request_params = processor.validate_or_generate_params(params)
+        return [
+            self.engine.prepare(parts.prompt, request_params, parts.multi_modal_data)
+            for parts in prompt_parts(processor.pre_process(data, request_id))
+        ]
+
+    def _prepare(self, prompt: Prompt, params: SamplingParams | PoolingParams) -> PreparedRequest:
+        text_or_ids, multi_modal_data = _prompt_input(prompt)
+        return self.engine.prepare(text_or_ids, params, multi_modal_data)
 
     def _params_for(
         self, batch: list[Prompt], params: SamplingParams | Sequence[SamplingParams] | None
@@ -167,13 +258,20 @@ def _as_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     return list(prompts)
 
 
-def _prompt_input(prompt: Prompt) -> str | list[int]:
-    if isinstance(prompt, dict):
-        if "prompt_token_ids" in prompt:
-            return list(prompt["prompt_token_ids"])
-        if "prompt" in prompt:
-            return prompt["prompt"]
-        raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+def _prompt_input(prompt: Prompt) -> tuple[str | list[int], dict[str, Any] | None]:
+    """The prompt (text or token ids) and its multi_modal_data (None: none)."""
     if isinstance(prompt, str | list):
-        return prompt
-    raise ValueError(f"prompt must be text, token ids or a dict, got {type(prompt).__name__}")
+        return prompt, None
+    if not isinstance(prompt, dict):
+        raise ValueError(f"prompt must be text, token ids or a dict, got {type(prompt).__name__}")
+    mm_data = prompt.get("multi_modal_data")
+    if mm_data is not None and not isinstance(mm_data, dict):
+        raise ValueError(
+            "multi_modal_data must be a dict of modality -> item or items, e.g. "
+            f"{{'image': image}}, not {type(mm_data).__name__}"
+        )
+    if "prompt_token_ids" in prompt:
+        return list(prompt["prompt_token_ids"]), mm_data
+    if "prompt" in prompt:
+        return prompt["prompt"], mm_data
+    raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")

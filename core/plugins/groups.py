@@ -44,6 +44,10 @@ LORA = "core.lora"
 """The LoRAManager class (core.lora.interface) that serves `--enable-lora` ("default":
 the `core-lora` plugin's)."""
 
+IO_PROCESSORS = "core.io_processors"
+"""The IOProcessor class (core.io_processors.interface) named by `--io-processor-plugin` or
+the checkpoint's config.json `io_processor_plugin`; loaded in the frontend process only."""
+
 NOUNS: dict[str, str] = {
     PLATFORMS: "platform",
     ATTENTION_BACKENDS: "attention backend",
@@ -58,6 +62,7 @@ NOUNS: dict[str, str] = {
     SPEC_PROPOSERS: "speculative proposer",
     TOOL_PARSERS: "tool parser",
     LORA: "LoRA implementation",
+    IO_PROCESSORS: "IO processor",
 }
 """What one entry of each group is called in messages ("sampler 'x' is not installed")."""
 

@@ -26,6 +26,7 @@ _TARGETS = pytest.StashKey["dict[str, list[Target]]"]()
 _QUANT_CONFIGS = pytest.StashKey["list[dict]"]()
 _SPEC_OPTIONS = pytest.StashKey["dict[str, str]"]()
 _KV_CONFIGS = pytest.StashKey["dict[str, str]"]()
+_IO_DATA = pytest.StashKey["dict[str, object]"]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -38,9 +39,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         dest="core_conformance",
         help="run the conformance kit for one component instead of the collected tests: "
         "KIND is platform, attention, sampler, quantization, kv_connector, model, "
-        "spec_proposer, lora, rejection_sampler or kernels (a core.general entry point that "
-        "registers kernels for core's ops); NAME an entry name of that kind's entry-point "
-        "group (rejection_sampler has none) or an importable module.path:Attr "
+        "spec_proposer, lora, io_processor, rejection_sampler or kernels (a core.general "
+        "entry point that registers kernels for core's ops); NAME an entry name of that "
+        "kind's entry-point group (rejection_sampler has none) or an importable module.path:Attr "
         "reference (`python -m pytest` puts the current directory on sys.path); "
         "repeatable, or comma-separated",
     )
@@ -73,6 +74,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         '(e.g. p2p={"kv_port": 14650}); repeatable; default: {}',
     )
     group.addoption(
+        "--core-conformance-io-data",
+        action="append",
+        default=[],
+        metavar="NAME=JSON",
+        dest="core_conformance_io_data",
+        help="request data IO processor NAME must take (the `data` of a /pooling request), "
+        'e.g. words={"words": ["w1"]}; repeatable; without it the kit checks only that '
+        "NAME refuses garbage",
+    )
+    group.addoption(
         "--core-conformance-device",
         default="cpu",
         metavar="DEVICE",
@@ -100,6 +111,9 @@ def pytest_configure(config: pytest.Config) -> None:
         )
         config.stash[_KV_CONFIGS] = _named_json(
             "--core-conformance-kv-config", config.getoption("core_conformance_kv_config")
+        )
+        config.stash[_IO_DATA] = _parsed_json(
+            "--core-conformance-io-data", config.getoption("core_conformance_io_data")
         )
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from exc
@@ -143,6 +157,20 @@ def _named_json(flag: str, items: list[str]) -> dict[str, str]:
     return named
 
 
+def _parsed_json(flag: str, items: list[str]) -> dict[str, object]:
+    """{NAME: the JSON value} of `flag`'s `NAME=JSON` items; ValueError naming the item
+    whose text is not JSON."""
+    import json
+
+    parsed = {}
+    for name, text in _named_json(flag, items).items():
+        try:
+            parsed[name] = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{flag} {name}: not JSON: {exc}") from exc
+    return parsed
+
+
 def _module_name(kind: str) -> str:
     return f"test_{kind}.py"
 
@@ -178,6 +206,12 @@ def kv_config_of(config: pytest.Config, name: str) -> dict:
 
     text = config.stash.get(_KV_CONFIGS, {}).get(name, "{}")
     return parse_json_object("--core-conformance-kv-config", text)
+
+
+def io_data_of(config: pytest.Config, name: str) -> object | None:
+    """The --core-conformance-io-data of IO processor `name`; None when none was given (a
+    JSON null is no data a processor takes: the kit checks that it refuses it)."""
+    return config.stash.get(_IO_DATA, {}).get(name)
 
 
 def quant_configs_of(config: pytest.Config) -> list[dict]:

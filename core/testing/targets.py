@@ -19,6 +19,7 @@ KINDS: dict[str, tuple[str | None, str | None]] = {
     "model": ("core.models", "torch.nn:Module"),
     "spec_proposer": ("core.spec_proposers", "core.spec_decode.interface:Proposer"),
     "lora": ("core.lora", "core.lora.interface:LoRAManager"),
+    "io_processor": ("core.io_processors", "core.io_processors.interface:IOProcessor"),
     # A general plugin's registration callable: the kit checks the kernels it registers.
     "kernels": ("core.general", None),
     # Core's own, behind an ABC so a platform can bring a fused kernel: no plugin group.

@@ -60,7 +60,8 @@ class MultiModalInputs:
             if output.shape[0] != feature.placeholder.length:
                 raise RuntimeError(
                     f"{type(self.model).__name__}.embed_multimodal gave {output.shape[0]} "
-                    f"embeddings for an item ({modality}) of {feature.placeholder.length} placeholders"
+                    f"embeddings for an item ({modality}) of {feature.placeholder.length} "
+                    "placeholders"
                 )
             self.outputs[feature.identifier] = output
         self.num_encoded += len(features)

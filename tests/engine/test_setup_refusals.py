@@ -1,5 +1,6 @@
-"""What EngineSetup refuses from the checkpoint before any process starts: multi-head
-latent attention split over ranks (it runs on one for now), naming the flags."""
+"""What EngineSetup refuses before any process starts, naming the flags: multi-head latent
+attention split over ranks (it runs on one for now), an --allowed-local-media-path that is
+not a directory."""
 
 from __future__ import annotations
 
@@ -17,3 +18,12 @@ def test_latent_attention_over_several_ranks_is_refused_naming_the_flags(flags, 
     args = EngineArgs(model=str(tmp_path), dtype="float32", max_model_len=64, **flags)
     with pytest.raises(ValueError, match="--tensor-parallel-size .* multi-head latent"):
         EngineSetup.from_engine_args(args)
+
+
+def test_a_media_path_that_is_not_a_directory_fails_the_start(tmp_path):
+    write_tiny_checkpoint(tmp_path / "model")
+    (tmp_path / "file.png").write_bytes(b"x")
+    for path in (tmp_path / "missing", tmp_path / "file.png"):
+        args = EngineArgs(model=str(tmp_path / "model"), allowed_local_media_path=str(path))
+        with pytest.raises(ValueError, match="--allowed-local-media-path .*: not a directory"):
+            EngineSetup.from_engine_args(args)

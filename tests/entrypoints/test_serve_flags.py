@@ -70,6 +70,7 @@ def test_serve_help_shows_each_declared_default():
         "--allowed-headers": "*",
         "--root-path": '""',
         "--uvicorn-log-level": "info",
+        "--chat-template-content-format": "auto",
         "--max-request-body-bytes": "2097152",
         "--shutdown-timeout": "10.0",
     }

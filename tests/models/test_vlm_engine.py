@@ -60,6 +60,11 @@ class Reference:
         """`text` with each "IMAGE" the model's placeholder."""
         return text.replace("IMAGE", PLACEHOLDERS[self.family])
 
+    def request(self, text: str, images: list[Image.Image]) -> str | dict[str, Any]:
+        """The engine's prompt for `text` and `images` (a text prompt without images)."""
+        prompt = self.prompt(text)
+        return {"prompt": prompt, "multi_modal_data": {"image": images}} if images else prompt
+
     def inputs(self, text: str, images: list[Image.Image]) -> dict[str, torch.Tensor]:
         if self.family == "llava":
             return self._llava_inputs(self.prompt(text), images)
@@ -110,12 +115,9 @@ class Loaded:
                        kv_cache_memory="8MiB")  # fmt: skip
         self.core = self.llm.engine.core
 
-    def request(self, text: str, images: list[Image.Image]) -> dict[str, Any]:
-        prompt = self.reference.prompt(text)
-        return {"prompt": prompt, "multi_modal_data": {"image": images}} if images else prompt
-
     def generate(self, prompts: list[tuple[str, list[Image.Image]]]):
-        return self.llm.generate([self.request(*p) for p in prompts], GREEDY, use_tqdm=False)
+        requests = [self.reference.request(*p) for p in prompts]
+        return self.llm.generate(requests, GREEDY, use_tqdm=False)
 
     @property
     def runner(self):
@@ -222,3 +224,19 @@ def test_an_image_shared_by_concurrent_requests_is_encoded_once(loaded):
     assert stats.mm_cache_hits - stats_before.mm_cache_hits == 3
     got = [output.outputs[0].token_ids for output in outputs]
     assert got == [loaded.reference.greedy(text, images) for text, images in prompts]
+
+
+@pytest.mark.slow
+def test_tensor_parallel_ranks_split_the_decoder_and_each_encode_the_image(tmp_path):
+    reference = Reference("qwen2-vl", tmp_path)
+    llm = LLM(str(tmp_path), dtype="float32", block_size=BLOCK_SIZE, tensor_parallel_size=2,
+              max_num_batched_tokens=STEP_TOKENS, max_model_len=128,
+              kv_cache_memory="8MiB")  # fmt: skip
+    prompts = [("user: w1 IMAGE w2 w3 </s>assistant:", [IMAGES[1]]), ("user: w7 w8 </s>", [])]
+    try:
+        requests = [reference.request(text, images) for text, images in prompts]
+        outputs = llm.generate(requests, GREEDY, use_tqdm=False)
+    finally:
+        llm.engine.shutdown()
+    got = [output.outputs[0].token_ids for output in outputs]
+    assert got == [reference.greedy(text, images) for text, images in prompts]

@@ -122,3 +122,41 @@ def test_broken_components_fail_naming_the_case(tmp_path):
     assert f"PASSED test_attention.py::{refusal}" in done.stdout
     layout = "test_fused_weight_is_its_shards_in_order[RolledScalesConfig-qkv-float32]"
     assert f"PASSED test_quantization.py::{layout}" in done.stdout
+
+
+def test_the_reference_io_processor_conforms_on_both_runners(tmp_path):
+    done = run_pytest(
+        "--core-conformance=io_processor:passthrough",
+        '--core-conformance-io-data=passthrough=["w1 w2", [5, 6]]',
+        "-rA",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "failed" not in done.stdout and "skipped" not in done.stdout
+    assert "PASSED test_io_processor.py::test_the_answer_serializes_to_json[" in done.stdout
+
+
+def test_a_sloppy_io_processor_fails_naming_what_it_does_wrong(tmp_path):
+    name = "toy_io_processor:SloppyProcessor"
+    done = run_pytest(
+        f"--core-conformance=io_processor:{name}",
+        f'--core-conformance-io-data={name}={{"words": ["w1"]}}',
+        "-rA",
+        cwd=tmp_path,
+    )
+    assert done.returncode == pytest.ExitCode.TESTS_FAILED, done.stdout + done.stderr
+    assert "parse_request(None) raised AttributeError" in done.stdout
+    assert "parse_request(True) raised AttributeError" in done.stdout
+    assert "parse_request([]) raised AttributeError" in done.stdout
+    assert "output_to_response gave what JSON cannot carry" in done.stdout
+    assert "PASSED test_io_processor.py::test_prompts_have_the_contracts_shapes" in done.stdout
+
+
+def test_io_data_that_is_not_json_is_a_usage_error(tmp_path):
+    done = run_pytest(
+        "--core-conformance=io_processor:passthrough",
+        "--core-conformance-io-data=passthrough={words}",
+        cwd=tmp_path,
+    )
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR
+    assert "--core-conformance-io-data passthrough: not JSON" in done.stderr

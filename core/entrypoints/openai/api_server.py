@@ -31,11 +31,13 @@ from core.entrypoints.openai.routers.embeddings import embeddings_router
 from core.entrypoints.openai.routers.generation import generation_router
 from core.entrypoints.openai.routers.lora_adapters import lora_adapter_router
 from core.entrypoints.openai.routers.models import models_router
+from core.entrypoints.openai.routers.pooling import pooling_router
 from core.entrypoints.openai.routers.probes import OPEN_PATHS, SCRAPED_PATHS, probes_router
 from core.entrypoints.openai.routers.tokens import tokens_router
 from core.entrypoints.openai.serving import Serving
 from core.entrypoints.openai.serving_embeddings import ServingEmbeddings
 from core.entrypoints.openai.serving_models import LoRAModulePath, ServedModels
+from core.entrypoints.openai.serving_pooling import ServingPooling
 from core.entrypoints.openai.stats_logger import StatsLogger
 from core.entrypoints.openai.tool_calls import ToolCalling
 from core.metrics import EngineMetrics
@@ -69,6 +71,7 @@ def build_app(
         request_logger,
         tool_calling,
         trust_request_chat_template=frontend.trust_request_chat_template,
+        content_format=frontend.chat_template_content_format,
     )
     app = FastAPI(title="core", version=core.__version__, lifespan=_lifespan(offload))
     install_error_handlers(app)
@@ -80,6 +83,7 @@ def build_app(
     app.include_router(models_router(models))
     app.include_router(generation_router(serving))
     app.include_router(embeddings_router(ServingEmbeddings(engine, models, offload)))
+    app.include_router(pooling_router(ServingPooling(engine, models, offload)))
     app.include_router(tokens_router(engine, serving, offload))
     if models.lora_enabled and envs.allow_runtime_lora_updating():
         app.include_router(lora_adapter_router(models))

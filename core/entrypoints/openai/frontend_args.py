@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from core.entrypoints.chat_content import CONTENT_FORMATS, ContentFormat
 from core.entrypoints.openai.flag_fields import click_options, flag, flag_name, from_options
 
 __all__ = ["UVICORN_LOG_LEVELS", "FrontendArgs", "frontend_options"]
@@ -55,6 +56,12 @@ class FrontendArgs:
         "render a chat_template sent with a request (without it: refused with a 400)",
         is_flag=True,
     )
+    chat_template_content_format: ContentFormat = flag(
+        "auto",
+        "how the chat template sees message content: string (text, image placeholders "
+        "first), openai (a list of parts), auto (openai when the template loops over it)",
+        type=click.Choice(CONTENT_FORMATS),
+    )
     # Parsing a body holds the event loop (about 30 ms per MiB of token ids), so bodies
     # are bounded: 2 MiB holds OpenAI's largest embedding batch or a 128k-token prompt.
     max_request_body_bytes: int = flag(
@@ -84,6 +91,11 @@ class FrontendArgs:
         ):
             if path is not None and not Path(path).is_file():
                 raise ValueError(f"{flag_text} {path}: no such file")
+        if self.chat_template_content_format not in CONTENT_FORMATS:
+            raise ValueError(
+                f"--chat-template-content-format {self.chat_template_content_format}: use one "
+                f"of {', '.join(CONTENT_FORMATS)}"
+            )
         if self.uvicorn_log_level not in UVICORN_LOG_LEVELS:
             raise ValueError(
                 f"--uvicorn-log-level {self.uvicorn_log_level}: use one of "

@@ -26,7 +26,9 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -106,6 +108,94 @@ class TextContentPart(_Request):
     text: str
 
 
+class ImageURL(_Request):
+    url: str  # data:, file: (under --allowed-local-media-path) or http(s): (core.multimodal.media)
+    detail: Literal["auto", "low", "high"] | None = None  # OpenAI's; images are used as sent
+
+
+class ImageURLContentPart(_Request):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+    @field_validator("image_url", mode="before")
+    @classmethod
+    def _bare_url(cls, value: Any) -> Any:
+        # vLLM takes the URL itself as well as OpenAI's {"url": ...}.
+        return {"url": value} if isinstance(value, str) else value
+
+
+class InputImageContentPart(_Request):
+    """The Responses API's image part: ``image_url`` is the URL itself."""
+
+    type: Literal["input_image"]
+    image_url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class RefusedContentPart(_Request):
+    """A part of a type the server does not take: refused naming its type (``image_embeds``:
+    core encodes images itself, from the images)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse(cls, part: Any) -> Any:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "image_embeds":
+            raise ValueError("image_embeds is not supported; send the image (image_url)")
+        raise ValueError(
+            f"content part type {kind!r} is not supported (text, image_url, input_image)"
+        )
+
+
+# The model validating each content part type; any other type is refused. Tags are class
+# names, so error paths skip them (``messages[0].content[1].text``, see errors._field_path).
+_PART_TAGS = {
+    "text": "TextContentPart",
+    "image_url": "ImageURLContentPart",
+    "input_image": "InputImageContentPart",
+}
+
+
+def _part_tag(part: Any) -> str:
+    kind = part.get("type") if isinstance(part, dict) else getattr(part, "type", None)
+    return (
+        _PART_TAGS.get(kind, "RefusedContentPart")
+        if isinstance(kind, str)
+        else "RefusedContentPart"
+    )
+
+
+ContentPart = Annotated[
+    Annotated[TextContentPart, Tag("TextContentPart")]
+    | Annotated[ImageURLContentPart, Tag("ImageURLContentPart")]
+    | Annotated[InputImageContentPart, Tag("InputImageContentPart")]
+    | Annotated[RefusedContentPart, Tag("RefusedContentPart")],
+    Discriminator(_part_tag),
+]
+
+
+def _content_tag(content: Any) -> str | None:
+    if isinstance(content, str):
+        return "Text"
+    if isinstance(content, list):
+        return "Parts"
+    return "Null" if content is None else None
+
+
+# A message's content, checked as the one shape its JSON type says: an error names the part
+# at fault only, without "should be a string" from the union's other members.
+MessageContent = Annotated[
+    Annotated[str, Tag("Text")]
+    | Annotated[list[ContentPart], Tag("Parts")]
+    | Annotated[None, Tag("Null")],
+    Discriminator(
+        _content_tag,
+        custom_error_type="content_type",
+        custom_error_message="content must be a string, a list of content parts or null",
+    ),
+]
+
+
 class FunctionDefinition(_Request):
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
     description: str | None = None
@@ -145,23 +235,14 @@ class ToolCallParam(_Request):
 
 
 class ChatMessageParam(_Request):
-    """One message of a chat request. Only text content: other content part types
-    (images, audio) are rejected with an error naming the part."""
+    """One message of a chat request: text, and images for a model that takes them. Other
+    content part types (audio, image_embeds) are rejected with an error naming the part."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextContentPart] | None = None
+    content: MessageContent = None
     name: str | None = None
     tool_call_id: str | None = None  # a tool message: the call it answers
     tool_calls: list[ToolCallParam] | None = None  # an assistant message: the calls it made
-
-    @field_validator("content", mode="before")
-    @classmethod
-    def _text_parts_only(cls, content: Any) -> Any:
-        for part in content if isinstance(content, list) else ():
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind != "text":
-                raise ValueError(f"content part type {kind!r} is not supported (only 'text')")
-        return content
 
     @model_validator(mode="after")
     def _fields_of_the_role(self) -> ChatMessageParam:
@@ -174,15 +255,18 @@ class ChatMessageParam(_Request):
         return self
 
     def to_template(self) -> dict[str, Any]:
-        """The message as the chat template sees it: text content (parts joined by a
-        newline), ``developer`` spoken as ``system`` (chat templates know no other)."""
+        """The message as OpenAI's dict, for core.entrypoints.chat_content to turn into what
+        the chat template sees: its content parts as dicts (a missing content is ""), and
+        ``developer`` spoken as ``system`` (chat templates know no other)."""
         if isinstance(self.content, list):
-            text = "\n".join(part.text for part in self.content)
+            content: str | list[dict[str, Any]] = [
+                part.model_dump(exclude_none=True) for part in self.content
+            ]
         else:
-            text = self.content or ""
+            content = self.content or ""
         message: dict[str, Any] = {
             "role": "system" if self.role == "developer" else self.role,
-            "content": text,
+            "content": content,
         }
         if self.name is not None:
             message["name"] = self.name
@@ -323,7 +407,7 @@ class _ChatTemplateRequest(_Request):
         return continue_final
 
     def conversation(self) -> list[dict[str, Any]]:
-        """The messages as plain dicts for the chat template."""
+        """The messages as plain dicts (ChatMessageParam.to_template)."""
         return [message.to_template() for message in self.messages or ()]
 
 

@@ -10,6 +10,10 @@ work. Metrics are recorded by the engine frontend (AsyncLLM.stats_listeners), no
 Turning a request into engine requests (tokenizing, rendering the chat template) runs
 off the event loop (OffLoop). A request's own `chat_template` is code the client sends:
 it is refused unless the server was started with --trust-request-chat-template, as vLLM.
+A chat request's images are loaded before that (core.multimodal.media: each download and
+decode on a worker thread, all of a request's at once), once its content parts are
+checked and its images counted (core.entrypoints.chat_content); any failure there is a 400
+naming the part, and nothing reaches the engine.
 
 A request refused before its stream starts (a dead engine core included: 503) is an HTTP
 error like a non-streaming one; once a stream has started, a failure is its last SSE event,
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -36,6 +41,13 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from core.engine.async_llm import AsyncLLM
 from core.engine.core_client import EngineDeadError
 from core.engine.processor import ChatRenderError, PreparedRequest
+from core.entrypoints.chat_content import (
+    ChatContent,
+    ContentFormat,
+    parse_chat_content,
+    resolve_content_format,
+    template_messages,
+)
 from core.entrypoints.openai import protocol as p
 from core.entrypoints.openai import responses as r
 from core.entrypoints.openai.errors import OpenAIError, as_openai_error
@@ -53,6 +65,8 @@ from core.entrypoints.openai.request_options import (
 from core.entrypoints.openai.serving_models import ServedModels
 from core.entrypoints.openai.tool_calls import ToolCalling, ToolPlan, ToolStream
 from core.lora.request import LoRARequest
+from core.multimodal.media import MediaConnector
+from core.multimodal.processing import process_prompt
 from core.outputs import CompletionOutput, RequestOutput
 from core.request import FinishReason
 from core.sampling_params import SamplingParams
@@ -83,17 +97,25 @@ class Serving:
         request_logger: RequestLogger | None = None,
         tool_calling: ToolCalling = ToolCalling(),
         trust_request_chat_template: bool = False,
+        content_format: ContentFormat = "auto",
     ):
         """`offload`: where requests are tokenized and rendered; `request_logger`: logs
         each engine request's inputs (--enable-log-requests); `tool_calling`: the
         --enable-auto-tool-choice / --tool-call-parser settings;
-        `trust_request_chat_template`: accept a request's own chat_template."""
+        `trust_request_chat_template`: accept a request's own chat_template;
+        `content_format`: --chat-template-content-format. ValueError naming
+        --allowed-local-media-path when that is not a directory."""
         self.engine = engine
         self.models = models
         self.offload = offload
         self.request_logger = request_logger
         self.tool_calling = tool_calling
         self.trust_request_chat_template = trust_request_chat_template
+        self.content_format = content_format
+        self.media = MediaConnector(engine.processor.config.model.allowed_local_media_path)
+        # Built here: on a request it would be built on the event loop (it reads the
+        # checkpoint's preprocessor config).
+        self.mm_processor = engine.processor.mm_processor
 
     # -- shared ---------------------------------------------------------------------------
 
@@ -103,14 +125,18 @@ class Serving:
         return self.models.lora_request(model)
 
     def _prepare(
-        self, prompt: str | list[int], params: SamplingParams, prompt_field: str
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        prompt_field: str,
+        multi_modal_data: dict[str, list[Any]] | None = None,
     ) -> PreparedRequest:
         """The InputProcessor's request; its ValueError is a 400 naming the request's field
-        (``prompt_field`` is what the request calls the prompt)."""
+        (``prompt_field`` is what the request calls the prompt, and holds its images)."""
         try:
-            return self.engine.processor.prepare(prompt, params)
+            return self.engine.processor.prepare(prompt, params, multi_modal_data)
         except ValueError as exc:
-            raise field_error(str(exc), {"prompt": prompt_field}) from exc
+            raise _input_error(exc, prompt_field) from exc
 
     def _options(
         self, req: p.CompletionRequest | p.ChatCompletionRequest, raw: Request
@@ -333,14 +359,11 @@ class Serving:
 
     # -- /v1/chat/completions -------------------------------------------------------------
 
-    def render_chat(
-        self, req: p._ChatTemplateRequest, tools: list[dict[str, Any]] | None = None
-    ) -> list[int]:
-        """The request's conversation, with `tools` (OpenAI's dicts) shown to the template,
-        as prompt token ids. A 400 naming messages (or the request's own chat_template) if
-        the chat template cannot render it, chat_template_kwargs if they are refused, tools
-        if it renders the same prompt without them (it ignores them), and chat_template if
-        the request brings one the server does not trust. Blocking: call it on the OffLoop."""
+    async def chat_content(self, req: p._ChatTemplateRequest) -> tuple[ChatContent, list[Any]]:
+        """The request's conversation, its content parts checked, and its images loaded (in
+        the conversation's order). A 400 naming chat_template if the request brings one the
+        server does not trust, and naming the part at fault for a part, an image or an
+        image count the model or the server does not take (nothing is loaded then)."""
         if req.chat_template is not None and not self.trust_request_chat_template:
             raise OpenAIError(
                 HTTPStatus.BAD_REQUEST,
@@ -348,10 +371,39 @@ class Serving:
                 "start it with --trust-request-chat-template to allow them",
                 param="chat_template",
             )
+        processor = self.engine.processor
+        try:
+            content = parse_chat_content(
+                req.conversation(),
+                self.mm_processor,
+                processor.config.model.limit_mm_per_prompt,
+            )
+            images = await self.media.load_images([(i.source, i.field) for i in content.images])
+        except ValueError as exc:
+            raise _field_path_error(exc) from exc
+        return content, images
+
+    def render_chat(
+        self,
+        req: p._ChatTemplateRequest,
+        content: ChatContent,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
+        """The request's conversation (`content`, from `chat_content`), with `tools`
+        (OpenAI's dicts) shown to the template, as prompt token ids: each image a
+        placeholder, not expanded yet. A 400 naming messages (or the request's own
+        chat_template) if the chat template cannot render it, chat_template_kwargs if they
+        are refused, and tools if it renders the same prompt without them (it ignores
+        them). Blocking: call it on the OffLoop."""
+        processor = self.engine.processor
+        content_format = resolve_content_format(
+            self.content_format, processor.chat_template_source(req.chat_template, tools)
+        )
+        messages = template_messages(content, content_format, self.mm_processor)
 
         def render(tools: list[dict[str, Any]] | None) -> list[int]:
-            return self.engine.processor.render_chat(
-                req.conversation(),
+            return processor.render_chat(
+                messages,
                 chat_template=req.chat_template,
                 add_generation_prompt=req.add_generation_prompt,
                 continue_final_message=req.continue_final_message,
@@ -375,12 +427,27 @@ class Serving:
             )
         return prompt_ids
 
+    def expand_images(self, prompt_ids: list[int], images: list[Any]) -> list[int]:
+        """`prompt_ids` (from `render_chat`) with each image's placeholder expanded to the
+        positions its embeddings take, as the engine will see them; a 400 naming messages
+        when the placeholders and the images do not match. Blocking: on the OffLoop."""
+        limits = self.engine.processor.config.model.limit_mm_per_prompt
+        try:
+            # self.mm_processor is set: chat_content took the images
+            expanded = process_prompt(self.mm_processor, prompt_ids, {"image": images}, limits)
+        except ValueError as exc:
+            raise _input_error(exc, "messages") from exc
+        return expanded.prompt_token_ids
+
     async def chat(self, req: p.ChatCompletionRequest, raw: Request) -> Any:
         self.engine.check_healthy()  # a 503 before a stream's 200, as without streaming
         lora = self.check_model(req.model)
         self.engine.processor.require_runner("generate")  # a 400 on an embedding model
         options = self._options(req, raw)
-        tracked, tools = await self.offload.run(self._chat_request, req, lora, options)
+        content, images = await self.chat_content(req)
+        tracked, tools = await self.offload.run(
+            self._chat_request, req, content, images, lora, options
+        )
         requests = [tracked]
         num_top = req.top_logprobs or 0
         if req.stream:
@@ -399,18 +466,25 @@ class Serving:
         return JSONResponse(response.model_dump(exclude_none=True))
 
     def _chat_request(
-        self, req: p.ChatCompletionRequest, lora: LoRARequest | None, options: EngineRequestOptions
+        self,
+        req: p.ChatCompletionRequest,
+        content: ChatContent,
+        images: list[Any],
+        lora: LoRARequest | None,
+        options: EngineRequestOptions,
     ) -> tuple[_Tracked, ToolPlan]:
-        """The conversation rendered, tokenized and validated (on the OffLoop), and how its
-        output is read for tool calls."""
+        """The conversation rendered, tokenized and validated with its images (on the
+        OffLoop), and how its output is read for tool calls."""
         tools = self.tool_calling.plan(req, self.engine.tokenizer)
-        prompt_ids = self.render_chat(req, tools.tools)
+        prompt_ids = self.render_chat(req, content, tools.tools)
         params = chat_sampling_params(
             req, self.engine.processor.max_model_len, len(prompt_ids),
             self.engine.processor.generation_defaults,
         )  # fmt: skip
         params = tools.sampling_params(params)
-        return _Tracked(0, self._prepare(prompt_ids, params, "messages"), lora, options), tools
+        multi_modal_data = {"image": images} if images else None
+        prepared = self._prepare(prompt_ids, params, "messages", multi_modal_data)
+        return _Tracked(0, prepared, lora, options), tools
 
     def _chat_choices(
         self, num_top: int, tools: ToolPlan
@@ -435,6 +509,22 @@ class Serving:
             return made
 
         return choices
+
+
+def _input_error(exc: ValueError, prompt_field: str) -> OpenAIError:
+    """A 400 for the InputProcessor's ValueError, naming the request's field: `prompt_field`
+    is what the request calls the prompt, which holds its images too."""
+    return field_error(str(exc), {"prompt": prompt_field, "multi_modal_data": prompt_field})
+
+
+# The field a chat content or media error starts with: `messages[0].content[1].image_url`.
+_FIELD_PATH = re.compile(r"messages(\[\d+\]|\.[a-z_]+)*")
+
+
+def _field_path_error(exc: ValueError) -> OpenAIError:
+    """A 400 for an error of chat_content or media, its `param` the field it starts with."""
+    path = _FIELD_PATH.match(str(exc))
+    return OpenAIError(HTTPStatus.BAD_REQUEST, str(exc), param=path.group(0) if path else None)
 
 
 def _render_param(exc: ChatRenderError, req: p._ChatTemplateRequest) -> str:

@@ -8,7 +8,6 @@ float32 bytes (`encoding_format`, what the openai client asks for by default).
 
 from __future__ import annotations
 
-import asyncio
 import base64
 from http import HTTPStatus
 
@@ -16,9 +15,9 @@ import numpy as np
 from fastapi.responses import JSONResponse
 
 from core.engine.async_llm import AsyncLLM
-from core.engine.output_processor import RequestOutputKind
 from core.engine.processor import PreparedRequest
 from core.entrypoints.openai.errors import OpenAIError
+from core.entrypoints.openai.final_outputs import final_outputs
 from core.entrypoints.openai.offload import OffLoop
 from core.entrypoints.openai.params import field_error
 from core.entrypoints.openai.protocol_embeddings import (
@@ -50,7 +49,7 @@ class ServingEmbeddings:
         except ValueError as exc:
             raise OpenAIError(HTTPStatus.BAD_REQUEST, str(exc), param="model") from exc
         prepared = await self.offload.run(self._prepare, req)
-        vectors = await self._embed_all(prepared)
+        vectors = [o.outputs.embedding for o in await final_outputs(self.engine, prepared)]
         data = [
             Embedding(embedding=_encode(vector, req.encoding_format), index=i)
             for i, vector in enumerate(vectors)
@@ -72,29 +71,6 @@ class ServingEmbeddings:
             return [self.engine.processor.prepare(prompt, params) for prompt in prompts]
         except ValueError as exc:
             raise field_error(str(exc), _RENAMES) from exc
-
-    async def _embed_all(self, prepared: list[PreparedRequest]) -> list[list[float]]:
-        """The vectors in order; the first failure is raised, and cancels (aborts) the rest."""
-        base = self.engine.new_request_id()
-        tasks = [
-            asyncio.create_task(self._embed(f"{base}-{i}", request))
-            for i, request in enumerate(prepared)
-        ]
-        try:
-            return list(await asyncio.gather(*tasks))
-        finally:
-            for task in tasks:  # after a failure the others still run: cancelling aborts them
-                task.cancel()
-
-    async def _embed(self, request_id: str, prepared: PreparedRequest) -> list[float]:
-        final = None
-        async for output in self.engine.generate(
-            request_id, prepared, RequestOutputKind.FINAL_ONLY
-        ):
-            final = output
-        if final is None or final.outputs is None:
-            raise OpenAIError(HTTPStatus.SERVICE_UNAVAILABLE, f"request {request_id} was aborted")
-        return final.outputs.embedding
 
 
 def _encode(vector: list[float], encoding_format: str) -> list[float] | str:

@@ -123,14 +123,15 @@ def test_validation_error_is_400_naming_the_field(client, payload, param, messag
 
 
 def test_nested_validation_error_names_the_path(client):
-    image = {"type": "image_url", "image_url": {"url": "http://x/y.png"}}
+    audio = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}
     response = client.post(
-        "/v1/chat/completions", json={"messages": [{"role": "user", "content": [image]}]}
+        "/v1/chat/completions", json={"messages": [{"role": "user", "content": [audio]}]}
     )
     assert response.status_code == 400
     assert response.json() == body(
-        "messages[0].content: content part type 'image_url' is not supported (only 'text')",
-        "messages[0].content",
+        "messages[0].content[0]: content part type 'input_audio' is not supported (text, "
+        "image_url, input_image)",
+        "messages[0].content[0]",
     )
 
 

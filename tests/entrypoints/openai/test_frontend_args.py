@@ -70,3 +70,11 @@ def test_shutdown_timeout_is_non_negative_and_bounds_uvicorns_wait_with_the_abor
     # uvicorn cuts what is still open after the abort at 2.5 s (never before: the aborted
     # streams get their last chunk), within the bound a stop promises: 2.5 + 2 s.
     assert 2.5 < config.timeout_graceful_shutdown < 2.5 + 2
+
+
+def test_the_content_format_is_one_of_vllms():
+    assert FrontendArgs().chat_template_content_format == "auto"
+    with pytest.raises(ValueError, match="--chat-template-content-format xml: use one of auto, "):
+        FrontendArgs(chat_template_content_format="xml")
+    refused = CliRunner().invoke(cli, ["serve", "--chat-template-content-format", "xml"])
+    assert refused.exit_code != 0 and "'xml' is not one of" in refused.output

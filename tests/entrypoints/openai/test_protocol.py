@@ -142,7 +142,7 @@ def test_stream_options_need_stream():
     assert req.stream_options.include_usage is True
 
 
-def test_chat_conversation_is_plain_text_with_developer_as_system():
+def test_chat_conversation_keeps_content_parts_with_developer_as_system():
     req = ChatCompletionRequest.model_validate(
         {
             "messages": [
@@ -159,19 +159,45 @@ def test_chat_conversation_is_plain_text_with_developer_as_system():
     )
     assert req.conversation() == [
         {"role": "system", "content": "be brief"},
-        {"role": "user", "content": "one\ntwo", "name": "ann"},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}],
+            "name": "ann",
+        },
         {"role": "assistant", "content": ""},
         {"role": "tool", "content": "42", "tool_call_id": "call_1"},
     ]
     assert req.add_generation_prompt is True and req.continue_final_message is False
 
 
-def test_non_text_content_part_is_rejected_naming_its_type():
-    image = {"type": "image_url", "image_url": {"url": "http://x/y.png"}}
-    messages = [{"role": "user", "content": [{"type": "text", "text": "see"}, image]}]
-    with pytest.raises(ValidationError, match="'image_url' is not supported") as exc:
+def test_image_parts_are_taken_as_openai_and_vllm_send_them():
+    parts = [
+        {"type": "image_url", "image_url": {"url": "http://x/y.png", "detail": "low"}},
+        {"type": "image_url", "image_url": "http://x/z.png"},  # vLLM: the URL itself
+        {"type": "input_image", "image_url": "data:image/png;base64,AAAA"},
+    ]
+    req = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": parts}]})
+    assert req.conversation()[0]["content"] == [
+        {"type": "image_url", "image_url": {"url": "http://x/y.png", "detail": "low"}},
+        {"type": "image_url", "image_url": {"url": "http://x/z.png"}},
+        {"type": "input_image", "image_url": "data:image/png;base64,AAAA"},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("part", "message"),
+    [
+        ({"type": "image_embeds", "image_embeds": "AAAA"}, "image_embeds is not supported"),
+        ({"type": "input_audio", "input_audio": {}}, "content part type 'input_audio' is not"),
+        ({"type": "image_pil", "image_pil": "x"}, "content part type 'image_pil' is not"),
+        ({"text": "no type"}, "content part type None is not supported"),
+    ],
+)
+def test_a_part_of_another_type_is_rejected_naming_its_type_at_its_own_path(part, message):
+    messages = [{"role": "user", "content": [{"type": "text", "text": "see"}, part]}]
+    with pytest.raises(ValidationError, match=message) as exc:
         ChatCompletionRequest.model_validate({"messages": messages})
-    assert error_locs(exc) == [("messages", 0, "content")]
+    assert error_locs(exc) == [("messages", 0, "content", "Parts", 1, "RefusedContentPart")]
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from tiny_engine_checkpoint import engine_args, write_tiny_checkpoint
 
 from core.config import UsageContext
 from core.engine.processor import ChatRenderError, EngineSetup, InputProcessor
+from core.entrypoints.chat_content import parse_chat_content
 from core.entrypoints.openai import protocol as p
 from core.entrypoints.openai.errors import OpenAIError
 from core.entrypoints.openai.serving import Serving
@@ -19,36 +20,34 @@ USER = [{"role": "user", "content": "w1 w2"}]
 MESSAGE = "the template refused this conversation"
 
 
-class RefusingProcessor:
-    """An InputProcessor whose render_chat raises `error`."""
+def refusal(processor, monkeypatch, error: ChatRenderError, **request) -> OpenAIError:
+    """What Serving.render_chat answers when the processor's render_chat raises `error`."""
 
-    def __init__(self, error: ChatRenderError) -> None:
-        self.error = error
+    def refuse(messages, **_) -> list[int]:
+        raise error
 
-    def render_chat(self, messages, **_) -> list[int]:
-        raise self.error
-
-
-def refusal(error: ChatRenderError, **request) -> OpenAIError:
-    """What Serving.render_chat answers when the processor raises `error`."""
-    engine = SimpleNamespace(processor=RefusingProcessor(error))
+    monkeypatch.setattr(processor, "render_chat", refuse)
+    engine = SimpleNamespace(processor=processor)
     serving = Serving(engine, models=None, offload=None, trust_request_chat_template=True)
     req = p.ChatCompletionRequest(messages=USER, **request)
     with pytest.raises(OpenAIError) as raised:
-        serving.render_chat(req)
+        serving.render_chat(req, parse_chat_content(req.conversation(), None, {}))
     return raised.value
 
 
 @pytest.mark.parametrize("field", ["chat_template_kwargs", "messages"])
-def test_the_param_is_the_field_the_error_carries(field):
-    error = refusal(ChatRenderError(MESSAGE, field))
+def test_the_param_is_the_field_the_error_carries(processor, monkeypatch, field):
+    error = refusal(processor, monkeypatch, ChatRenderError(MESSAGE, field))
     assert (error.status, error.param, error.message) == (400, field, MESSAGE)
 
 
-def test_a_failed_render_with_the_requests_own_template_names_that_template():
+def test_a_failed_render_with_the_requests_own_template_names_that_template(processor, monkeypatch):
     own = {"chat_template": "{{ messages }}"}
-    assert refusal(ChatRenderError(MESSAGE, "messages"), **own).param == "chat_template"
-    kwargs = refusal(ChatRenderError(MESSAGE, "chat_template_kwargs"), **own)
+    refused = refusal(processor, monkeypatch, ChatRenderError(MESSAGE, "messages"), **own)
+    assert refused.param == "chat_template"
+    kwargs = refusal(
+        processor, monkeypatch, ChatRenderError(MESSAGE, "chat_template_kwargs"), **own
+    )
     assert kwargs.param == "chat_template_kwargs"
 
 

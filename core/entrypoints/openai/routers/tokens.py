@@ -1,13 +1,19 @@
-"""vLLM's /tokenize (a prompt, or messages through the chat template) and /detokenize."""
+"""vLLM's /tokenize (a prompt, or messages through the chat template) and /detokenize.
+
+Messages with images count as the engine would see them: each image's placeholder expanded
+to the positions its embeddings take, so `count` is what the request costs of the context.
+"""
 
 from __future__ import annotations
 
 from http import HTTPStatus
+from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
 from core.engine.async_llm import AsyncLLM
+from core.entrypoints.chat_content import ChatContent
 from core.entrypoints.openai import protocol as p
 from core.entrypoints.openai.errors import OpenAIError
 from core.entrypoints.openai.offload import OffLoop
@@ -24,17 +30,21 @@ def tokens_router(engine: AsyncLLM, serving: Serving, offload: OffLoop) -> APIRo
     renders messages; tokenizing and decoding run on `offload`."""
     router = APIRouter()
 
-    def tokenized(req: p.TokenizeRequest) -> Response:
-        if req.messages is not None:
-            tokens = serving.render_chat(req)
-        else:
+    def tokenized(req: p.TokenizeRequest, chat: tuple[ChatContent, list[Any]] | None) -> Response:
+        if chat is None:
             tokens = engine.tokenizer.encode(req.prompt or "", req.add_special_tokens)
+        else:
+            content, images = chat
+            tokens = serving.render_chat(req, content)
+            if images:
+                tokens = serving.expand_images(tokens, images)
         return _tokenize_response(tokens, engine.processor.max_model_len)
 
     @router.post("/tokenize")
     async def tokenize(req: p.TokenizeRequest) -> Response:
         serving.check_model(req.model)
-        return await offload.run(tokenized, req)
+        chat = None if req.messages is None else await serving.chat_content(req)
+        return await offload.run(tokenized, req, chat)
 
     @router.post("/detokenize")
     async def detokenize(req: p.DetokenizeRequest) -> JSONResponse:
