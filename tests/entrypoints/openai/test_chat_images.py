@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from image_server import RED_PNG, ImageServer, data_url, png_bytes
+from image_server import RED_PNG, data_url, png_bytes
 from PIL import Image
 from stand_in_engine import StandInEngine
 from stand_in_image_processor import NUM_EMBEDS, PLACEHOLDER, StandInImageProcessor
@@ -52,22 +52,6 @@ class ImageEngine(StandInEngine):
         sample = CompletionOutput(0, word, [VOCAB[word]], None, None, finish_reason="length")
         yield RequestOutput(request_id, prepared.prompt, prepared.prompt_token_ids, None,
                             [sample], finished=True)  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def images():
-    server = ImageServer()
-    yield server
-    server.close()
-
-
-@pytest.fixture(scope="module")
-def media_dir(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("media")
-    (root / "allowed").mkdir()
-    (root / "allowed" / "red.png").write_bytes(RED_PNG)
-    (root / "secret.png").write_bytes(RED_PNG)
-    return root / "allowed"
 
 
 @pytest.fixture(scope="module")

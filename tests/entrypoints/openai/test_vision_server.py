@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import openai
 import pytest
-from image_server import RED_PNG, ImageServer, data_url
+from image_server import RED_PNG, data_url
 from server_process import ServerProcess
 
 from core.testing.tiny_vlm import write_tiny_vlm
@@ -18,22 +18,6 @@ pytestmark = pytest.mark.slow
 LIMIT = 2
 MAX_BYTES = 4096  # the red PNG fits, /big.png does not
 TEXT = {"type": "text", "text": "w1 w2"}
-
-
-@pytest.fixture(scope="module")
-def images():
-    server = ImageServer()
-    yield server
-    server.close()
-
-
-@pytest.fixture(scope="module")
-def media_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("media")
-    (root / "allowed").mkdir()
-    (root / "allowed" / "red.png").write_bytes(RED_PNG)
-    (root / "secret.png").write_bytes(RED_PNG)
-    return root / "allowed"
 
 
 @pytest.fixture(scope="module")
