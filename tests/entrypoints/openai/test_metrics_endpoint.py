@@ -3,7 +3,9 @@ random-weight model): every vLLM series is there under the chosen --metrics-pref
 model and engine labels, and the counts add up to what the workload did.
 
 The requests run one after another, each prompt fitting one step, so every request takes
-exactly as many engine steps as it generates tokens.
+exactly as many engine steps as it generates tokens. The step budget is set, hence fixed: a
+server's default budget is sized from measured step times, which on a busy machine can
+split a prompt over two steps.
 """
 
 from __future__ import annotations
@@ -61,7 +63,9 @@ class Scrape:
 
 async def run_workload(prefix: str, model_dir) -> Scrape:
     engine = await AsyncLLM.start(
-        engine_args(model_dir, block_size=BLOCK_SIZE, metrics_prefix=prefix)
+        engine_args(
+            model_dir, block_size=BLOCK_SIZE, metrics_prefix=prefix, max_num_batched_tokens=32
+        )
     )
     try:
         transport = httpx.ASGITransport(app=build_app(engine))
