@@ -115,8 +115,16 @@ class CacheConfig(_Config):
     gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
     enable_prefix_caching: bool = True
     prefix_caching_hash_algo: Literal["sha256", "fast"] = "sha256"
-    kv_cache_dtype: str = "auto"
+    # What the KV cache stores (core.attention.kv_cache_dtype): "auto" the model's dtype,
+    # or an FP8 format with per-layer scales; vLLM's "fp8" is e4m3, and is resolved to it
+    # so that backends declare one name per format.
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
     watermark: float = Field(default=0.01, ge=0.0, lt=1.0)
+
+    @field_validator("kv_cache_dtype")
+    @classmethod
+    def _fp8_is_e4m3(cls, value: str) -> str:
+        return "fp8_e4m3" if value == "fp8" else value
 
 
 class SchedulerConfig(_Config):

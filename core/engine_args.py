@@ -130,7 +130,11 @@ class EngineArgs:
         "cache", "prefix_caching_hash_algo", "--prefix-caching-hash-algo", "block hash",
         type=click.Choice(["sha256", "fast"]),
     )  # fmt: skip
-    kv_cache_dtype: str | None = _option("cache", "kv_cache_dtype", "--kv-cache-dtype", "dtype")
+    kv_cache_dtype: str | None = _option(
+        "cache", "kv_cache_dtype", "--kv-cache-dtype",
+        "what the KV cache stores: auto (the model's dtype), fp8 (= fp8_e4m3) or fp8_e5m2",
+        type=click.Choice(["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]),
+    )  # fmt: skip
     max_num_seqs: int | None = _option(
         "scheduler", "max_num_seqs", "--max-num-seqs", "most running requests", type=int
     )

@@ -14,6 +14,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from core.attention.kv_cache_dtype import KVCacheScales
+
 
 class AttentionType(str, enum.Enum):
     DECODER = "decoder"  # causal self-attention over the paged KV cache
@@ -54,6 +56,8 @@ class AttentionCapabilities:
     dtypes: frozenset[torch.dtype]
     head_sizes: frozenset[int] | None = None
     block_sizes: frozenset[int] | None = None
+    # The --kv-cache-dtype names (core.attention.kv_cache_dtype) whose cache it writes and
+    # reads; "auto" is a cache in the model's dtype.
     kv_cache_dtypes: frozenset[str] = frozenset({"auto"})
     attention_types: frozenset[AttentionType] = frozenset({AttentionType.DECODER})
     # Serves a `logits_soft_cap` (Gemma 2). Off unless declared: a backend that ignored
@@ -200,7 +204,10 @@ class AttentionImpl(ABC):
 
     `logits_soft_cap` (a positive cap) is passed, as a keyword, only for a layer that has
     one, and such a layer binds only a backend whose capabilities declare
-    `logits_soft_cap`: the constructors of the others need not take it.
+    `logits_soft_cap`: the constructors of the others need not take it. Likewise
+    `kv_scales`, only for a layer whose KV cache is FP8 (a --kv-cache-dtype the backend's
+    `kv_cache_dtypes` declare): `forward` then stores k / k_scale and v / v_scale in the
+    cache's dtype and attends over stored * scale, in the query's dtype.
     """
 
     def __init__(
@@ -212,6 +219,7 @@ class AttentionImpl(ABC):
         sliding_window: int | None = None,
         attn_type: AttentionType = AttentionType.DECODER,
         logits_soft_cap: float | None = None,
+        kv_scales: KVCacheScales | None = None,
     ) -> None:
         self.num_heads = num_heads
         self.head_size = head_size
@@ -220,6 +228,7 @@ class AttentionImpl(ABC):
         self.sliding_window = sliding_window
         self.attn_type = attn_type
         self.logits_soft_cap = logits_soft_cap
+        self.kv_scales = kv_scales  # None: the cache holds K/V in the model's dtype
 
     def record_kernel_problems(self, query: torch.Tensor) -> None:
         """Called instead of `forward` in a dummy forward (no metadata, no KV cache yet)

@@ -14,10 +14,16 @@ the forward context.
 
 A forward whose context has no metadata entry for the layer (a dummy run: profiling memory
 or warming up compilation, before the KV cache exists) outputs zeros.
+
+An FP8 KV cache (--kv-cache-dtype) stores K/V divided by the layer's `kv_scales`, which
+the model's weight loading fills from the checkpoint where it has them
+(`load_kv_scale`) and which are 1.0 otherwise (core.attention.kv_cache_dtype says why).
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from functools import partial
 from typing import Any, ClassVar
 
@@ -25,6 +31,7 @@ import torch
 from torch import nn
 
 from core.attention.interface import AttentionBackend, AttentionImpl, AttentionType
+from core.attention.kv_cache_dtype import KVCacheScales, kv_scale_target
 from core.forward_context import get_forward_context
 from core.kv_cache.spec import AttentionSpec, FullAttentionSpec, SlidingWindowSpec
 from core.ops.registry import CORE_OPS
@@ -64,13 +71,19 @@ class Attention(nn.Module):
         self.logits_soft_cap = logits_soft_cap
         self.impl: AttentionImpl | None = None
         self.kv_cache: torch.Tensor | None = None  # bound by the worker after allocation
+        self.kv_scales = KVCacheScales()  # an FP8 cache's; loaded before bind_backend
 
     def bind_backend(
-        self, backend: type[AttentionBackend], config: dict[str, Any] | None = None
+        self,
+        backend: type[AttentionBackend],
+        config: dict[str, Any] | None = None,
+        kv_cache_dtype: str = "auto",
     ) -> None:
-        """Create this layer's kernel; `config` (--attention-backend-config) adds keywords.
+        """Create this layer's kernel; `config` (--attention-backend-config) adds keywords;
+        `kv_cache_dtype` (a resolved --kv-cache-dtype) is what the cache bound later holds.
 
-        Raises ValueError when the backend cannot serve the layer (`impl_keywords`).
+        Raises ValueError when the backend cannot serve the layer (`impl_keywords`) or
+        read its cache.
         """
         impl = partial(
             backend.get_impl_cls(),
@@ -81,6 +94,7 @@ class Attention(nn.Module):
             self.sliding_window,
             self.attn_type,
             **self.impl_keywords(backend),
+            **self._kv_cache_keywords(backend, kv_cache_dtype),
         )
         self.impl = build_component(impl, config or {}, "--attention-backend-config")
 
@@ -100,6 +114,34 @@ class Attention(nn.Module):
                 "logit soft-capping (logits_soft_cap)"
             )
         return {"logits_soft_cap": self.logits_soft_cap}
+
+    def _kv_cache_keywords(
+        self, backend: type[AttentionBackend], kv_cache_dtype: str
+    ) -> dict[str, Any]:
+        """An FP8 cache's `kv_scales`, passed only then (as `logits_soft_cap`: the
+        constructors of backends that read no FP8 cache need not take it)."""
+        if kv_cache_dtype == "auto":
+            return {}
+        if kv_cache_dtype not in backend.capabilities.kv_cache_dtypes:
+            raise ValueError(
+                f"{self.layer_name}: attention backend {backend.name!r} cannot read a "
+                f"{kv_cache_dtype} KV cache"
+            )
+        return {"kv_scales": self.kv_scales}
+
+    def set_kv_scale(self, field: str, loaded: torch.Tensor) -> None:
+        """Set `field` ("k_scale" or "v_scale") from a checkpoint tensor holding one
+        positive, finite value (a per-tensor scale); ValueError otherwise."""
+        values = loaded.float().flatten()
+        if values.numel() != 1:
+            raise ValueError(
+                f"{self.layer_name}.{field}: expected one scale for the layer, got shape "
+                f"{tuple(loaded.shape)}"
+            )
+        value = values.item()
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{self.layer_name}.{field}: a scale must be positive, got {value}")
+        self.kv_scales = replace(self.kv_scales, **{field: value})
 
     def kv_cache_spec(self, block_size: int, dtype: torch.dtype) -> AttentionSpec:
         """What this layer keeps per block (the worker reports it to the engine)."""
@@ -166,6 +208,24 @@ class Attention(nn.Module):
             key.view(num_tokens, self.num_kv_heads, self.head_size),
             value.view(num_tokens, self.num_kv_heads, self.head_size),
         )
+
+
+def load_kv_scale(model: nn.Module, hf_name: str, loaded: torch.Tensor) -> bool:
+    """When the checkpoint tensor `hf_name` is the KV-cache scale of one of `model`'s
+    Attention layers (`kv_scale_target`), set it there and return True; else False (the
+    caller treats the tensor as any other)."""
+    target = kv_scale_target(hf_name)
+    if target is None:
+        return False
+    path, field = target
+    try:
+        layer = model.get_submodule(path)
+    except AttributeError:
+        return False
+    if not isinstance(layer, Attention):
+        return False
+    layer.set_kv_scale(field, loaded)
+    return True
 
 
 def prefix_layer_names(model: nn.Module, prefix: str) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from core.attention.layer import load_kv_scale
 from core.quantization.weight_loader import ShardId, get_weight_loader
 
 
@@ -64,6 +65,8 @@ def load_hf_weights(
     experts: Sequence[ExpertParam] = (),
 ) -> None:
     """Load every `(hf_name, tensor)` into `model`; names for which `skip` is true are ignored.
+    A KV-cache scale ("...self_attn.k_scale") goes to its Attention layer (`load_kv_scale`),
+    which keeps its default when the checkpoint has none.
 
     Raises ValueError naming the checkpoint tensors that match no parameter and the ones
     the model needs but did not get, or naming the tensor whose shape does not fit. Then
@@ -73,7 +76,7 @@ def load_hf_weights(
     seen: set[str] = set()
     unexpected: list[str] = []
     for hf_name, tensor in weights:
-        if skip(hf_name):
+        if skip(hf_name) or load_kv_scale(model, hf_name, tensor):
             continue
         name, shard_id = _expert_param_name(hf_name, experts) or _param_name(hf_name, stacked)
         if name not in params:

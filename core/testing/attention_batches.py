@@ -58,6 +58,7 @@ class AttentionCase:
     schedule: str
     layout: str = "layer_outermost"  # or "block_outermost": pages of blocks interleaved
     logits_soft_cap: float | None = None
+    kv_cache_dtype: str = "auto"  # a --kv-cache-dtype name: "fp8_e4m3" stores FP8
 
     @property
     def num_heads(self) -> int:
@@ -78,6 +79,8 @@ class AttentionCase:
             parts.append(self.layout.replace("_", "-"))
         if self.logits_soft_cap is not None:
             parts.append(f"softcap{self.logits_soft_cap:g}")
+        if self.kv_cache_dtype != "auto":
+            parts.append(f"kv-{self.kv_cache_dtype}")
         return "-".join(parts)
 
 

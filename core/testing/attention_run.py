@@ -5,7 +5,9 @@ impl's forward), each with its own KV cache allocated the way the worker allocat
 (a view into a KVCacheTensor shared with a neighbouring layer, sized by the layer's
 KVCacheSpec). Each step's K/V are written by each backend's own forward, so later steps
 read back what the backend itself stored. The reference is `torch_ref` in float32 on the
-CPU, fed the same values.
+CPU, fed the same values, with the case's KV-cache dtype: an FP8 case compares two FP8
+caches (same scales, powers of two so that any backend's division is exact), not FP8
+against float.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 
 from core.attention.backends.torch_ref import TorchRefBackend
 from core.attention.interface import AttentionBackend
+from core.attention.kv_cache_dtype import KVCacheScales, kv_cache_torch_dtype
 from core.kv_cache.layout import KVCacheTensor, create_kv_cache_view
 from core.kv_cache.spec import AttentionSpec, FullAttentionSpec, SlidingWindowSpec
 from core.testing.attention_batches import AttentionCase, BatchPlan, Step, to_device
@@ -27,6 +30,7 @@ NEIGHBOUR = "model.layers.0.self_attn.attn"  # shares the buffer; must stay unto
 
 TOLERANCES = {torch.float32: 1e-5, torch.float16: 2e-2, torch.bfloat16: 2e-2}
 """Max |output - reference| allowed, relative to the reference output's max |value|."""
+KV_SCALES = KVCacheScales(k_scale=0.5, v_scale=2.0)  # an FP8 case's, for both backends
 
 
 def kv_cache_spec(case: AttentionCase, dtype: torch.dtype) -> AttentionSpec:
@@ -55,7 +59,8 @@ class PagedAttentionRun:
     ) -> None:
         self.device = device
         self.dtype = dtype
-        spec = kv_cache_spec(case, dtype)
+        cache_dtype = kv_cache_torch_dtype(case.kv_cache_dtype, dtype)
+        spec = kv_cache_spec(case, cache_dtype)
         shape = backend.get_kv_cache_shape(
             num_blocks, case.block_size, case.num_kv_heads, case.head_size
         )
@@ -67,21 +72,26 @@ class PagedAttentionRun:
         )
         self.buffer = torch.zeros(tensor.size, dtype=torch.int8, device=device)
         self.kv_cache = create_kv_cache_view(
-            self.buffer, tensor, LAYER, num_blocks, self.shape[1:], dtype
+            self.buffer, tensor, LAYER, num_blocks, self.shape[1:], cache_dtype
         )
         self.neighbour = create_kv_cache_view(
-            self.buffer, tensor, NEIGHBOUR, num_blocks, self.shape[1:], dtype
+            self.buffer, tensor, NEIGHBOUR, num_blocks, self.shape[1:], cache_dtype
         )
         self.builder = backend.get_builder_cls()(spec, [LAYER], device)
-        # The cap goes as the Attention layer passes it: a keyword, and only when set.
-        soft_cap = {} if case.logits_soft_cap is None else {"logits_soft_cap": case.logits_soft_cap}
+        # The cap and the scales go as the Attention layer passes them: keywords, and only
+        # when set.
+        keywords: dict[str, object] = {}
+        if case.logits_soft_cap is not None:
+            keywords["logits_soft_cap"] = case.logits_soft_cap
+        if case.kv_cache_dtype != "auto":
+            keywords["kv_scales"] = KV_SCALES
         self.impl = backend.get_impl_cls()(
             case.num_heads,
             case.head_size,
             1 / math.sqrt(case.head_size),
             case.num_kv_heads,
             case.sliding_window,
-            **soft_cap,
+            **keywords,
         )
 
     def step(
@@ -141,19 +151,20 @@ def _check_cache(
     allocated blocks hold exactly the reference's K/V."""
     where = f"after step {step.index}"
     unallocated = torch.tensor(plan.unallocated_blocks, device=target.device)
-    written = target.kv_cache.index_select(0, unallocated).count_nonzero().item()
+    # Comparisons, not count_nonzero or torch.equal: those have no CPU kernel for FP8.
+    written = (target.kv_cache.index_select(0, unallocated) != 0).sum().item()
     if written:
         _fail(
             f"{where}: {written} values written into blocks no request owns "
             f"({plan.unallocated_blocks}, block 0 is the null block)"
         )
-    if target.neighbour.count_nonzero().item():
+    if target.neighbour.any().item():
         _fail(f"{where}: the neighbouring layer's pages were written")
     if target.shape != reference.shape:
         return
     blocks = torch.tensor(plan.allocated_blocks)
     got = target.kv_cache.cpu().index_select(0, blocks).float()
-    want = reference.kv_cache.index_select(0, blocks)
+    want = reference.kv_cache.index_select(0, blocks).float()
     if not torch.equal(got, want):
         mismatch = (got != want).flatten(1).any(1).nonzero().flatten().tolist()
         _fail(

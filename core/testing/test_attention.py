@@ -5,7 +5,8 @@
   contexts at block edges, shuffled block tables, both KV-cache layouts; for each declared
   dtype and head size (16 and 64 when it declares any), at 1e-5 of the output's scale in
   float32 and 2e-2 in 16-bit types; with attention-score soft-capping too when it
-  declares `logits_soft_cap`. Its stored K/V equal the reference's when it uses
+  declares `logits_soft_cap`; with each FP8 KV-cache dtype it declares, against the
+  reference's FP8 cache. Its stored K/V equal the reference's when it uses
   the reference's cache shape, and it never writes outside its own blocks.
 - `supports_combination` returns None or a reason for each declared combination (a
   reason skips the combination: the backend cannot serve it on this machine), and a
@@ -91,7 +92,7 @@ def test_undeclared_combination_is_refused_with_a_reason(
 
 def requirements(case: AttentionCase) -> AttentionRequirements:
     return AttentionRequirements(
-        case.dtype, case.head_size, case.block_size,
+        case.dtype, case.head_size, case.block_size, case.kv_cache_dtype,
         logits_soft_cap=case.logits_soft_cap is not None,
     )  # fmt: skip
 
@@ -125,6 +126,9 @@ def attention_cases(caps: AttentionCapabilities) -> list[AttentionCase]:
         if caps.logits_soft_cap:
             capped = replace(base, logits_soft_cap=SOFT_CAP)
             cases += [capped, replace(capped, sliding_window=3, schedule="block-edges")]
+        for kv_dtype in sorted(caps.kv_cache_dtypes - {"auto"}):
+            fp8 = replace(base, kv_cache_dtype=kv_dtype)
+            cases += [fp8, replace(fp8, sliding_window=3, layout="block_outermost")]
     return cases
 
 

@@ -16,6 +16,7 @@ from core.attention.interface import (
     BuilderLimits,
     GraphSupport,
 )
+from core.attention.kv_cache_dtype import kv_cache_torch_dtype
 from core.attention.layer import Attention, prefix_layer_names
 from core.attention.selector import select_attention_backend
 from core.compilation.compiler import compile_model
@@ -100,6 +101,8 @@ class Worker:
         self.rank = rank
         self.device = platform.torch_device(local_rank)
         self.dtype = config.model.torch_dtype(platform)
+        # What the KV cache holds: the model's dtype, or an FP8 one (--kv-cache-dtype).
+        self.kv_cache_dtype = kv_cache_torch_dtype(config.cache.kv_cache_dtype, self.dtype)
         # Set by init_device on a memory-profiling platform.
         self.free_memory_at_start: int | None = None
         self._loaded: LoadedModel | None = None  # set by load_model
@@ -217,18 +220,21 @@ class Worker:
     def _bind_attention_backend(self, layers: tuple[Attention, ...]) -> type[AttentionBackend]:
         """Select the backend for the first layer's needs and bind every layer to it."""
         components = self.config.components
+        cache = self.config.cache
         req = AttentionRequirements(
             dtype=self.dtype,
             head_size=layers[0].head_size,
-            block_size=self.config.cache.block_size,
-            kv_cache_dtype=self.config.cache.kv_cache_dtype,
+            block_size=cache.block_size,
+            kv_cache_dtype=cache.kv_cache_dtype,
             attn_type=layers[0].attn_type,
             use_mla=layers[0].use_mla,
             logits_soft_cap=any(layer.logits_soft_cap is not None for layer in layers),
         )
         choice = select_attention_backend(self.platform, req, components.attention_backend)
         for layer in layers:
-            layer.bind_backend(choice.backend, components.attention_backend_config)
+            layer.bind_backend(
+                choice.backend, components.attention_backend_config, cache.kv_cache_dtype
+            )
         return choice.backend
 
     def _graph_mode(self, backend: type[AttentionBackend]) -> CUDAGraphMode:
@@ -335,11 +341,11 @@ class Worker:
         loaded = self.loaded
         block_size = self.config.cache.block_size
         specs = {
-            layer.layer_name: layer.kv_cache_spec(block_size, self.dtype)
+            layer.layer_name: layer.kv_cache_spec(block_size, self.kv_cache_dtype)
             for layer in loaded.attention_layers
         }
         if loaded.speculator is not None:
-            specs |= loaded.speculator.proposer.kv_cache_spec(block_size, self.dtype)
+            specs |= loaded.speculator.proposer.kv_cache_spec(block_size, self.kv_cache_dtype)
         return specs
 
     def profile_memory(self) -> MemoryProfile:
@@ -407,7 +413,7 @@ class Worker:
                     num_blocks, block_size, layer.num_kv_heads, layer.head_size
                 )
                 layer.kv_cache = create_kv_cache_view(
-                    buffer, tensor, name, num_blocks, shape[1:], self.dtype
+                    buffer, tensor, name, num_blocks, shape[1:], self.kv_cache_dtype
                 )
 
     def _build_metadata_builders(

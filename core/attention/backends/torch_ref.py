@@ -6,6 +6,11 @@ decode. Decode rows (one new token each) are attended together in one batched
 computation per layer — per-request kernel calls cost far more than the math on a CPU —
 while prefill chunks, few per step, go one request at a time through SDPA.
 
+An FP8 KV cache (--kv-cache-dtype fp8_e4m3 / fp8_e5m2) is written quantized with the
+layer's scales and read back dequantized into the model's dtype; a prompt's own K/V are
+attended as read back too, so a token's attention is the same whether its context was
+computed in the step or read from the cache (chunks, prefix-cache hits, preemption).
+
 It also serves encoder-only attention (BERT): every prompt token sees the whole prompt,
 which the engine configuration puts in one step (no chunking, no prefix-cache hit:
 core.pooling.runner). Its K/V still go through the paged cache, like a decoder's: the
@@ -21,6 +26,7 @@ import torch.nn.functional as F
 
 from core.attention.backends.mla_ref import TorchRefMLABackend
 from core.attention.interface import AttentionCapabilities, AttentionImpl, AttentionType
+from core.attention.kv_cache_dtype import FP8_KV_CACHE_DTYPES, dequantize_kv, quantize_kv
 from core.attention.paged_metadata import (
     DecodeBatch,
     PagedAttentionMetadata,
@@ -47,9 +53,10 @@ class TorchRefImpl(AttentionImpl):
     What both hooks may rely on:
     - KV layout (`TorchRefBackend.get_kv_cache_shape`): `kv_cache` is
       [num_blocks, 2, block_size, num_kv_heads, head_size], index 0 of dimension 1 the
-      keys and 1 the values, in the model's dtype. Only the head_size dimension is
-      guaranteed contiguous: a block-outermost KV-cache layout interleaves several
-      layers' pages, so consecutive blocks may be further apart than one page.
+      keys and 1 the values, in the model's dtype, or in an FP8 dtype when the impl has
+      `kv_scales` (read it through `read_pages`, which dequantizes). Only the head_size
+      dimension is guaranteed contiguous: a block-outermost KV-cache layout interleaves
+      several layers' pages, so consecutive blocks may be further apart than one page.
     - The step's K/V are already in the cache when a hook runs; hooks read the cache
       and write nothing but their return value.
     - GQA: query head h reads KV head h // (num_heads // num_kv_heads).
@@ -71,7 +78,7 @@ class TorchRefImpl(AttentionImpl):
         attn_metadata: PagedAttentionMetadata,
     ) -> torch.Tensor:  # [T, Hq, D]
         num_tokens = len(attn_metadata.slot_mapping)
-        _write_kv(kv_cache, key[:num_tokens], value[:num_tokens], attn_metadata)
+        key, value = self._store_kv(kv_cache, key[:num_tokens], value[:num_tokens], attn_metadata)
         output = torch.empty_like(query)
         for chunk in attn_metadata.prefills:
             rows = slice(chunk.start, chunk.end)
@@ -101,7 +108,7 @@ class TorchRefImpl(AttentionImpl):
         `query`, `key` and `value` are the chunk's own rows (views into the step's
         tensors), at positions [chunk.seq_len - q_len, chunk.seq_len). Keys before those
         are read from `kv_cache` through `chunk.block_ids`; the chunk's own keys are both
-        in `key`/`value` and in the cache.
+        in `key`/`value` and in the cache (an FP8 cache's values, dequantized, in both).
         """
         q_len = query.shape[0]
         cacheless = q_len == chunk.seq_len
@@ -110,7 +117,7 @@ class TorchRefImpl(AttentionImpl):
         if cacheless:  # the new K/V are the whole context
             k, v = key, value
         else:
-            k, v = gather_pages(kv_cache, chunk.block_ids)  # [>= seq_len, Hkv, D]
+            k, v = self.read_pages(kv_cache, chunk.block_ids, query.dtype)  # [>= seq_len, Hkv, D]
             k, v = k[: chunk.seq_len], v[: chunk.seq_len]
         # A plain causal square lets SDPA skip the masked half instead of reading a mask;
         # the soft-capped path takes no is_causal, so it always gets the mask.
@@ -166,7 +173,7 @@ class TorchRefImpl(AttentionImpl):
         decode.token_index[i]); all of each row's keys, its new one included, are read
         from `kv_cache` through `decode.block_table[i]` and `decode.seq_lens[i]`.
         """
-        k, v = gather_pages(kv_cache, decode.block_table)  # [B, L, Hkv, D]
+        k, v = self.read_pages(kv_cache, decode.block_table, query.dtype)  # [B, L, Hkv, D]
         k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, Hkv, L, D]
         seq_lens = decode.seq_lens[:, None]  # [B, 1]
         # Keys past each context (padding, other requests' blocks) do not exist.
@@ -175,6 +182,36 @@ class TorchRefImpl(AttentionImpl):
             visible &= decode.key_positions >= seq_lens - self.sliding_window
         out = self._attend(query[:, :, None, :], k, v, visible[:, None, None, :])  # [B, Hq, 1, D]
         return out[:, :, 0]
+
+    def _store_kv(
+        self,
+        kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, Hkv, D]
+        key: torch.Tensor,  # [T, Hkv, D]
+        value: torch.Tensor,  # [T, Hkv, D]
+        attn_metadata: PagedAttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # [T, Hkv, D] each
+        """Write the step's K/V at their slots; return them as the cache gives them back
+        (for an FP8 cache: quantized with `kv_scales`, then dequantized)."""
+        if self.kv_scales is None:
+            _write_kv(kv_cache, key, value, attn_metadata)
+            return key, value
+        k_scale, v_scale = self.kv_scales.k_scale, self.kv_scales.v_scale
+        stored_k = quantize_kv(key, k_scale, kv_cache.dtype)
+        stored_v = quantize_kv(value, v_scale, kv_cache.dtype)
+        _write_kv(kv_cache, stored_k, stored_v, attn_metadata)
+        dtype = key.dtype
+        return dequantize_kv(stored_k, k_scale, dtype), dequantize_kv(stored_v, v_scale, dtype)
+
+    def read_pages(
+        self, kv_cache: torch.Tensor, block_ids: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # [..., n * block_size, Hkv, D] each
+        """`gather_pages` in `dtype` (the query's): an FP8 cache's pages dequantized with
+        `kv_scales`, others as stored."""
+        k, v = gather_pages(kv_cache, block_ids)
+        if self.kv_scales is None:
+            return k, v
+        scales = self.kv_scales
+        return dequantize_kv(k, scales.k_scale, dtype), dequantize_kv(v, scales.v_scale, dtype)
 
     def _attend(
         self,
@@ -226,19 +263,26 @@ def _write_kv(
     value: torch.Tensor,
     attn_metadata: PagedAttentionMetadata,
 ) -> None:
-    """Store the step's K/V at their slots (slot = block * block_size + offset)."""
+    """Store the step's K/V, in the cache's dtype, at their slots (slot = block *
+    block_size + offset)."""
     num_blocks, _, block_size, num_kv_heads, head_size = kv_cache.shape
     if kv_cache.is_contiguous():
         # index_copy_ on a flat view is far faster than advanced-index assignment.
-        rows = kv_cache.view(num_blocks * 2 * block_size, num_kv_heads, head_size)
+        rows = _copyable(kv_cache).view(num_blocks * 2 * block_size, num_kv_heads, head_size)
         key_rows = attn_metadata.key_rows(block_size)
-        rows.index_copy_(0, key_rows, key)
-        rows.index_copy_(0, key_rows + block_size, value)
+        rows.index_copy_(0, key_rows, _copyable(key))
+        rows.index_copy_(0, key_rows + block_size, _copyable(value))
     else:  # a block-outermost layout interleaves layers: pages are not adjacent
         slots = attn_metadata.slot_mapping
         blocks, offsets = slots // block_size, slots % block_size
         kv_cache[blocks, 0, offsets] = key
         kv_cache[blocks, 1, offsets] = value
+
+
+def _copyable(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor`, or for one-byte values (FP8) their bytes: index_copy_ has no CPU kernel
+    for float8 dtypes."""
+    return tensor.view(torch.uint8) if tensor.dtype.itemsize == 1 else tensor
 
 
 class TorchRefBackend(PagedMetadataBackend):
@@ -248,6 +292,7 @@ class TorchRefBackend(PagedMetadataBackend):
     name = "torch_ref"
     capabilities = AttentionCapabilities(
         dtypes=frozenset({torch.float32, torch.float16, torch.bfloat16}),
+        kv_cache_dtypes=frozenset({"auto", *FP8_KV_CACHE_DTYPES}),
         attention_types=frozenset({AttentionType.DECODER, AttentionType.ENCODER_ONLY}),
         logits_soft_cap=True,
     )

@@ -118,6 +118,9 @@ class CpuPagedBackend(TorchRefBackend):
         dtypes=frozenset({torch.float32, torch.float16, torch.bfloat16}),
         # The kernel is compiled for these head sizes (so its loops fully unroll).
         head_sizes=frozenset({16, 32, 64, 80, 96, 128, 256}),
+        # The kernels read K/V in the query's dtype only: an FP8 cache (--kv-cache-dtype)
+        # falls back to the reference, which dequantizes its pages.
+        kv_cache_dtypes=frozenset({"auto"}),
         # Neither C++ kernel soft-caps scores (the reference's capability is not inherited).
         logits_soft_cap=False,
     )
