@@ -61,15 +61,37 @@ CONFORMANCE = [
     "spec_proposer:layer_skip",
     "quantization:gguf",
     "quantization:awq",
+    "quantization:gptq",
+    "quantization:compressed-tensors",
+    "quantization:fp8",
     "kv_connector:offload",
     "kv_connector:p2p",
     "kv_connector:multi",
     # core-cpu-kernels' registration callable: each kernel it serves against core's references.
     "kernels:kernel_ops",
+    # core's W8A8 int8 paths on the CPU, each against core::int8_linear's reference.
+    "kernels:core.quantization.int8_linear_cpu:register",
 ]
-# The kit's layers have 64 inputs: AWQ groups of 32.
+# The kit's layers have 64 inputs: AWQ groups of 32; GPTQ 4-bit in act order in groups of
+# 32 and 8-bit v2 in one group; compressed-tensors W4A16 in groups of 32 and W8A8 int8
+# (the head left out: "Linear" would match it, and a quantized head is refused); FP8 with
+# static activation scales (read, then unused: W8A16) and in blocks that do not divide.
 QUANT_CONFIGS = [
     '{"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": true, "version": "gemm"}',
+    '{"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": true, "sym": false}',
+    '{"quant_method": "gptq", "bits": 8, "group_size": -1, "desc_act": false, '
+    '"checkpoint_format": "gptq_v2"}',
+    '{"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": '
+    '{"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", '
+    '"symmetric": true, "strategy": "group", "group_size": 32}}}, "ignore": ["lm_head"]}',
+    '{"quant_method": "compressed-tensors", "format": "int-quantized", "config_groups": '
+    '{"group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "int", '
+    '"symmetric": true, "strategy": "channel"}, "input_activations": {"num_bits": 8, '
+    '"type": "int", "symmetric": true, "strategy": "token", "dynamic": true}}}, '
+    '"ignore": ["lm_head"]}',
+    '{"quant_method": "fp8", "activation_scheme": "static"}',
+    '{"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", '
+    '"weight_block_size": [32, 48]}',
 ]
 # The composite connector's list: the two it is deployed with.
 KV_CONFIGS = [

@@ -221,6 +221,7 @@ def test_quantize_with_awq_filtered_out_names_its_distribution(tmp_path, fresh_r
 def test_info_says_which_quantization_methods_run_and_which_kernel_multiplies(fresh_registry):
     output = invoke("info").output
     assert "gguf (core 0.1.0): runs on cpu; keeps linear layers, embeddings and LM head" in output
+    assert "gptq (core 0.1.0): runs on cpu; keeps linear layers quantized" in output
     assert "multiply via core::quant_linear: " in output
     awq = (
         "awq (core-quant-awq 0.1.0): runs on cpu"

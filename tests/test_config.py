@@ -109,8 +109,8 @@ def test_invalid_values_raise_value_error_naming_the_field(kwargs, field):
 
 
 def test_platform_rejects_an_unsupported_quantization():
-    with pytest.raises(ValueError, match="--quantization fp8 is not supported on the cpu platform"):
-        EngineArgs(quantization="fp8").create_engine_config(CpuPlatform())
+    with pytest.raises(ValueError, match="--quantization bitsandbytes is not supported on the cpu platform"):
+        EngineArgs(quantization="bitsandbytes").create_engine_config(CpuPlatform())
 
 
 def test_config_is_frozen_after_creation():

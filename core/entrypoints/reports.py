@@ -199,7 +199,8 @@ def _quantization_lines(registry: PluginRegistry, platform: Platform) -> list[st
         + (" — pip install core-cpu-kernels" if platform.device_type == "cpu" else "")
     )
     lines.append(
-        f"  packed 4/8-bit weights (awq on cpu, gguf) multiply via core::quant_linear: {kernel}"
+        "  packed 4/8-bit weights (awq on cpu, gguf, gptq, compressed-tensors W4A16 / W8A16) "
+        "multiply via core::quant_linear: " + kernel
     )
     return lines
 

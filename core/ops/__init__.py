@@ -13,7 +13,9 @@ device_type)` one of them.
 """
 
 from core.ops.activation import silu_and_mul, silu_and_mul_reference
+from core.ops.fp8_linear import fp8_linear, fp8_linear_reference
 from core.ops.fused_moe import check_fused_moe_args, fused_moe, fused_moe_reference
+from core.ops.int8_linear import int8_linear, int8_linear_reference
 from core.ops.linear import linear, linear_reference
 from core.ops.norm import (
     fused_add_rms_norm,
@@ -41,10 +43,14 @@ __all__ = [
     "Tolerance",
     "apply_rotary_emb",
     "check_fused_moe_args",
+    "fp8_linear",
+    "fp8_linear_reference",
     "fused_add_rms_norm",
     "fused_add_rms_norm_reference",
     "fused_moe",
     "fused_moe_reference",
+    "int8_linear",
+    "int8_linear_reference",
     "linear",
     "linear_reference",
     "provider",

@@ -49,6 +49,12 @@ _RUN = 32  # 4-bit values are packed in runs of 32 inputs, 16 bytes each
 BITS = (4, 8)
 
 
+def group_unit(bits: int) -> int:
+    """What every group size of `bits`-bit values is a multiple of: whole runs of 32
+    inputs for 4 bits, 16 inputs for 8."""
+    return _RUN if bits == 4 else 16
+
+
 def group_size(qweight: torch.Tensor, scales: torch.Tensor, bits: int) -> int:
     """G of a packed weight: its number of inputs over its number of groups per row."""
     return num_inputs(qweight, bits) // scales.shape[1]
@@ -77,7 +83,7 @@ def check_layout(
             f"[{n}, groups]"
         )
     groups = scales.shape[1]
-    unit = _RUN if bits == 4 else 16
+    unit = group_unit(bits)
     if groups == 0 or k % groups or (k // groups) % unit:
         raise ValueError(
             f"{name}: {groups} groups do not cut {k} inputs into groups of a multiple of {unit}"

@@ -34,9 +34,10 @@ class CpuPlatform(Platform):
     device_name = "CPU"
     dist_backend = "gloo"
     supported_dtypes = (torch.float32, torch.bfloat16, torch.float16)
-    # Both keep 4-bit weights packed; core::quant_linear's C++ kernel comes with
-    # core-cpu-kernels (without it, its torch reference). awq needs core-quant-awq.
-    supported_quantization = ("awq", "gguf")
+    # awq, gguf and gptq keep 4- or 8-bit weights packed; core::quant_linear's C++ kernel
+    # comes with core-cpu-kernels (without it, its torch reference). awq needs
+    # core-quant-awq. fp8 runs W8A16 (core.quantization.fp8).
+    supported_quantization = ("awq", "compressed-tensors", "fp8", "gguf", "gptq")
     # cpu_paged comes with the optional core-cpu-kernels plugin; without it, torch_ref.
     preferred_attention_backends = ("cpu_paged", "torch_ref")
     # No graphs to capture on a CPU. -O1 (torch.compile, inductor's C++ code) is available;

@@ -150,8 +150,8 @@ class LinearMethod(ABC):
         """x W^T + bias, computed from the parameters `create_weights` made.
 
         The hot path (every layer, every step): keep Python work and temporaries to a
-        minimum. It must equal `x @ self.dequantize(layer).T + bias` up to the rounding
-        of its arithmetic (the conformance kit checks exactly that).
+        minimum. It must equal `self.rounded_input(layer, x) @ self.dequantize(layer).T +
+        bias` up to the rounding of its arithmetic (the conformance kit checks exactly that).
         """
 
     @abstractmethod
@@ -164,6 +164,13 @@ class LinearMethod(ABC):
         return a parameter itself (the unquantized method does), so callers must not
         modify the result in place.
         """
+
+    def rounded_input(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The activation `apply` multiplies by W, as values in x's dtype: x itself (the
+        default), or, for a method that quantizes activations as it runs (W8A8: int8 per
+        token), what x rounds to. Off the hot path, like `dequantize`: the other half of
+        the reference `apply` is held to."""
+        return x
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Turn the loaded checkpoint tensors into the form `apply` multiplies, once.
@@ -231,6 +238,9 @@ class WrappedLinearMethod(LinearMethod):
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
         return self.base.dequantize(layer)
 
+    def rounded_input(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return self.base.rounded_input(layer, x)
+
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         self.base.process_weights_after_loading(layer)
 
@@ -260,6 +270,15 @@ class QuantizationConfig(ABC):
         """The method for the linear layer `layer_name` (its module prefix, e.g.
         "model.layers.0.self_attn.qkv_proj"); return an `UnquantizedLinearMethod` for
         layers the checkpoint leaves unquantized."""
+
+    @classmethod
+    def for_float_weights(cls) -> QuantizationConfig | None:
+        """The config that quantizes a float checkpoint's weights as they load: what
+        `--quantization NAME` runs on a checkpoint without a `quantization_config` (vLLM's
+        online quantization; fp8 stores each linear weight in e4m3 once loaded). Its
+        methods then take the checkpoint's float tensors. None (the default): the method
+        runs only on weights stored in it, and asking for it on float weights is refused."""
+        return None
 
     def get_embedding_method(self, layer_name: str) -> LinearMethod | None:
         """The method for the vocabulary embedding or LM head `layer_name`

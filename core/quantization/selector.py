@@ -3,8 +3,9 @@
 The checkpoint decides what is possible: weights stored by a method (a
 `quantization_config.quant_method` in config.json, e.g. AWQ) run with that method only;
 a GGUF file runs dequantized to `--dtype` or, with `--quantization gguf`, kept in its
-blocks; float weights run unquantized. `--quantization` chooses among those, and `none`
-asks for dequantized weights where the format allows it.
+blocks; float weights run unquantized, or quantized as they load by a method that can
+(`--quantization fp8`, `QuantizationConfig.for_float_weights`). `--quantization` chooses
+among those, and `none` asks for dequantized weights where the format allows it.
 """
 
 from __future__ import annotations
@@ -50,10 +51,18 @@ def resolve_quantization(
             )
         return None
     if requested != stored.method:
+        if stored.method is None and _quantizes_float_weights(requested):
+            return requested
         have = f"{stored.method}-quantized" if stored.method else "not quantized (float weights)"
         hint = "" if stored.method else f"; make a checkpoint with `core quantize {requested}`"
         raise ValueError(f"--quantization {requested}: the checkpoint is {have}{hint}")
     return requested
+
+
+def _quantizes_float_weights(name: str) -> bool:
+    """Whether method `name` quantizes float weights as they load (`--quantization fp8` on
+    a float checkpoint: QuantizationConfig.for_float_weights)."""
+    return quantization_config_class(name).for_float_weights() is not None
 
 
 def quantization_config_class(
@@ -73,10 +82,15 @@ def quantization_config_class(
 def build_quantization_config(
     name: str, hf_config: dict[str, Any], registry: PluginRegistry | None = None
 ) -> QuantizationConfig:
-    """The method's config from the checkpoint's `quantization_config` (or just its name
-    when the checkpoint has none, as a GGUF file); ValueError naming the field."""
+    """The method's config from the checkpoint's `quantization_config`; when it has none,
+    the method's config for float weights if it quantizes them as they load, else one
+    from just its name (a GGUF file); ValueError naming the field."""
     cls = quantization_config_class(name, registry)
-    settings = hf_config.get("quantization_config") or {"quant_method": name}
+    settings = hf_config.get("quantization_config")
+    online = None if settings else cls.for_float_weights()
+    if online is not None:
+        return online
+    settings = settings or {"quant_method": name}
     try:
         return cls.from_config(dict(settings))
     except ValueError as exc:

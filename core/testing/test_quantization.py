@@ -10,7 +10,8 @@ dtype, or what the parameter's own maker gives (`core.quantization.weight_loader
 set_random_values`). Then `process_weights_after_loading` runs on every layer, and:
 - `dequantize` gives W of the logical shape in the activation dtype, and a fused layer's
   W is its shards' W stacked in order (the loaders put each shard in its place);
-- `apply(layer, x, bias)` equals `x @ dequantize(layer).T + bias` within 1e-5 (float32),
+- `apply(layer, x, bias)` equals `rounded_input(layer, x) @ dequantize(layer).T + bias`
+  (x itself unless the method quantizes activations) within 1e-5 (float32),
   1e-2 (float16) or 2e-2 (bfloat16) of the product's scale, for 1 and 5 tokens;
 - parameters are inference-only (requires_grad False) and carry a weight_loader.
 A create_weights that refuses an activation dtype with ValueError skips that dtype.
@@ -216,11 +217,13 @@ def test_apply_equals_the_dequantized_reference(
         if layer.bias is None
         else layer.bias.double().cpu()
     )
-    want = x.double() @ weight.T + bias
-    scale = (x.double().abs() @ weight.abs().T + bias.abs()).max().item()
+    # x as the method rounds it (activations quantized at run time), else x itself.
+    rounded = method.rounded_input(layer, x.to(device)).double().cpu()
+    want = rounded @ weight.T + bias
+    scale = (rounded.abs() @ weight.abs().T + bias.abs()).max().item()
     diff = (got.double() - want).abs().max().item()
     assert diff <= TOLERANCES[dtype] * scale, (
-        f"apply differs from x @ dequantize(layer).T + bias by {diff:.3g} "
+        f"apply differs from rounded_input(layer, x) @ dequantize(layer).T + bias by {diff:.3g} "
         f"> {TOLERANCES[dtype]} x scale {scale:.3g}"
     )
 
