@@ -109,7 +109,8 @@ def test_invalid_values_raise_value_error_naming_the_field(kwargs, field):
 
 
 def test_platform_rejects_an_unsupported_quantization():
-    with pytest.raises(ValueError, match="--quantization bitsandbytes is not supported on the cpu platform"):
+    refusal = "--quantization bitsandbytes is not supported on the cpu platform"
+    with pytest.raises(ValueError, match=refusal):
         EngineArgs(quantization="bitsandbytes").create_engine_config(CpuPlatform())
 
 

@@ -37,7 +37,12 @@ from torch import nn
 
 from core import ops
 from core.ops.fp8_linear import FP8_DTYPE, dequantize, fp8_linear, num_blocks, quantize
-from core.quantization.interface import LinearMethod, LinearPartition, QuantizationConfig
+from core.quantization.interface import (
+    FUSED_CHECKPOINT_MODULES,
+    LinearMethod,
+    LinearPartition,
+    QuantizationConfig,
+)
 from core.quantization.packed import drop_parameters
 from core.quantization.unquantized import UnquantizedLinearMethod, dense_linear
 from core.quantization.weight_loader import WeightLoader, add_parameter, fused_weight_loader
@@ -45,11 +50,6 @@ from core.quantization.weight_loader import WeightLoader, add_parameter, fused_w
 ACTIVATION_SCHEMES = ("dynamic", "static")
 # What a layer may have loaded, replaced after loading by core::fp8_linear's layout.
 _CHECKPOINT_PARAMS = ("weight", "weight_scale", "weight_scale_inv", "input_scale")
-# A checkpoint names the projections a fused layer of core holds (vLLM's packed modules).
-_FUSED_SHARDS = {
-    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
-    "gate_up_proj": ("gate_proj", "up_proj"),
-}
 _BLOCK_FIELD = "weight_block_size"
 
 
@@ -129,7 +129,7 @@ def _is_ignored(layer_name: str, ignored: Sequence[str]) -> bool:
     head, _, last = layer_name.rpartition(".")
     if any(_names(layer_name, entry) for entry in ignored):
         return True
-    shards = [f"{head}.{shard}" for shard in _FUSED_SHARDS.get(last, ())]
+    shards = [f"{head}.{shard}" for shard in FUSED_CHECKPOINT_MODULES.get(last, ())]
     skipped = [shard for shard in shards if any(_names(shard, entry) for entry in ignored)]
     if skipped and len(skipped) < len(shards):
         raise ValueError(

@@ -26,12 +26,22 @@ if TYPE_CHECKING:
     from core.model_loader.checkpoint import Checkpoint
 
 __all__ = [
+    "FUSED_CHECKPOINT_MODULES",
     "LinearMethod",
     "LinearPartition",
     "LinearSplit",
     "QuantizationConfig",
     "WrappedLinearMethod",
 ]
+
+
+FUSED_CHECKPOINT_MODULES: dict[str, tuple[str, ...]] = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+}
+"""The checkpoint modules each of core's fused linear layers stacks, by the last part of
+its name: what a method that settles layers by checkpoint names (ignore lists, targets)
+matches a fused layer's name against."""
 
 
 class LinearSplit(str, enum.Enum):

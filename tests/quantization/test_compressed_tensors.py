@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from quantized_layers import assert_loads_dequantized
 from safetensors.torch import load_file, save_file
 
 from core import LLM, SamplingParams
@@ -35,12 +36,6 @@ from core.testing.tiny_checkpoint import VOCAB, random_llama, write_tiny_checkpo
 pytest.importorskip("transformers")
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-FUSED = {
-    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-    "self_attn.o_proj": ("self_attn.o_proj",),
-    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
-    "mlp.down_proj": ("mlp.down_proj",),
-}
 
 
 def weights_args(bits: int, group: int | None, symmetric: bool) -> dict:
@@ -184,12 +179,7 @@ def test_checkpoint_loads_to_exactly_its_dequantized_weights(tmp_path, scheme):
     config = build_quantization_config("compressed-tensors", checkpoint.hf_config)
     model = build_model(checkpoint, config)
     method = W8A8LinearMethod if scheme == "w8a8" else PackQuantizedLinearMethod
-    for index, layer in enumerate(model.model.layers):
-        for fused, parts in FUSED.items():
-            module = layer.get_submodule(fused)
-            assert isinstance(module.linear_method, method), module.prefix
-            want = torch.cat([expected[f"model.layers.{index}.{part}"] for part in parts])
-            assert torch.equal(module.linear_method.dequantize(module), want), module.prefix
+    assert_loads_dequantized(model, expected, method)
     assert isinstance(model.lm_head.linear_method, UnquantizedLinearMethod)
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from quantized_layers import assert_loads_dequantized
 from safetensors.torch import load_file, save_file
 from tp_checkpoint import write_tp_checkpoint
 
@@ -187,21 +188,9 @@ def generate(directory: Path, **overrides) -> list[list[int]]:
 def test_gptq_packed_checkpoint_loads_to_its_dequantized_weights(tmp_path, scheme):
     expected = write_gptq_checkpoint(tmp_path, scheme)
     model = load_gptq_model(tmp_path)
-    for index, layer in enumerate(model.model.layers):
-        prefix = f"model.layers.{index}"
-        attn, mlp = layer.self_attn, layer.mlp
-        fused = {
-            attn.qkv_proj: ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
-            attn.o_proj: ["self_attn.o_proj"],
-            mlp.gate_up_proj: ["mlp.gate_proj", "mlp.up_proj"],
-            mlp.down_proj: ["mlp.down_proj"],
-        }
-        for module, parts in fused.items():
-            assert isinstance(module.linear_method, GPTQLinearMethod)
-            want = torch.cat([expected[f"{prefix}.{part}"] for part in parts])
-            assert torch.equal(module.linear_method.dequantize(module), want), module.prefix
-            # act order permutes the inputs once, at load
-            assert (module.input_order is not None) == scheme.desc_act, module.prefix
+    for module in assert_loads_dequantized(model, expected, GPTQLinearMethod):
+        # act order permutes the inputs once, at load
+        assert (module.input_order is not None) == scheme.desc_act, module.prefix
 
 
 @pytest.mark.parametrize("scheme", [ACT_ORDER_ASYM, SCHEMES[3]], ids=str)

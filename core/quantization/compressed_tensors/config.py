@@ -22,14 +22,9 @@ from typing import Any
 from core.quantization.compressed_tensors.pack_quantized import PackQuantizedLinearMethod
 from core.quantization.compressed_tensors.scheme import Scheme, parse_scheme
 from core.quantization.compressed_tensors.w8a8 import W8A8LinearMethod
-from core.quantization.interface import LinearMethod, QuantizationConfig
+from core.quantization.interface import FUSED_CHECKPOINT_MODULES, LinearMethod, QuantizationConfig
 from core.quantization.unquantized import UnquantizedLinearMethod
 
-# Checkpoint projections core fuses into one layer (its models' stacked parameters).
-_FUSED_SHARDS = {
-    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
-    "gate_up_proj": ("gate_proj", "up_proj"),
-}
 _LINEAR_CLASS = "Linear"
 _LM_HEAD = "lm_head"
 _PATTERN_PREFIX = "re:"
@@ -145,7 +140,7 @@ def _group(name: str, group: Any, default_format: Any) -> _Group:
 def _checkpoint_names(layer_name: str) -> tuple[str, ...]:
     """The checkpoint modules core's layer `layer_name` holds (its projections, if fused)."""
     parent, _, leaf = layer_name.rpartition(".")
-    shards = _FUSED_SHARDS.get(leaf)
+    shards = FUSED_CHECKPOINT_MODULES.get(leaf)
     if shards is None:
         return (layer_name,)
     return tuple(f"{parent}.{shard}" if parent else shard for shard in shards)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from core_quant_awq.awq import AWQConfig, AWQLinearMethod
+from quantized_layers import assert_loads_dequantized
 from safetensors.torch import load_file, save_file
 
 from core import LLM, SamplingParams
@@ -109,19 +110,7 @@ def test_autoawq_packed_checkpoint_loads_to_its_dequantized_weights(tmp_path):
     group = 32  # the tiny model's hidden size
     expected = write_awq_checkpoint(tmp_path, group)
     model = load_awq_model(tmp_path)
-    for index, layer in enumerate(model.model.layers):
-        prefix = f"model.layers.{index}"
-        attn, mlp = layer.self_attn, layer.mlp
-        fused = {
-            attn.qkv_proj: ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
-            attn.o_proj: ["self_attn.o_proj"],
-            mlp.gate_up_proj: ["mlp.gate_proj", "mlp.up_proj"],
-            mlp.down_proj: ["mlp.down_proj"],
-        }
-        for module, parts in fused.items():
-            assert isinstance(module.linear_method, AWQLinearMethod)
-            want = torch.cat([expected[f"{prefix}.{part}"] for part in parts])
-            assert torch.equal(module.linear_method.dequantize(module), want), module.prefix
+    assert_loads_dequantized(model, expected, AWQLinearMethod)
 
 
 @pytest.mark.parametrize("group", [32, 64, 128])
