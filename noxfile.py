@@ -67,6 +67,8 @@ CONFORMANCE = [
     "kv_connector:offload",
     "kv_connector:p2p",
     "kv_connector:multi",
+    # core's reference IO processor, on sample data (IO_DATA).
+    "io_processor:passthrough",
     # core-cpu-kernels' registration callable: each kernel it serves against core's references.
     "kernels:kernel_ops",
     # core's W8A8 int8 paths on the CPU, each against core::int8_linear's reference.
@@ -97,6 +99,8 @@ QUANT_CONFIGS = [
 KV_CONFIGS = [
     'multi={"connectors": [{"kv_connector": "p2p"}, {"kv_connector": "offload"}]}',
 ]
+# Sample request data of the IO processors the kit checks: a prompt for the passthrough.
+IO_DATA = ['passthrough="w1 w2"']
 # Method options of the proposers' engine runs: lookups short enough to hit on the kit's
 # random model, the target as its own draft, the target's first layer.
 SPEC_OPTIONS = [
@@ -170,6 +174,7 @@ def conformance(session: nox.Session) -> None:
     targets += [f"--core-conformance-spec-options={options}" for options in SPEC_OPTIONS]
     targets += [f"--core-conformance-quant-config={config}" for config in QUANT_CONFIGS]
     targets += [f"--core-conformance-kv-config={config}" for config in KV_CONFIGS]
+    targets += [f"--core-conformance-io-data={data}" for data in IO_DATA]
     session.run(pytest, *targets, *session.posargs, external=True)
     # The example platform is available only when asked for; check its class that way too.
     session.run(
