@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from core.ops.quant_linear import group_unit, pack
+from core.ops.quant_linear import group_unit
 from core.quantization.int32_packing import unpack_int32
 from core.quantization.interface import (
     LinearMethod,
@@ -155,10 +155,7 @@ class GPTQLinearMethod(LinearMethod):
         order = _input_order(layer.g_idx, q.shape[1] // scales.shape[1], layer.prefix)
         if order is not None:
             q = q[:, order]
-        # The packed layout holds 4-bit values unsigned, 8-bit ones signed: q - centre.
-        # s * (q - z) = s * (q - centre) + s * (centre - z), each product exact in float32.
-        centre = 0 if bits == 4 else 128
-        store(layer, PackedWeight(pack(q - centre, bits), scales, scales * (centre - zeros), bits))
+        store(layer, PackedWeight.from_zero_points(q, zeros, scales, bits))
         drop_parameters(layer, _CHECKPOINT_PARAMS)
         layer.register_buffer("input_order", order, persistent=False)
 

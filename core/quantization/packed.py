@@ -40,6 +40,23 @@ class PackedWeight:
     def group_size(self) -> int:
         return group_size(self.qweight, self.scales, self.bits)
 
+    @classmethod
+    def from_zero_points(
+        cls,
+        q: torch.Tensor,  # [N, K] unsigned values, 0 .. 2^bits - 1
+        zeros: torch.Tensor,  # [N, K / G] zero points, on q's scale
+        scales: torch.Tensor,  # [N, K / G]
+        bits: int,
+    ) -> PackedWeight:
+        """W = (q - z) * s, as GPTQ, AWQ and compressed-tensors store weights, in this
+        layout. Its 4-bit values are unsigned and its 8-bit ones signed, so q' = q - c with
+        c = 0 or 128, and min = (c - z) * s: both products, and their sum, are exact in
+        float32 for scales of up to 16 significant bits (float16 and bfloat16 ones, what
+        checkpoints store), so W is the checkpoint's to the bit."""
+        centre = 0 if bits == 4 else 128
+        scales = scales.float().contiguous()
+        return cls(pack(q - centre, bits), scales, (centre - zeros.float()) * scales, bits)
+
     def check(self, name: str) -> None:
         """ValueError naming `name` when the tensors are not one packed weight."""
         check_layout(self.qweight, self.scales, self.mins, self.bits, name)

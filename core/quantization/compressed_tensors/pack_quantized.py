@@ -22,7 +22,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from core.ops.quant_linear import pack
 from core.quantization.compressed_tensors.scheme import GROUP_UNIT, Scheme
 from core.quantization.int32_packing import unpack_int32
 from core.quantization.interface import LinearMethod, LinearPartition
@@ -101,7 +100,8 @@ class PackQuantizedLinearMethod(LinearMethod):
             stored_zeros = torch.full_like(scales, 2 ** (bits - 1))
         else:
             stored_zeros = unpack_int32(layer.weight_zero_point, bits, dim=0).float()
-        store(layer, _packed_weight(stored_values, stored_zeros, scales, bits))
+        # Both are offset by 2^(bits - 1) as stored, which (u - uz) cancels.
+        store(layer, PackedWeight.from_zero_points(stored_values, stored_zeros, scales, bits))
         names = _CHECKPOINT_PARAMS if self.scheme.symmetric else (*_CHECKPOINT_PARAMS, _ZERO_POINT)
         drop_parameters(layer, names)
 
@@ -111,21 +111,6 @@ class PackQuantizedLinearMethod(LinearMethod):
 
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
         return stored(layer).dequantize().to(layer.params_dtype)
-
-
-def _packed_weight(
-    stored_values: torch.Tensor,  # [N, K] the unsigned values as stored, q + 2^(b-1)
-    stored_zeros: torch.Tensor,  # float32 [N, groups], z + 2^(b-1) likewise
-    scales: torch.Tensor,  # float32 [N, groups]
-    bits: int,
-) -> PackedWeight:
-    """W = (u - uz) * s in core's layout W = s * q' + min. Core's 4-bit values are unsigned
-    and its 8-bit ones signed, so q' = u - c with c = 0 or 128, and min = (c - uz) * s:
-    both products, and their sum, are exact for scales of up to 16 significant bits
-    (float16 and bfloat16 ones, what checkpoints store), so W is the checkpoint's to the bit."""
-    center = 0 if bits == 4 else 2 ** (bits - 1)
-    mins = (center - stored_zeros) * scales
-    return PackedWeight(pack(stored_values - center, bits), scales.contiguous(), mins, bits)
 
 
 def _zero_point_rows(sizes: tuple[int, ...], per_word: int, name: str) -> list[int]:

@@ -16,7 +16,6 @@ import torch
 from torch import nn
 
 from core.model_loader.checkpoint import Checkpoint
-from core.ops.quant_linear import pack
 from core.quantization import (
     LinearMethod,
     LinearPartition,
@@ -129,8 +128,7 @@ class AWQLinearMethod(LinearMethod):
         q = awq_format.unpack_columns(layer.qweight).T  # [out, in]
         zeros = awq_format.unpack_columns(layer.qzeros).T.float()  # [out, groups]
         scales = layer.scales.T.float()  # [out, groups]
-        # (q - z) * s = s * q + (-z * s): both products exact in float32 (core.ops.quant_linear)
-        store(layer, PackedWeight(pack(q, 4), scales.contiguous(), -(zeros * scales), 4))
+        store(layer, PackedWeight.from_zero_points(q, zeros, scales, 4))
         drop_parameters(layer, _CHECKPOINT_PARAMS)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
