@@ -167,6 +167,8 @@ class InputProcessor:
         self._retired_lora_ids: set[int] = set()
         self._shape_model: torch.nn.Module | None = None
         self._checkpoint = checkpoint
+        # What a multimodal item may take of the encoder's step budget and cache.
+        self._encoder_budget = EncoderBudget.of(self.config.scheduler, self.max_model_len)
         # Built in the frontend only (the engine core never imports a processor), before
         # the engine core starts, so a wrong --io-processor-plugin stops the start early.
         self.io_processor: IOProcessor | None = load_io_processor(self.config, checkpoint.hf_config)
@@ -238,9 +240,8 @@ class InputProcessor:
         processed = process_prompt(
             self.mm_processor, token_ids, mm_data, self.config.model.limit_mm_per_prompt
         )
-        budget = EncoderBudget.of(self.config.scheduler, self.max_model_len)
         for feature in processed.features:
-            budget.check_item(feature)
+            self._encoder_budget.check_item(feature)
         return processed.prompt_token_ids, processed.features
 
     def _prepare_pooled(self, prompt: str | list[int], params: PoolingParams) -> PreparedRequest:

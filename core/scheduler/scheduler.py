@@ -446,10 +446,13 @@ class Scheduler:
         """The tokens the request may compute from `start` (at most `count`), cut before
         the first item that neither is encoded nor fits this step's encoder budget and the
         cache's room, and the items to encode for them. Changes nothing."""
+        needed = self._needed_items(request, start, count)
+        if not needed:  # every text-only step: no cache arithmetic
+            return count, []
         cache = self.encoder_cache
         budget, room = step.encoder_budget, cache.room()
         to_encode: list[int] = []
-        for i in self._needed_items(request, start, count):
+        for i in needed:
             feature = request.mm_features[i]
             identifier, size = feature.identifier, feature.placeholder.length
             if identifier in step.encoding or cache.holds(identifier):
