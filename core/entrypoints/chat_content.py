@@ -23,10 +23,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from core.chat_template import loops_over_message_content
 from core.multimodal.processing import DEFAULT_ITEM_LIMIT, MultiModalProcessor
+
+if TYPE_CHECKING:
+    from core.engine.processor import InputProcessor
 
 __all__ = [
     "CONTENT_FORMATS",
@@ -34,6 +37,7 @@ __all__ = [
     "ContentFormat",
     "ImagePart",
     "parse_chat_content",
+    "messages_for_template",
     "resolve_content_format",
     "template_messages",
 ]
@@ -144,6 +148,21 @@ def resolve_content_format(
     if content_format != "auto":
         return content_format
     return "openai" if template and loops_over_message_content(template) else "string"
+
+
+def messages_for_template(
+    processor: InputProcessor,
+    content: ChatContent,
+    content_format: ContentFormat,
+    chat_template: str | None,
+    tools: object = None,
+) -> list[dict[str, Any]]:
+    """The messages `processor.render_chat` takes for `content`, `content_format` resolved
+    against the template it renders with for `chat_template` (a request's, or None) and
+    `tools`: the one path of the offline API and the server."""
+    template = processor.chat_template_source(chat_template, tools)
+    resolved = resolve_content_format(content_format, template)
+    return template_messages(content, resolved, processor.mm_processor)
 
 
 def template_messages(

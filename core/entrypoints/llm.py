@@ -19,9 +19,8 @@ from core.engine.processor import PreparedRequest
 from core.engine_args import EngineArgs
 from core.entrypoints.chat_content import (
     ContentFormat,
+    messages_for_template,
     parse_chat_content,
-    resolve_content_format,
-    template_messages,
 )
 from core.io_processors import IOProcessor, Params, prompt_parts, require_io_processor
 from core.lora.request import LoRARequest
@@ -114,9 +113,8 @@ class LLM:
             conversation, processor.mm_processor, processor.config.model.limit_mm_per_prompt
         )
         images = [self._media.load_image(image.source, image.field) for image in content.images]
-        template = processor.chat_template_source(render_options["chat_template"])
-        content_format = resolve_content_format(content_format, template)
-        messages = template_messages(content, content_format, processor.mm_processor)
+        chat_template = render_options["chat_template"]
+        messages = messages_for_template(processor, content, content_format, chat_template)
         prompt_token_ids = processor.render_chat(messages, **render_options)
         if not images:
             return prompt_token_ids

@@ -44,9 +44,8 @@ from core.engine.processor import ChatRenderError, PreparedRequest
 from core.entrypoints.chat_content import (
     ChatContent,
     ContentFormat,
+    messages_for_template,
     parse_chat_content,
-    resolve_content_format,
-    template_messages,
 )
 from core.entrypoints.openai import protocol as p
 from core.entrypoints.openai import responses as r
@@ -396,10 +395,9 @@ class Serving:
         are refused, and tools if it renders the same prompt without them (it ignores
         them). Blocking: call it on the OffLoop."""
         processor = self.engine.processor
-        content_format = resolve_content_format(
-            self.content_format, processor.chat_template_source(req.chat_template, tools)
+        messages = messages_for_template(
+            processor, content, self.content_format, req.chat_template, tools
         )
-        messages = template_messages(content, content_format, self.mm_processor)
 
         def render(tools: list[dict[str, Any]] | None) -> list[int]:
             return processor.render_chat(
