@@ -75,7 +75,10 @@ def test_a_high_priority_request_sent_last_runs_before_earlier_low_priority_ones
             async with client.stream("POST", "/v1/completions", json=blocker) as stream:
                 lines = stream.aiter_lines()  # kept: a dropped iterator closes the stream
                 await anext(lines)  # the blocker's first token: it holds the slot
+                # "b" must be queued before "c" is sent: equal priorities run in arrival
+                # order, and two requests sent at once may arrive in either.
                 b = asyncio.create_task(complete(client, "b", 5))
+                await wait_for_waiting(client, 1)
                 c = asyncio.create_task(complete(client, "c", 5))
                 await wait_for_waiting(client, 2)
                 urgent = asyncio.create_task(complete(client, "urgent", 0))
