@@ -21,6 +21,7 @@ PLUGINS = [
     "plugins/spec_decode",
     "plugins/kv_connectors",
     "plugins/moe_triton",
+    "plugins/quant_triton",
 ]
 CPU_KERNELS = "plugins/cpu_kernels"
 SHARED_ENV = Path(".nox/shared")

@@ -26,6 +26,7 @@ PLUGIN_DISTRIBUTIONS = (
     "core-spec-decode",
     "core-kv-connectors",
     "core-moe-triton",
+    "core-quant-triton",
 )
 
 HOOKS_PLUGIN = {

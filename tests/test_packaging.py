@@ -1,4 +1,4 @@
-"""All eight distributions build wheels that carry their entry points and API declaration."""
+"""Every distribution builds a wheel that carries its entry points and API declaration."""
 
 from __future__ import annotations
 
@@ -46,6 +46,11 @@ DISTRIBUTIONS = {
         "plugins/moe_triton",
         "core_moe_triton",
         ["moe_triton = core_moe_triton.ops:register"],
+    ),
+    "core-quant-triton": (
+        "plugins/quant_triton",
+        "core_quant_triton",
+        ["quant_triton = core_quant_triton.ops:register"],
     ),
     "core-cpu-kernels": (
         "plugins/cpu_kernels",

@@ -26,8 +26,12 @@ class CudaPlatform(Platform):
     device_name = "NVIDIA CUDA GPU"
     dist_backend = "nccl"
     supported_dtypes = (torch.bfloat16, torch.float16, torch.float32)
-    # awq: core-quant-awq's Triton kernel; gguf: core's torch reference of quant_linear.
-    supported_quantization = ("awq", "gguf")
+    # awq: core-quant-awq's Triton kernel over AutoAWQ's layout. gguf, gptq and
+    # compressed-tensors' pack-quantized weights: core's packed layout, multiplied by
+    # core-quant-triton's core::quant_linear (Triton targets ROCm too), else its torch
+    # reference; compressed-tensors' W8A8 by core::int8_linear's reference. fp8: W8A16 on a
+    # dense copy of the weights (core.quantization.fp8).
+    supported_quantization = ("awq", "compressed-tensors", "fp8", "gguf", "gptq")
     preferred_attention_backends = ("flash", "torch_ref")
     device_control_env_var = "CUDA_VISIBLE_DEVICES"
     memory_profiling = True

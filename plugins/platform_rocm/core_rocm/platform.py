@@ -29,9 +29,12 @@ class RocmPlatform(Platform):
     device_name = "AMD ROCm GPU"
     dist_backend = "nccl"  # RCCL, under PyTorch's nccl name
     supported_dtypes = (torch.bfloat16, torch.float16, torch.float32)
-    # awq: core-quant-awq's Triton kernel (Triton targets ROCm too); gguf: core's torch
-    # reference of quant_linear.
-    supported_quantization = ("awq", "gguf")
+    # awq: core-quant-awq's Triton kernel over AutoAWQ's layout. gguf, gptq and
+    # compressed-tensors' pack-quantized weights: core's packed layout, multiplied by
+    # core-quant-triton's core::quant_linear (Triton targets ROCm too), else its torch
+    # reference; compressed-tensors' W8A8 by core::int8_linear's reference. fp8: W8A16 on a
+    # dense copy of the weights (core.quantization.fp8).
+    supported_quantization = ("awq", "compressed-tensors", "fp8", "gguf", "gptq")
     preferred_attention_backends = ("flash", "torch_ref")
     device_control_env_var = "HIP_VISIBLE_DEVICES"
     memory_profiling = True
