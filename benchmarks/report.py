@@ -499,6 +499,25 @@ def speculative_targets(results: Results) -> list[Target]:
     return targets
 
 
+# The async-scheduling issue's target: W1 with --async-scheduling vs the same engine without.
+ASYNC_TARGET = 1.05
+
+
+def async_targets(results: Results) -> list[Target]:
+    """core-async (core-gguf with --async-scheduling) against core-gguf: W1's target, and
+    W2's decode for the record (its goal: no loss)."""
+    targets = []
+    for workload, key, goal in (("W1", "total_tokens_per_s", ASYNC_TARGET),
+                                ("W2", "decode_tokens_per_s", 1.0)):  # fmt: skip
+        value = _metric(results, workload, "core-async", key)
+        base = _metric(results, workload, "core-gguf", key)
+        if value is not None and base is not None:
+            targets.append(Target(f"core {workload} {key}, --async-scheduling vs without",
+                                  f"{fmt(value)} / {fmt(base)}", value / base, f">= {goal}",
+                                  value >= goal * base))  # fmt: skip
+    return targets
+
+
 # The LoRA issue's target: W1 with 4 adapters round-robin, rank 16, vs the base model alone.
 LORA_TARGET = 0.75
 
@@ -530,6 +549,7 @@ def targets(results: Results, c: Ceilings) -> list[Target]:
         *prefix_targets(results),
         *speculative_targets(results),
         *lora_targets(results),
+        *async_targets(results),
     ]
 
 

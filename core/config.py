@@ -142,6 +142,8 @@ class SchedulerConfig(_Config):
     # encoder cache holds (None: the step's token budget, and at least one image's worth).
     max_num_encoder_input_tokens: int | None = Field(default=None, ge=1)
     encoder_cache_size: int | None = Field(default=None, ge=1)
+    # Schedule step N+1 while step N runs (core/scheduler/scheduler.py's placeholders).
+    async_scheduling: bool = False
 
     def max_step_tokens(self, max_model_len: int) -> int:
         """The most tokens one step may schedule: what the model runner's buffers hold."""

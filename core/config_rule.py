@@ -14,7 +14,7 @@ from core.config import CompilationConfig, CUDAGraphMode, EngineConfig
 from core.pooling.runner import CheckpointPooling
 
 __all__ = [
-    "COMPILED", "LORA", "PIPELINE", "POOLING", "SPECULATIVE",
+    "ASYNC_SCHEDULING", "COMPILED", "LORA", "PIPELINE", "POOLING", "SPECULATIVE",
     "Check", "ConfigFacts", "Rule", "compile_flag", "compiles", "enabled",
 ]  # fmt: skip
 
@@ -63,6 +63,7 @@ COMPILED = "-O1 / -O2 (compile, capture graphs)"
 EXPERTS_ACROSS_ENGINES = "--enable-expert-parallel with --data-parallel-size > 1"
 KV_TRANSFER = "--kv-transfer-config"
 MULTIMODAL = "a multimodal model (images in)"
+ASYNC_SCHEDULING = "--async-scheduling"
 
 _ENABLED: dict[str, Callable[[EngineConfig], bool]] = {
     LORA: lambda config: config.lora is not None,
@@ -72,6 +73,7 @@ _ENABLED: dict[str, Callable[[EngineConfig], bool]] = {
     EXPERTS_ACROSS_ENGINES: lambda config: config.parallel.experts_span_engines,
     KV_TRANSFER: lambda config: config.kv_transfer.kv_connector is not None,
     MULTIMODAL: lambda config: config.model.multimodal,
+    ASYNC_SCHEDULING: lambda config: config.scheduler.async_scheduling,
 }
 
 

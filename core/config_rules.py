@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from core.config import CUDAGraphMode, EngineConfig
 from core.config_rule import (
+    ASYNC_SCHEDULING,
     COMPILED,
     EXPERTS_ACROSS_ENGINES,
     KV_TRANSFER,
@@ -327,6 +328,33 @@ def _check_stages(config: EngineConfig, facts: ConfigFacts) -> str | None:
     if facts.num_layers is None:
         return None
     return too_many_stages(facts.num_layers, config.parallel.pipeline_parallel_size)
+
+
+# -- async scheduling ------------------------------------------------------------------------
+
+
+def _async_scheduling_rule(name: str, partner: str, reason: str) -> None:
+    """Register: async scheduling with `partner` is refused, saying why."""
+
+    def check(config: EngineConfig, facts: ConfigFacts) -> str | None:
+        if not (enabled(ASYNC_SCHEDULING, config) and enabled(partner, config)):
+            return None
+        return f"--async-scheduling with {partner}: {reason}; use --no-async-scheduling"
+
+    refuses = f"{ASYNC_SCHEDULING} with {partner}"
+    _RULES.append(Rule(name, (ASYNC_SCHEDULING, partner), refuses, "--no-async-scheduling", check))
+
+
+_async_scheduling_rule(
+    "async-scheduling-pipeline", PIPELINE, "pipeline stages already run one step each at once"
+)
+_async_scheduling_rule(
+    "async-scheduling-kv-transfer", KV_TRANSFER, "a KV connector's steps do not overlap yet"
+)
+_async_scheduling_rule(
+    "async-scheduling-experts-across-engines", EXPERTS_ACROSS_ENGINES,
+    "engines in lock-step cannot run ahead of each other",
+)  # fmt: skip
 
 
 # -- pooling ---------------------------------------------------------------------------------

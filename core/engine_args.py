@@ -163,6 +163,10 @@ class EngineArgs:
         "scheduler", "encoder_cache_size", "--encoder-cache-size",
         "encoder embeddings the encoder cache holds (default: the encoder budget)", type=int,
     )  # fmt: skip
+    async_scheduling: bool | None = _option(
+        "scheduler", "async_scheduling", "--async-scheduling/--no-async-scheduling",
+        "schedule each step while the previous one runs", default=None,
+    )  # fmt: skip
     scheduling_policy: str | None = _option(
         "scheduler", "policy", "--scheduling-policy", "victim and admission order",
         type=click.Choice(["fcfs", "priority"]),

@@ -176,6 +176,12 @@ class Request:
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.num_computed_tokens = 0
+        # Async scheduling: tokens that steps already started will sample for this request
+        # (not yet in all_token_ids); a step may compute them before they are known.
+        self.num_output_placeholders = 0
+        # The index of the first step that may schedule it (set when the scheduler takes it):
+        # outputs of earlier steps under its id were another request's.
+        self.first_step_index = 0
         self.drafts = Drafts()
         self.num_cached_tokens = -1
         self.num_preemptions = 0

@@ -88,6 +88,18 @@ REFUSED: dict[str, tuple[Case, tuple[str, ...]]] = {
         Case({"kv_transfer_config": '{"kv_connector": "x"}', "pipeline_parallel_size": 2}),
         ("--kv-transfer-config", "--pipeline-parallel-size 2", "--pipeline-parallel-size 1"),
     ),
+    "async-scheduling-pipeline": (
+        Case({"async_scheduling": True, "pipeline_parallel_size": 2}),
+        ("--async-scheduling", "--pipeline-parallel-size > 1", "--no-async-scheduling"),
+    ),
+    "async-scheduling-kv-transfer": (
+        Case({"async_scheduling": True, "kv_transfer_config": '{"kv_connector": "offload"}'}),
+        ("--async-scheduling", "--kv-transfer-config", "--no-async-scheduling"),
+    ),
+    "async-scheduling-experts-across-engines": (
+        Case({**EXPERTS_ACROSS_ENGINES, "async_scheduling": True}),
+        ("--async-scheduling", "--data-parallel-size > 1", "--no-async-scheduling"),
+    ),  # fmt: skip
     "eplb-needs-expert-parallel": (
         Case({"enable_eplb": True}),
         ("--enable-eplb", "--enable-expert-parallel"),

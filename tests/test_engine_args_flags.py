@@ -113,6 +113,7 @@ CASES = {
         ("--no-enable-chunked-prefill",), sets="config.scheduler.enable_chunked_prefill"
     ),
     "scheduling_policy": Case(("--scheduling-policy", "priority"), sets="config.scheduler.policy"),
+    "async_scheduling": Case(("--async-scheduling",), sets="config.scheduler.async_scheduling"),
     "max_num_encoder_input_tokens": Case(
         ("--max-num-encoder-input-tokens", "256"),
         sets="config.scheduler.max_num_encoder_input_tokens",

@@ -74,6 +74,13 @@ def _num_lookahead_tokens(config: EngineConfig) -> int:
     return spec.num_speculative_tokens
 
 
+def _max_steps_in_flight(config: EngineConfig) -> int:
+    """One step per pipeline stage; two under async scheduling; else one."""
+    if config.parallel.pipeline_parallel_size > 1:
+        return config.parallel.pipeline_parallel_size
+    return 2 if config.scheduler.async_scheduling else 1
+
+
 def _build_executor(config: EngineConfig, platform: Platform, checkpoint: Checkpoint) -> Executor:
     """`--distributed-executor-backend`: the worker in this process, one process per rank,
     or one Ray actor per rank."""
@@ -134,10 +141,11 @@ class EngineCore:
             _num_lookahead_tokens(config),
             build_kv_connector(config, KVConnectorRole.SCHEDULER),
         )
-        # Pipeline parallelism: the steps in flight, oldest first (None: one at a time).
-        self.batch_queue: deque | None = (
-            deque() if config.parallel.pipeline_parallel_size > 1 else None
-        )
+        # Pipeline parallelism (one step in flight per stage) and async scheduling (the
+        # next step scheduled while one runs): the steps in flight, oldest first, at most
+        # `max_in_flight` (None: one step at a time).
+        self.max_in_flight = _max_steps_in_flight(config)
+        self.batch_queue: deque | None = deque() if self.max_in_flight > 1 else None
         # Experts spanning data-parallel engines: every step runs on all of them together.
         self.lockstep = config.parallel.experts_span_engines
         # Lock-step: the tokens every engine scheduled in the last step (0: all were idle).
@@ -254,19 +262,23 @@ class EngineCore:
         return outputs
 
     def _step_with_batch_queue(self, queue: deque) -> EngineCoreOutputs:
-        """Pipeline parallelism: keep up to one step in flight per stage. Schedule and start
-        a step while there is room and work; otherwise (or once the queue is full) wait for
-        the oldest step and turn its output into EngineCoreOutputs. A request runs in one
-        in-flight step at a time: once its known tokens are all scheduled, it waits for
-        the token its step will sample."""
-        if len(queue) < self.config.parallel.pipeline_parallel_size:
+        """Keep up to `max_in_flight` steps in flight. Schedule and start a step while there
+        is room and work; otherwise (or once the queue is full) wait for the oldest step
+        and turn its output into EngineCoreOutputs.
+
+        Under pipeline parallelism (one step per stage) a request runs in one in-flight step
+        at a time: once its known tokens are all scheduled, it waits for the token its step
+        will sample. Under async scheduling (two steps: one runs while the next is
+        scheduled) the scheduler lets a step compute a token the running step will sample
+        (its placeholders), so the workers never wait for the scheduler."""
+        if len(queue) < self.max_in_flight:
             scheduler_output = self.scheduler.schedule()
             # A step with no tokens still tells the workers which requests finished.
             if scheduler_output.total_num_scheduled_tokens or scheduler_output.finished_req_ids:
                 queue.append(
                     (scheduler_output, self.executor.execute_model_async(scheduler_output))
                 )
-                if len(queue) < self.config.parallel.pipeline_parallel_size:
+                if len(queue) < self.max_in_flight:
                     return EngineCoreOutputs()
             elif not queue:
                 self.grammars.wait(0.05)  # only grammars still compiling
@@ -274,7 +286,10 @@ class EngineCore:
                     scheduler_output, ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
                 )
         scheduler_output, wait = queue.popleft()
-        return self.scheduler.update_from_output(scheduler_output, wait())
+        runner_output = wait()
+        if self.config.scheduler.async_scheduling:  # pipeline stages' times overlap
+            self.scheduler.observe_step(scheduler_output, runner_output.execute_seconds)
+        return self.scheduler.update_from_output(scheduler_output, runner_output)
 
     def reset_prefix_cache(self) -> bool:
         return self.kv.reset_prefix_cache()

@@ -32,6 +32,7 @@ from core.executor.multiproc import WorkerDiedError
 from core.executor.worker_proc import Reply, start_rank_worker
 from core.model_loader import Checkpoint, resolve_model
 from core.platforms.interface import Platform
+from core.worker.contract import ModelRunnerOutput, SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -120,14 +121,37 @@ class RayExecutor(Executor):
     ) -> list[Any]:
         """WorkerDiedError when an actor is gone; RuntimeError carrying a worker's
         traceback when the call raised there."""
+        return self._start(method, args, kwargs, reply_ranks)()
+
+    def execute_model_async(
+        self, scheduler_output: SchedulerOutput
+    ) -> Callable[[], ModelRunnerOutput]:
+        """Start the step on every actor; an actor runs its calls in the order they came,
+        so steps started before the first is waited for queue up behind it."""
+        wait = self._start("execute_model", (scheduler_output,), None, self.step_reply_ranks())
+        return lambda: self.step_output(wait())
+
+    def _start(
+        self,
+        method: str,
+        args: tuple,
+        kwargs: dict[str, Any] | None,
+        reply_ranks: tuple[int, ...] | None,
+    ) -> Callable[[], list[Any]]:
+        """Call `method` on every actor; a function that waits for the replying ranks'
+        answers, in rank order."""
         self._check_alive()
         ranks = range(self.world_size) if reply_ranks is None else reply_ranks
         calls = [
             actor.execute.remote(method, args, kwargs or {}, rank in ranks)
             for rank, actor in enumerate(self.workers)
         ]
-        answers = self._gather(calls, timeout_s=None)
-        return [answers[rank] for rank in sorted(ranks)]
+
+        def wait() -> list[Any]:
+            answers = self._gather(calls, timeout_s=None)
+            return [answers[rank] for rank in sorted(ranks)]
+
+        return wait
 
     def _gather(self, calls: list[ray.ObjectRef], timeout_s: float | None) -> list[Any]:
         """Every rank's answer to `calls` (one per rank, in rank order), as soon as all

@@ -87,6 +87,7 @@ class Scheduler:
         self.long_prefill_threshold = sched.long_prefill_token_threshold
         self.chunked_prefill = sched.enable_chunked_prefill
         self.policy = sched.policy
+        self.async_scheduling = sched.async_scheduling
         self.max_model_len = max_model_len
         self.kv = kv_cache_manager
         self.requests: dict[str, Request] = {}
@@ -113,6 +114,7 @@ class Scheduler:
         self.encoder_budget = EncoderBudget.of(sched, max_model_len)
         self.encoder_cache = EncoderCacheManager(self.encoder_budget.cache)
         self.num_encoder_inputs = 0  # multimodal items encoded so far
+        self.num_steps = 0  # steps scheduled so far
 
     # -- requests -------------------------------------------------------------------------
 
@@ -128,6 +130,7 @@ class Scheduler:
                 raise ValueError("structured outputs are not available in this engine")
             self.grammars.submit(request.request_id, constraint)
             request.status = RequestStatus.WAITING_FOR_GRAMMAR
+        request.first_step_index = self.num_steps
         self.requests[request.request_id] = request
         self.waiting.add(request)
         request.record_event(EngineCoreEventType.QUEUED)
@@ -179,8 +182,13 @@ class Scheduler:
                 self._sampling_grammars(step), output.scheduled_spec_decode_tokens
             )
         for req_id, count in step.num_scheduled.items():
-            self.requests[req_id].num_computed_tokens += count
+            request = self.requests[req_id]
+            request.num_computed_tokens += count
+            if self._takes_placeholder(request):
+                request.num_output_placeholders += 1
         self.num_encoder_inputs += sum(map(len, step.encoder_inputs.values()))
+        output.step_index = self.num_steps
+        self.num_steps += 1
         if self.remote is not None:
             output.kv_connector_metadata = self.remote.connector.build_connector_meta(output)
         return output
@@ -200,7 +208,7 @@ class Scheduler:
             if request.num_tokens - request.num_computed_tokens > 1:
                 num_drain += drain_tokens(request.num_tokens, request.num_computed_tokens)
             else:
-                num_decode += request.num_tokens_with_spec - request.num_computed_tokens
+                num_decode += self._num_known_tokens(request) - request.num_computed_tokens
         admissible = max(self.max_num_seqs - len(self.running), 0)
         for request in itertools.islice(self.waiting, admissible):
             num_drain += drain_tokens(request.num_tokens, request.num_computed_tokens)
@@ -222,8 +230,33 @@ class Scheduler:
             == self.requests[req_id].num_tokens_with_spec
         ]
 
+    def _num_known_tokens(self, request: Request) -> int:
+        """The tokens a step may compute for the request: its known ones and drafts, and
+        under async scheduling those that steps in flight will sample, unless the last of
+        them ends the request (there is then nothing past it to compute)."""
+        pending = request.num_output_placeholders
+        if pending and (
+            request.num_output_tokens + pending >= request.max_tokens
+            or request.num_tokens + pending >= self.max_model_len
+        ):
+            pending = 0
+        return request.num_tokens_with_spec + pending
+
+    def _takes_placeholder(self, request: Request) -> bool:
+        """Under async scheduling, whether the step just scheduled samples a token the next
+        step may compute before it is known: the step reaches the request's end, and nothing
+        the next step needs waits on that token (a grammar's bitmask, drafts to verify)."""
+        return (
+            self.async_scheduling
+            and request.sampling_params is not None
+            and self.spec_stats is None
+            and (self.grammars is None or request.request_id not in self.grammars)
+            and request.num_computed_tokens
+            == request.num_tokens_with_spec + request.num_output_placeholders
+        )
+
     def _num_new_tokens(self, request: Request, num_computed: int, budget: int) -> int:
-        count = request.num_tokens_with_spec - num_computed
+        count = self._num_known_tokens(request) - num_computed
         if 0 < self.long_prefill_threshold < count:
             count = self.long_prefill_threshold
         return min(count, budget, self.max_model_len - num_computed)
@@ -554,8 +587,11 @@ class Scheduler:
             runner_output.req_ids, runner_output.sampled_token_ids, drafts, strict=True
         ):
             request = self.requests.get(req_id)
-            if request is None:
-                continue  # aborted while the step ran
+            if request is None or request.first_step_index > scheduler_output.step_index:
+                continue  # it left while the step ran (aborted, or finished by the step
+                # before under async scheduling); or a new request took its id since
+            if sampled and request.num_output_placeholders:
+                request.num_output_placeholders -= 1  # the token is known now
             if request.mm_features:
                 self._release_consumed_items(request)
             pooled = runner_output.pooler_output.get(req_id)
@@ -574,7 +610,7 @@ class Scheduler:
                 logprobs = runner_output.logprobs.get(req_id)
                 outputs.append(self._output(request, new_token_ids, logprobs, prompt_logprobs))
             if request.is_finished:
-                self.running.remove(request)
+                self._dequeue(request)
                 params = self._free(request)
                 if params is not None:  # the request's output is the last one made
                     outputs[-1].kv_transfer_params = params
@@ -584,6 +620,15 @@ class Scheduler:
             timestamp=time.monotonic(),
             kv_transfer_times=connector_output.transfer_times if connector_output else [],
         )
+
+    def _dequeue(self, request: Request) -> None:
+        """Take a request that finished out of its queue: running, or waiting when it was
+        preempted while a step that samples for it ran (steps overlap: pipeline stages,
+        async scheduling)."""
+        if request in self.running:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
 
     def _finish_pooled(self, request: Request, pooled: list[float]) -> EngineCoreOutput:
         """A pooled request is done once its prompt is computed: its vector is its output."""

@@ -101,6 +101,9 @@ class SchedulerOutput(msgspec.Struct, kw_only=True):
     scheduled_encoder_inputs: dict[str, list[int]] = msgspec.field(default_factory=dict)
     # Encoder outputs to drop (by item identifier): no request needs them any more.
     free_encoder_mm_hashes: list[str] = msgspec.field(default_factory=list)
+    # The scheduler's count of steps before this one: where steps overlap, it tells the
+    # output of a step that ran a request from a later request given the same id.
+    step_index: int = 0
 
 
 class LogprobsLists(msgspec.Struct, kw_only=True):
@@ -151,3 +154,6 @@ class ModelRunnerOutput(msgspec.Struct, kw_only=True):
     # With experts spanning data-parallel engines (lock-step): the tokens every engine
     # scheduled this step, summed; 0 ends the engines' wave of steps.
     num_tokens_across_dp: int | None = None
+    # How long this rank took to run the step: where steps overlap (async scheduling), the
+    # engine's measured step budgets learn from it, not from the time it waited.
+    execute_seconds: float = 0.0

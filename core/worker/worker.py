@@ -441,7 +441,10 @@ class Worker:
         every rank at once, after initialize_kv_cache (RuntimeError before it, or before
         load_model). Returns the sampled tokens (and drafts, logprobs, pooled outputs); a
         pipeline stage before the last returns no tokens, only the batch's request ids."""
-        return self.runner.execute_model(scheduler_output)
+        start = time.perf_counter()
+        output = self.runner.execute_model(scheduler_output)
+        output.execute_seconds = time.perf_counter() - start
+        return output
 
     def eplb_imbalance(self) -> tuple[list[float], float]:
         """--enable-eplb's measured expert imbalance (most tokens on a rank over the mean):

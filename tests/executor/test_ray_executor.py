@@ -48,8 +48,9 @@ def engine(model_dir, **overrides) -> LLM:
     return LLM(str(model_dir), **{**settings, **overrides})
 
 
-def ray_engine(model_dir) -> LLM:
-    return engine(model_dir, tensor_parallel_size=2, distributed_executor_backend="ray")
+def ray_engine(model_dir, **overrides) -> LLM:
+    ray = dict(tensor_parallel_size=2, distributed_executor_backend="ray")
+    return engine(model_dir, **ray, **overrides)
 
 
 def generate(llm: LLM) -> list[list[int]]:
@@ -71,11 +72,15 @@ def all_exit(pids: list[int], timeout_s: float = 10.0) -> bool:
 
 
 @pytest.mark.slow
-def test_two_ray_actors_generate_what_one_worker_does(model_dir, local_ray) -> None:
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_two_ray_actors_generate_what_one_worker_does(
+    model_dir, local_ray, async_scheduling
+) -> None:
+    """Also with async scheduling: the next step is started while one runs."""
     from core.executor.ray_executor import RayExecutor
 
     one_rank = generate(engine(model_dir))
-    llm = ray_engine(model_dir)
+    llm = ray_engine(model_dir, async_scheduling=async_scheduling)
     executor = llm.engine.core.executor
     assert isinstance(executor, RayExecutor) and len(executor.workers) == 2
     pids = list(executor.worker_pids)
