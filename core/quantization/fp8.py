@@ -18,13 +18,19 @@ model's than an fp8 GEMM's. After loading, a layer's W is held in core::fp8_line
 layout (per-row scales, `core.ops.fp8_linear`), exact for every variant above, and then:
 - where a kernel serves core::fp8_linear on the weights' device (a kernel package's, which
   then owns the choice, by timing, between its fp8 path and a dequantized copy), W stays
-  in fp8, 1 byte per weight;
+  in fp8, 1 byte per weight. core-cpu-kernels does on the CPU: its C++ kernel converts
+  the bytes to float32 in registers, and on an AMD EPYC (Zen 3, 2 threads) took 0.75-0.92x
+  the time of torch's multiply of a dense bf16 copy on one bf16 row, 0.13-0.4x on 8 to 64
+  (SmolLM2's shapes, its 49,152-row head included), and 0.38x the float32 copy's on the
+  head's single float32 row; oneDNN on a dense float32 copy, which its timing then keeps
+  within its copies' memory budget, was faster for float32 batches of 8
+  (core_cpu_kernels/candidates.py has the figures);
 - else W is dequantized once into a dense copy in the activation dtype, multiplied by
-  core::linear: on an AMD EPYC (Zen 3, 2 threads) the reference's per-tile dequantization
-  made a layer's call 4-77x slower than the copy's (torch converts e4m3 at 12-16 ns a
-  value there), so without a kernel the copy's memory (2 or 4 bytes per weight) buys the
-  speed. (`--quantization fp8` on float weights then saves no memory: it rounds them as
-  an fp8 checkpoint would be rounded, until a kernel keeps them in fp8.)
+  core::linear: on that EPYC the reference's per-tile dequantization made a layer's call
+  4-77x slower than the copy's (torch converts e4m3 at 12-16 ns a value there), so without
+  a kernel the copy's memory (2 or 4 bytes per weight) buys the speed. (`--quantization
+  fp8` on float weights then saves no memory: it rounds them as an fp8 checkpoint would be
+  rounded, unless a kernel keeps them in fp8.)
 """
 
 from __future__ import annotations

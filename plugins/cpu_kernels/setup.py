@@ -15,6 +15,7 @@ setup(
                 "core_cpu_kernels/csrc/activation.cpp",
                 "core_cpu_kernels/csrc/bindings.cpp",
                 "core_cpu_kernels/csrc/dense_linear.cpp",
+                "core_cpu_kernels/csrc/fp8_linear.cpp",
                 "core_cpu_kernels/csrc/fused_moe.cpp",
                 "core_cpu_kernels/csrc/linear_avx2.cpp",
                 "core_cpu_kernels/csrc/linear_avx512.cpp",

@@ -2,14 +2,16 @@
 bf16 cache's blocks; the reference backend stores K/V within half a step of the format
 and attends a prompt the same whole or in chunks; the engine's greedy tokens equal
 transformers' with K/V rounded as the cache rounds them, through chunks, a prefix-cache
-hit and preemption; a checkpoint's k_scale / v_scale are loaded and used; backends that
-cannot read FP8 are refused, saying why. Slow: the default model keeps its float-cache
+hit and preemption, on the reference backend and on cpu_paged (core-cpu-kernels) where
+installed; a checkpoint's k_scale / v_scale are loaded and used; backends that cannot read
+FP8 are refused, saying why. Slow: the default model keeps its float-cache
 greedy tokens but at near ties, and its perplexity within 2% of a bf16 cache's."""
 
 from __future__ import annotations
 
 import importlib.util
 import math
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -66,9 +68,9 @@ DEFAULT_MODEL_PROMPTS = [
 ]  # fmt: skip
 NEAR_TIE = 0.5
 HELDOUT = Path(__file__).resolve().parents[1] / "data" / "heldout.txt"
+HAS_CPU_KERNELS = importlib.util.find_spec("core_cpu_kernels") is not None
 needs_cpu_kernels = pytest.mark.skipif(
-    importlib.util.find_spec("core_cpu_kernels") is None,
-    reason="core-cpu-kernels (the cpu_paged backend) is not installed",
+    not HAS_CPU_KERNELS, reason="core-cpu-kernels (the cpu_paged backend) is not installed"
 )
 
 
@@ -176,19 +178,24 @@ def fp8_rounded_reference(monkeypatch) -> transformers.LlamaForCausalLM:
     return reference_model()
 
 
+@pytest.mark.parametrize(
+    "backend", ["torch_ref", pytest.param("cpu_paged", marks=needs_cpu_kernels)]
+)
 def test_greedy_tokens_equal_the_fp8_rounded_reference_through_chunks_hits_and_preemption(
-    tiny, fp8_rounded_reference
+    tiny, fp8_rounded_reference, backend
 ):
     """Exact, as DESIGN's determinism rule asks of float runs: the cache rounds each K/V
-    once and attention reads them as rounded, however the context was computed.
+    once and attention reads them as rounded, however the context was computed (cpu_paged's
+    kernels read the cache's bytes and sum as its float path does).
 
     Against the float model instead, this random model (weights of scale 0.5 amplify
     every rounding) flips 13 of these 80 choices: e4m3's 2^-4 moves its logits by a
     median 8% of their scale, so no margin test would cover most positions; the default
     model's stability is tested below."""
-    llm = LLM(str(tiny), **TINY_FP8)
+    llm = LLM(str(tiny), attention_backend=backend, **TINY_FP8)
     greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     try:
+        assert llm.engine.core.executor.worker.loaded.attention_backend.name == backend
         first = llm.generate([PROMPTS[0]], greedy, use_tqdm=False)  # caches SHARED
         batch = llm.generate(PROMPTS[1:], greedy, use_tqdm=False)
         assert llm.engine.core.scheduler.num_preemptions > 0
@@ -266,12 +273,10 @@ def fp8_requirements(**fields) -> AttentionRequirements:
 
 
 @needs_cpu_kernels
-def test_the_cpu_platform_falls_back_from_cpu_paged_to_the_reference_saying_why():
-    choice = select_attention_backend(CpuPlatform(), fp8_requirements())
-    assert choice.name == "torch_ref"
-    assert choice.rejected["cpu_paged"] == "KV-cache dtype 'fp8_e4m3' not in ['auto']"
-    with pytest.raises(ValueError, match=r"'cpu_paged' cannot serve .*: cpu_paged: KV-cache"):
-        select_attention_backend(CpuPlatform(), fp8_requirements(), forced="cpu_paged")
+def test_the_cpu_platform_serves_an_fp8_cache_with_cpu_paged():
+    assert select_attention_backend(CpuPlatform(), fp8_requirements()).name == "cpu_paged"
+    e5m2 = replace(fp8_requirements(), kv_cache_dtype="fp8_e5m2", dtype=torch.bfloat16)
+    assert select_attention_backend(CpuPlatform(), e5m2).name == "cpu_paged"
 
 
 def test_backends_that_read_no_fp8_cache_refuse_it_with_the_reason():
@@ -284,11 +289,12 @@ def test_backends_that_read_no_fp8_cache_refuse_it_with_the_reason():
         layer.bind_backend(TorchRefMLABackend, kv_cache_dtype="fp8_e4m3")
 
 
-def test_the_engine_binds_fp8_caches_and_the_reference_for_fp8(tiny):
+def test_the_engine_binds_fp8_caches_and_the_cpu_platforms_backend_for_fp8(tiny):
     llm = LLM(str(tiny), **TINY_FP8)
     try:
         loaded = llm.engine.core.executor.worker.loaded
-        assert loaded.attention_backend is TorchRefBackend
+        expected = "cpu_paged" if HAS_CPU_KERNELS else "torch_ref"
+        assert loaded.attention_backend.name == expected
         dtypes = {layer.kv_cache.dtype for layer in loaded.attention_layers}
         assert dtypes == {torch.float8_e4m3fn}
     finally:

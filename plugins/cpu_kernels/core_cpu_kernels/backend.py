@@ -3,8 +3,12 @@
 The kernels read keys and values straight from the paged cache, where the reference
 gathers each context into a dense copy for SDPA. Decode rows: one pass over each
 sequence's keys. Prefill chunks: a flash-attention kernel that never materializes the
-causal mask the reference builds for a chunk on cached context. Its MLA variant
-(`cpu_paged_mla`) attends decode rows over their cached latents in one pass.
+causal mask the reference builds for a chunk on cached context. An FP8 cache
+(--kv-cache-dtype fp8_e4m3 / fp8_e5m2) is written as the reference writes it (quantized
+with the layer's scales) and read by the kernels byte by byte, each value converted to
+float32 as it is read, the scales applied outside their sums (kv_cache_dtype.h). Its MLA
+variant (`cpu_paged_mla`) attends decode rows over their cached latents in one pass; like
+the reference's, it reads no FP8 cache.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import torch
 from core.attention.backends.mla_ref import TorchRefMLABackend, TorchRefMLAImpl
 from core.attention.backends.torch_ref import TorchRefBackend, TorchRefImpl
 from core.attention.interface import AttentionCapabilities, AttentionImpl, AttentionType
+from core.attention.kv_cache_dtype import FP8_KV_CACHE_DTYPES, KVCacheScales
 from core.attention.paged_metadata import DecodeBatch, PrefillChunk
 from core.kernel_choice import KERNEL_CHOICES
 from core_cpu_kernels import (
@@ -54,16 +59,19 @@ class CpuPagedImpl(TorchRefImpl):
         if query.stride(-1) != 1:
             query = query.contiguous()
         args = (query, kv_cache, chunk.block_ids, chunk.seq_len, self.scale,
-                self.sliding_window or 0)  # fmt: skip
-        problem = candidates.prefill_attention_problem(query, kv_cache.shape[3])
+                self.sliding_window or 0, self._read_scales())  # fmt: skip
+        fp8 = self.kv_scales is not None
+        problem = candidates.prefill_attention_problem(query, kv_cache.shape[3], fp8)
         return KERNEL_CHOICES.kernel(problem, query.shape[0], args)(*args)
 
     def record_kernel_problems(self, query: torch.Tensor) -> None:
         if self.attn_type is not AttentionType.DECODER:
             return
         # No cache exists yet: timing makes its own from the problem (candidates._prompt_of).
-        args = (query, None, None, query.shape[0], self.scale, self.sliding_window or 0)
-        problem = candidates.prefill_attention_problem(query, self.num_kv_heads)
+        args = (query, None, None, query.shape[0], self.scale, self.sliding_window or 0,
+                self._read_scales())  # fmt: skip
+        fp8 = self.kv_scales is not None
+        problem = candidates.prefill_attention_problem(query, self.num_kv_heads, fp8)
         KERNEL_CHOICES.kernel(problem, 1, args)
 
     def forward_decode(
@@ -71,6 +79,7 @@ class CpuPagedImpl(TorchRefImpl):
     ) -> torch.Tensor:  # [B, Hq, D] -> [B, Hq, D]
         query = query.contiguous()
         out = torch.empty_like(query)
+        scales = self._read_scales()
         _C.paged_decode_attention(
             out,
             query,
@@ -79,8 +88,15 @@ class CpuPagedImpl(TorchRefImpl):
             decode.seq_lens,
             self.scale,
             self.sliding_window or 0,
+            scales.k_scale,
+            scales.v_scale,
         )
         return out
+
+    def _read_scales(self) -> KVCacheScales:
+        """What the kernels multiply the cache's K and V by: an FP8 cache's scales, 1.0
+        for a cache in the model's dtype."""
+        return self.kv_scales or KVCacheScales()
 
 
 class CpuPagedMLAImpl(TorchRefMLAImpl):
@@ -118,9 +134,9 @@ class CpuPagedBackend(TorchRefBackend):
         dtypes=frozenset({torch.float32, torch.float16, torch.bfloat16}),
         # The kernel is compiled for these head sizes (so its loops fully unroll).
         head_sizes=frozenset({16, 32, 64, 80, 96, 128, 256}),
-        # The kernels read K/V in the query's dtype only: an FP8 cache (--kv-cache-dtype)
-        # falls back to the reference, which dequantizes its pages.
-        kv_cache_dtypes=frozenset({"auto"}),
+        # K/V in the model's dtype, or FP8 (--kv-cache-dtype), which the kernels convert
+        # as they read it.
+        kv_cache_dtypes=frozenset({"auto", *FP8_KV_CACHE_DTYPES}),
         # Neither C++ kernel soft-caps scores (the reference's capability is not inherited).
         logits_soft_cap=False,
     )

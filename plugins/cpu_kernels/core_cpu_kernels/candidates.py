@@ -1,5 +1,5 @@
-"""The kernels core::linear, core::quant_linear, core::fused_moe and prefill attention
-choose among by timing.
+"""The kernels core::linear, core::quant_linear, core::fp8_linear, core::fused_moe and
+prefill attention choose among by timing.
 
 Which is fastest depends on the CPU and on the row count (core.kernel_choice): on an AVX2
 EPYC the GEMV beats torch's BLAS for decode rows and a float32 decode batch runs faster on
@@ -17,12 +17,34 @@ core::quant_linear (x [rows, K], qweight, scales, mins, bits), format "q{bits}/{
   strips        bf16 dot products on a copy of W dequantized once to bf16 strips
   dequantized   torch's BLAS on a copy of W dequantized once to x's dtype
   dequantized-onednn  oneDNN on that copy, reordered
-prefill attention (query [q_len, Hq, D], kv_cache, block_ids, seq_len, scale, window),
-format = the dtype, shape (Hq, Hkv, D), rows = the chunk's q_len, timed on prompts without
-cached context:
+core::fp8_linear (x [rows, K], weight float8_e4m3fn [N, K], scales, block_k), format
+"e4m3/{x dtype}":
+  fp8           the C++ kernels on the 1-byte weight (`_C.fp8_linear`: GEMV, blocked GEMM),
+                each value converted to float32 in registers
+  dequantized   torch's BLAS on a copy of W dequantized once to x's dtype
+  dequantized-onednn  oneDNN on that copy, reordered
+  Microseconds a call (median of 3 runs of the fastest of 5-40 interleaved calls), AMD EPYC
+  Zen 3, 2 threads, per-channel scales, fp8 / dequantized / dequantized-onednn (float32
+  only: oneDNN has no bf16 kernels on this CPU):
+    W [N, K]   x         1 row               8 rows               64 rows
+    576x576    bfloat16  45 / 59             114 / 331            354 / 2478
+               float32   43 / 50 / 69        111 / 144 / 94       345 / 403 / 342
+    1536x576   bfloat16  107 / 127           291 / 870            1009 / 7368
+               float32   109 / 128 / 126     267 / 338 / 200      786 / 1058 / 924
+    576x1536   bfloat16  104 / 113           278 / 699            929 / 5775
+               float32   109 / 131 / 126     273 / 327 / 201      835 / 944 / 876
+    49152x576  bfloat16  3475 / 3807         9138 / 27373         25657 / 197110
+               float32   3415 / 9024 / 5193  9287 / 21176 / 7375  24965 / 48048 / 28391
+  fp8 wins every bfloat16 call (torch's bf16 matmul has no bf16 instructions here) and
+  float32 single rows (the 49152-row head reads 28 MB, not a 113 MB float32 copy); oneDNN's
+  copy wins float32 batches of 8, and the two are within 15% at 64 float32 rows.
+prefill attention (query [q_len, Hq, D], kv_cache, block_ids, seq_len, scale, window,
+kv_scales), format = the dtype ("fp8/{dtype}" for an FP8 cache), shape (Hq, Hkv, D), rows =
+the chunk's q_len, timed on prompts without cached context:
   paged   the C++ flash kernel on float32 outer products (`_C.paged_prefill_attention`)
   sdpa    torch's flash kernel (oneDNN's brgemm for bf16: AMX tiles where the CPU has
-          them), where it takes the chunk (sdpa_prefill.py), else the C++ kernel
+          them) on the pages gathered (an FP8 cache's dequantized), where it takes the
+          chunk (sdpa_prefill.py), else the C++ kernel
 core::fused_moe (hidden [T, H], w13 [E, 2I, H], w2 [E, H, I], topk_weights, topk_ids),
 format = the dtype, shape (E, I, H, K), rows = T, timed on uniformly random routing:
   reference  core's reference: a pair of torch matmuls per expert over its tokens
@@ -36,12 +58,20 @@ from __future__ import annotations
 
 import functools
 import os
+from abc import abstractmethod
 from typing import Any
 
 import torch
 
+from core.attention.kv_cache_dtype import FP8_KV_CACHE_DTYPES, KVCacheScales
 from core.kernel_choice import KERNEL_CHOICES, KernelCandidate, OpTiming, Problem
-from core.ops import fused_moe_reference, linear_reference, quant_linear_reference
+from core.ops import (
+    fp8_linear_reference,
+    fused_moe_reference,
+    linear_reference,
+    quant_linear_reference,
+)
+from core.ops.fp8_linear import dequantize as dequantize_fp8
 from core.ops.quant_linear import dequantize, num_inputs
 from core_cpu_kernels import _C, packed_linear, sdpa_prefill, weight_copies
 
@@ -151,11 +181,13 @@ class Strips(KernelCandidate):
         return _C.quant_linear(x, qweight, scales, mins, bits, strips=strips)
 
 
-class Dequantized(KernelCandidate):
-    """W dequantized once to x's dtype, multiplied by torch (`onednn=False`) or by oneDNN
-    on the copy reordered into its blocked layout."""
+class DequantizedCopy(KernelCandidate):
+    """W dequantized once to x's dtype (a copy of weight_copies.py's), multiplied by torch
+    (`onednn=False`) or by oneDNN on the copy reordered into its blocked layout. A subclass
+    names its op and says which of its arguments make W, and how (the weight's arguments
+    come after x, the first the weight itself: its rows are W's)."""
 
-    op, provider = "quant_linear", PROVIDER
+    provider = PROVIDER
 
     def __init__(self, onednn: bool) -> None:
         self.onednn = onednn
@@ -166,11 +198,8 @@ class Dequantized(KernelCandidate):
 
     def takes(self, problem: Problem) -> bool:
         dtype = _activation_dtype(problem)
-        # With int8 activations asked for, bf16 x takes them (the packed kernels) only.
-        if dtype is torch.bfloat16 and int8_activations():
-            return False
-        # W rounded to float16 would break core::quant_linear's contract (only bf16 x
-        # may multiply a rounded W).
+        # W rounded to float16 would break the ops' contracts (only bf16 x may multiply a
+        # rounded W).
         if dtype not in (torch.float32, torch.bfloat16):
             return False
         return packed_linear.takes(dtype) if self.onednn else True
@@ -178,23 +207,87 @@ class Dequantized(KernelCandidate):
     def copy_bytes(self, problem: Problem) -> int:
         return _dense_bytes(*problem.shape, _activation_dtype(problem))
 
-    def __call__(self, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                 mins: torch.Tensor, bits: int) -> Any:  # fmt: skip
-        num_bytes = _dense_bytes(qweight.shape[0], x.shape[1], x.dtype)
+    def __call__(self, x: torch.Tensor, *weight: Any) -> Any:
+        num_bytes = _dense_bytes(weight[0].shape[0], x.shape[1], x.dtype)
         copy = weight_copies.copy_of(
-            f"{self.name} {x.dtype}", (qweight, scales, mins), num_bytes,
-            lambda: self._make(qweight, scales, mins, bits, x.dtype),
+            f"{self.name} {x.dtype}", self.sources(*weight), num_bytes,
+            lambda: self._make(weight, x.dtype),
         )  # fmt: skip
         if copy is None:
-            return quant_linear_reference(x, qweight, scales, mins, bits)
+            return self.reference(x, *weight)
         if self.onednn:
             return packed_linear.linear(x, copy, None)
         return linear_reference(x, copy, None)
 
-    def _make(self, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
-              bits: int, dtype: torch.dtype) -> torch.Tensor:  # fmt: skip
-        weight = dequantize(qweight, scales, mins, bits).to(dtype)
-        return packed_linear.reorder(weight) if self.onednn else weight
+    def _make(self, weight: tuple, dtype: torch.dtype) -> torch.Tensor:
+        dense = self.dequantize(*weight).to(dtype)
+        return packed_linear.reorder(dense) if self.onednn else dense
+
+    @abstractmethod
+    def sources(self, *weight: Any) -> tuple[torch.Tensor, ...]:
+        """The tensors W is made from (the copy is remade when one is written)."""
+
+    @abstractmethod
+    def dequantize(self, *weight: Any) -> torch.Tensor:
+        """W [N, K] in float32."""
+
+    @abstractmethod
+    def reference(self, x: torch.Tensor, *weight: Any) -> torch.Tensor:
+        """The op's reference, for a call the budget gives no copy."""
+
+
+class Dequantized(DequantizedCopy):
+    """core::quant_linear's dequantized copies."""
+
+    op = "quant_linear"
+
+    def takes(self, problem: Problem) -> bool:
+        # With int8 activations asked for, bf16 x takes them (the packed kernels) only.
+        if _activation_dtype(problem) is torch.bfloat16 and int8_activations():
+            return False
+        return super().takes(problem)
+
+    def sources(self, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
+                bits: int) -> tuple[torch.Tensor, ...]:  # fmt: skip
+        return qweight, scales, mins
+
+    def dequantize(self, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
+                   bits: int) -> torch.Tensor:  # fmt: skip
+        return dequantize(qweight, scales, mins, bits)
+
+    def reference(self, x: torch.Tensor, *weight: Any) -> torch.Tensor:
+        return quant_linear_reference(x, *weight)
+
+
+# -- core::fp8_linear ----------------------------------------------------------------------
+
+
+def fp8_linear_problem(x: torch.Tensor, weight: torch.Tensor) -> Problem:
+    return Problem("fp8_linear", f"e4m3/{_dtype_name(x.dtype)}", tuple(weight.shape))
+
+
+class Fp8(KernelCandidate):
+    op, name, provider = "fp8_linear", "fp8", PROVIDER
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
+                 block_k: int) -> Any:  # fmt: skip
+        return _C.fp8_linear(x, weight, scales, block_k)
+
+
+class Fp8Dequantized(DequantizedCopy):
+    """core::fp8_linear's dequantized copies."""
+
+    op = "fp8_linear"
+
+    def sources(self, weight: torch.Tensor, scales: torch.Tensor,
+                block_k: int) -> tuple[torch.Tensor, ...]:  # fmt: skip
+        return weight, scales
+
+    def dequantize(self, weight: torch.Tensor, scales: torch.Tensor, block_k: int) -> torch.Tensor:
+        return dequantize_fp8(weight, scales, block_k)
+
+    def reference(self, x: torch.Tensor, *weight: Any) -> torch.Tensor:
+        return fp8_linear_reference(x, *weight)
 
 
 # -- core::fused_moe ----------------------------------------------------------------------
@@ -236,31 +329,38 @@ class GroupedMoe(KernelCandidate):
 # -- prefill attention ---------------------------------------------------------------------
 
 _BLOCK_SIZE = 16  # of the synthetic cache prefills are timed on
+_FP8_FORMAT = "fp8/"  # a problem's format prefix where the cache is FP8
+# An FP8 cache's timing: both formats convert alike (fp8.h), so e4m3 stands for either.
+_TIMED_FP8_DTYPE = FP8_KV_CACHE_DTYPES["fp8_e4m3"]
 
 
-def prefill_attention_problem(query: torch.Tensor, num_kv_heads: int) -> Problem:
+def prefill_attention_problem(query: torch.Tensor, num_kv_heads: int, fp8_cache: bool) -> Problem:
     _, hq, d = query.shape
-    return Problem("prefill_attention", _dtype_name(query.dtype), (hq, num_kv_heads, d))
+    cache = _FP8_FORMAT if fp8_cache else ""
+    return Problem("prefill_attention", cache + _dtype_name(query.dtype), (hq, num_kv_heads, d))
 
 
 def _prompt_of(problem: Problem, args: tuple, rows: int) -> tuple:
-    """A `rows`-token prompt without cached context, its K/V in a fresh cache (the
-    recorded call's scale and window kept)."""
-    query, _, _, _, scale, window = args
+    """A `rows`-token prompt without cached context, its K/V in a fresh cache (FP8 for an
+    FP8 problem; the recorded call's scale, window and cache scales kept)."""
+    query, _, _, _, scale, window, kv_scales = args
     hq, hkv, d = problem.shape
     num_blocks = -(-rows // _BLOCK_SIZE)
-    cache = torch.randn(num_blocks, 2, _BLOCK_SIZE, hkv, d).to(query.dtype)
+    fp8 = problem.format.startswith(_FP8_FORMAT)
+    cache = torch.randn(num_blocks, 2, _BLOCK_SIZE, hkv, d)
+    cache = cache.to(_TIMED_FP8_DTYPE if fp8 else query.dtype)
     q = torch.randn(rows, hq, d).to(query.dtype)
-    return (q, cache, torch.arange(num_blocks), rows, scale, window)
+    return (q, cache, torch.arange(num_blocks), rows, scale, window, kv_scales)
 
 
 def _paged_prefill(query: torch.Tensor, kv_cache: torch.Tensor, block_ids: torch.Tensor,
-                   seq_len: int, scale: float, window: int) -> torch.Tensor:  # fmt: skip
+                   seq_len: int, scale: float, window: int,
+                   kv_scales: KVCacheScales) -> torch.Tensor:  # fmt: skip
     """One chunk through the C++ flash kernel."""
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     rows = [0, query.shape[0]]
-    _C.paged_prefill_attention(out, query, kv_cache, block_ids[None], rows, [seq_len],
-                               scale, window)  # fmt: skip
+    _C.paged_prefill_attention(out, query, kv_cache, block_ids[None], rows, [seq_len], scale,
+                               window, kv_scales.k_scale, kv_scales.v_scale)  # fmt: skip
     return out
 
 
@@ -278,10 +378,12 @@ class SdpaPrefill(KernelCandidate):
         return _activation_dtype(problem) in (torch.float32, torch.bfloat16)
 
     def __call__(self, query: torch.Tensor, kv_cache: torch.Tensor, block_ids: torch.Tensor,
-                 seq_len: int, scale: float, window: int) -> torch.Tensor:  # fmt: skip
+                 seq_len: int, scale: float, window: int,
+                 kv_scales: KVCacheScales) -> torch.Tensor:  # fmt: skip
+        args = (query, kv_cache, block_ids, seq_len, scale, window, kv_scales)
         if not sdpa_prefill.takes(query, kv_cache, seq_len, window):
-            return _paged_prefill(query, kv_cache, block_ids, seq_len, scale, window)
-        return sdpa_prefill.sdpa_prefill(query, kv_cache, block_ids, seq_len, scale, window)
+            return _paged_prefill(*args)
+        return sdpa_prefill.sdpa_prefill(*args)
 
 
 def int8_activations() -> bool:
@@ -305,14 +407,17 @@ def strips_available() -> bool:
 def register() -> None:
     """Add the candidates to core's kernel choices (re-entrant). The first of each op
     serves until the worker has measured: the reference's way (linear, fused_moe), the
-    packed kernels, the C++ flash kernel."""
+    packed kernels, the FP8 kernels, the C++ flash kernel."""
     KERNEL_CHOICES.declare_op("linear", OpTiming(_with_rows))
     KERNEL_CHOICES.declare_op("quant_linear", OpTiming(_with_rows))
+    KERNEL_CHOICES.declare_op("fp8_linear", OpTiming(_with_rows))
     KERNEL_CHOICES.declare_op("fused_moe", OpTiming(_with_tokens))
     KERNEL_CHOICES.declare_op("prefill_attention", OpTiming(_prompt_of))
     for candidate in (TorchLinear(), Gemv(), OnednnLinear()):
         KERNEL_CHOICES.register(candidate)
     for candidate in (Packed(), Strips(), Dequantized(False), Dequantized(True)):
+        KERNEL_CHOICES.register(candidate)
+    for candidate in (Fp8(), Fp8Dequantized(False), Fp8Dequantized(True)):
         KERNEL_CHOICES.register(candidate)
     for candidate in (PagedPrefill(), SdpaPrefill()):
         KERNEL_CHOICES.register(candidate)

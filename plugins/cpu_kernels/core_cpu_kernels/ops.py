@@ -3,10 +3,10 @@
 `register` is this distribution's `core.general` entry point: every process that runs a
 model calls it before building one. It serves core::rms_norm, core::fused_add_rms_norm,
 core::silu_and_mul, core::rotary_embedding (in place, in the fused QKV's views),
-core::linear, core::quant_linear (group-quantized 4- and 8-bit weights) and
-core::fused_moe. The two linear ops and fused_moe each have several kernels
-(candidates.py) among which the worker chooses, per weight shape and row count, the one
-measured fastest on this CPU (core.kernel_choice).
+core::linear, core::quant_linear (group-quantized 4- and 8-bit weights), core::fp8_linear
+(float8_e4m3fn weights, kept at one byte) and core::fused_moe. The three linear ops and
+fused_moe each have several kernels (candidates.py) among which the worker chooses, per
+weight shape and row count, the one measured fastest on this CPU (core.kernel_choice).
 The C++ kernels use the widest vector ISA the CPU runs (AVX-512, AVX2 or portable code),
 found by probing it at load.
 Inputs the C++ kernels do not take (another dtype, a weight of another dtype, a strided
@@ -20,6 +20,7 @@ import torch
 
 from core.kernel_choice import KERNEL_CHOICES
 from core.ops import (
+    fp8_linear_reference,
     fused_add_rms_norm_reference,
     fused_moe_reference,
     linear_reference,
@@ -38,6 +39,7 @@ PROVIDER = "core-cpu-kernels"
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _QWEIGHT_DTYPES = {4: torch.uint8, 8: torch.int8}
+_FP8_WEIGHT_DTYPE = torch.float8_e4m3fn
 _MOE_DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -134,6 +136,37 @@ def quant_linear(
     return KERNEL_CHOICES.kernel(problem, x.shape[0], args)(*args)
 
 
+def fp8_linear(
+    x: torch.Tensor,  # [T, K]
+    weight: torch.Tensor,  # float8_e4m3fn [N, K]
+    scales: torch.Tensor,  # float32 [N, ceil(K / block_k)]
+    block_k: int,
+) -> torch.Tensor:  # [T, N], x's dtype
+    """core::fp8_linear: the kernel measured fastest for the weight's shape, x's dtype and
+    row count (candidates.py: the C++ kernels on the 1-byte weight, or a copy of W
+    dequantized once through torch or oneDNN) for float32, bfloat16 or float16 x with a
+    contiguous weight and scales; the reference for everything else.
+
+    A strided x is copied once; scales that do not fit the weight raise RuntimeError from
+    the kernel.
+    """
+    takes = (
+        x.dtype in _DTYPES
+        and x.dim() == 2
+        and x.shape[0] > 0
+        and weight.dtype is _FP8_WEIGHT_DTYPE
+        and scales.dtype is torch.float32
+        and weight.is_contiguous()
+        and scales.is_contiguous()
+    )
+    if not takes:
+        return fp8_linear_reference(x, weight, scales, block_k)
+    x = x.contiguous()
+    args = (x, weight, scales, block_k)
+    problem = candidates.fp8_linear_problem(x, weight)
+    return KERNEL_CHOICES.kernel(problem, x.shape[0], args)(*args)
+
+
 def fused_moe(
     hidden: torch.Tensor,  # [T, H]
     w13: torch.Tensor,  # [E, 2 * I, H]
@@ -171,6 +204,7 @@ def register() -> None:
     register_impl("silu_and_mul", "cpu", silu_and_mul, PROVIDER)
     register_impl("rotary_embedding", "cpu", rotary_embedding, PROVIDER)
     register_impl("quant_linear", "cpu", quant_linear, PROVIDER)
+    register_impl("fp8_linear", "cpu", fp8_linear, PROVIDER)
     register_impl("fused_moe", "cpu", fused_moe, PROVIDER)
     candidates.register()
 

@@ -14,6 +14,9 @@ op takes Hq a multiple of Hkv as it is (query head h reads KV head h // (Hq // H
 strided [1, H, L, D] views, so neither the query nor the gathered K/V is copied again
 (unless the query's last dimension is strided, which the op would misread as contiguous).
 
+An FP8 cache's pages are dequantized as they are gathered (stored * scale in the query's
+dtype), as the reference reads them.
+
 A sliding window that cuts keys off (shorter than seq_len) would need a mask tensor:
 `takes` refuses it, and the C++ kernel serves it.
 """
@@ -23,10 +26,12 @@ from __future__ import annotations
 import torch
 
 from core.attention.backends.torch_ref import gather_pages
+from core.attention.kv_cache_dtype import FP8_KV_CACHE_DTYPES, KVCacheScales, dequantize_kv
 
 __all__ = ["sdpa_prefill", "takes"]
 
 _DTYPES = frozenset({torch.float32, torch.bfloat16})
+_FP8_DTYPES = frozenset(FP8_KV_CACHE_DTYPES.values())
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 
@@ -42,14 +47,16 @@ def sdpa_prefill(
     seq_len: int,
     scale: float,
     sliding_window: int,
+    kv_scales: KVCacheScales = KVCacheScales(),
 ) -> torch.Tensor:  # [q_len, Hq, D]
     """Causal attention of one chunk of q_len new tokens at positions [seq_len - q_len,
     seq_len), the contract of `_C.paged_prefill_attention` for one chunk.
 
     Every key, the chunk's own included, is read from `kv_cache` through `block_ids` (the
-    layout of `TorchRefImpl`); `query` may be strided (a view of a fused QKV).
-    `sliding_window` 0 means none. The result is in the query's dtype. Raises ValueError
-    for a problem `takes` refuses or a `block_ids` too short for `seq_len`.
+    layout of `TorchRefImpl`): in the query's dtype, or FP8 read as stored * `kv_scales`;
+    `query` may be strided (a view of a fused QKV). `sliding_window` 0 means none. The
+    result is in the query's dtype. Raises ValueError for a problem `takes` refuses or a
+    `block_ids` too short for `seq_len`.
     """
     refusal = _refusal(query, kv_cache, seq_len, sliding_window)
     if refusal is not None:
@@ -60,6 +67,9 @@ def sdpa_prefill(
         query = query.contiguous()
     context = seq_len - query.shape[0]
     k, v = gather_pages(kv_cache, block_ids)  # [>= seq_len, Hkv, D], contiguous
+    if kv_cache.dtype in _FP8_DTYPES:
+        k = dequantize_kv(k, kv_scales.k_scale, query.dtype)
+        v = dequantize_kv(v, kv_scales.v_scale, query.dtype)
     out, lse = _attend(query, k[context:seq_len], v[context:seq_len], scale, causal=True)
     if context > 0:
         past, past_lse = _attend(query, k[:context], v[:context], scale, causal=False)
@@ -73,8 +83,8 @@ def _refusal(
     """Why the flash op cannot serve this problem, or None when it can."""
     if query.dtype not in _DTYPES:
         return f"dtype {query.dtype} is not one of float32, bfloat16"
-    if kv_cache.dtype != query.dtype:
-        return f"kv_cache dtype {kv_cache.dtype} differs from the query's {query.dtype}"
+    if kv_cache.dtype != query.dtype and kv_cache.dtype not in _FP8_DTYPES:
+        return f"kv_cache dtype {kv_cache.dtype} is neither the query's {query.dtype} nor FP8"
     if query.device.type != "cpu" or kv_cache.device.type != "cpu":
         return "the flash op here is the CPU one"
     if query.shape[1] % kv_cache.shape[3]:

@@ -1,5 +1,6 @@
 """The C++ decode kernels (paged attention, multi-head latent attention) against the
-reference backends' decode hooks, and their selection."""
+reference backends' decode hooks, and their selection; paged attention also over FP8
+caches (--kv-cache-dtype), against the reference reading the same cache."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ import importlib.metadata as metadata
 
 import pytest
 import torch
+from fp8_caches import FP8, SCALES, finite_values, store_fp8
 from torch import nn
 
 from core.attention.backends.mla_ref import TorchRefMLAImpl
 from core.attention.backends.torch_ref import TorchRefImpl
 from core.attention.interface import AttentionRequirements, MLADims
+from core.attention.kv_cache_dtype import FP8_KV_CACHE_DTYPES
 from core.attention.paged_metadata import DecodeBatch
 from core.attention.selector import select_attention_backend
 from core.kv_cache.layout import KVCacheTensor, create_kv_cache_view
@@ -104,6 +107,54 @@ def test_half_precision_decode_matches_the_reference_in_float32(
     torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
 
 
+@pytest.mark.parametrize("kv_cache_dtype", FP8)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "head_size", "window", "layout"),
+    [
+        (9, 3, 64, None, "layer_outermost"),
+        (8, 2, 16, 20, "block_outermost"),
+        (4, 4, 128, None, "layer_outermost"),
+        (6, 1, 80, 5, "block_outermost"),
+    ],
+)
+def test_fp8_decode_matches_the_reference_reading_the_same_cache(
+    kv_cache_dtype, dtype, heads, kv_heads, head_size, window, layout
+):
+    # GQA groups of 3, 4, 1 and 6, windows inside a block and across one, strided pages.
+    cache = paged_cache(FP8_KV_CACHE_DTYPES[kv_cache_dtype], kv_page(kv_heads, head_size), layout)
+    store_fp8(cache, SCALES)
+    batch = decode_batch(SEQ_LENS)
+    shape = (len(SEQ_LENS), heads, head_size)
+    q = torch.randn(shape, generator=torch.Generator().manual_seed(2)).to(dtype)
+    args = (heads, head_size, head_size**-0.5, kv_heads, window)
+    got = backend.CpuPagedImpl(*args, kv_scales=SCALES).forward_decode(q, cache, batch)
+    # The reference dequantizes in the query's dtype; the kernel in float32, so compare with
+    # the reference run in float32.
+    expected = TorchRefImpl(*args, kv_scales=SCALES).forward_decode(q.float(), cache, batch)
+    assert got.dtype == dtype
+    if dtype is torch.float32:  # K/V up to 126 in magnitude: scores of up to ~1e3
+        tolerance = 1e-5 * expected.abs().max().item()
+        torch.testing.assert_close(got, expected, atol=tolerance, rtol=1e-5)
+    else:
+        tolerance = 2 * torch.finfo(dtype).eps
+        torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", FP8)
+def test_every_finite_fp8_value_reads_as_torchs_times_the_scale(kv_cache_dtype):
+    # One key: its weight is exactly 1, so the output is the value row read, times v_scale.
+    dtype = FP8_KV_CACHE_DTYPES[kv_cache_dtype]
+    cache = paged_cache(dtype, kv_page(1, 256), "layer_outermost")
+    values = finite_values(dtype, 256)  # subnormals, normals, the largest, signed zeros
+    batch = decode_batch([1])
+    cache[batch.block_table[0, 0], 1, 0, 0] = values
+    impl = backend.CpuPagedImpl(2, 256, 0.0625, 1, kv_scales=SCALES)
+    got = impl.forward_decode(torch.randn(1, 2, 256), cache, batch)
+    expected = values.float() * SCALES.v_scale
+    torch.testing.assert_close(got[0], expected.expand(2, -1), rtol=0, atol=0)
+
+
 def test_bad_inputs_are_refused_with_the_reason():
     cache = paged_cache(torch.float32, kv_page(3, 64), "layer_outermost")
     batch = decode_batch([5, 6])
@@ -112,6 +163,13 @@ def test_bad_inputs_are_refused_with_the_reason():
         impl.forward_decode(torch.randn(2, 9, 64, dtype=torch.bfloat16), cache, batch)
     with pytest.raises(RuntimeError, match="head sizes of query and kv_cache differ"):
         impl.forward_decode(torch.randn(2, 9, 32), cache, batch)
+    query, out = torch.randn(2, 9, 64), torch.empty(2, 9, 64)
+    call = (out, query, cache, batch.block_table, batch.seq_lens, 0.125, 0)
+    with pytest.raises(RuntimeError, match="scale an FP8 cache only"):
+        backend._C.paged_decode_attention(*call, k_scale=0.5, v_scale=1.0)
+    with pytest.raises(RuntimeError, match="k_scale and v_scale must be positive"):
+        backend._C.paged_decode_attention(*call[:2], cache.to(torch.float8_e4m3fn), *call[3:],
+                                          k_scale=0.0, v_scale=1.0)  # fmt: skip
 
 
 # DeepSeek-V2's latent (512 + 64), the tiny test models' (16 + 8), and sizes that are not

@@ -1,9 +1,13 @@
-"""Prefill attention on torch's flash op against a float64 dense reference and the C++ kernel."""
+"""Prefill attention on torch's flash op against a float64 dense reference and the C++ kernel,
+over caches in the query's dtype and FP8 ones."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from fp8_caches import FP8, SCALES, store_fp8
+
+from core.attention.kv_cache_dtype import FP8_KV_CACHE_DTYPES, dequantize_kv
 
 REASON = "core-cpu-kernels is not installed (optional plugin)"
 sdpa = pytest.importorskip("core_cpu_kernels.sdpa_prefill", reason=REASON)
@@ -150,6 +154,25 @@ def test_a_window_as_long_as_the_context_is_served_as_none(window):
     got = sdpa.sdpa_prefill(query, cache, blocks, seq_len, 0.125, window)
     expected = dense_reference(query, cache, blocks, seq_len, 0.125)
     torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", FP8)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("context", "q_len"), [(0, 37), (45, 40), (100, 3)])
+def test_an_fp8_cache_is_attended_as_the_reference_reads_it(kv_cache_dtype, dtype, context, q_len):
+    query, _, blocks, seq_len = problem(dtype, 6, 2, 64, context, q_len)
+    cache = store_fp8(paged_cache(FP8_KV_CACHE_DTYPES[kv_cache_dtype], 2, 64), SCALES)
+    assert sdpa.takes(query, cache, seq_len, 0)
+    got = sdpa.sdpa_prefill(query, cache, blocks, seq_len, 0.125, 0, SCALES)
+    # The reference reads stored * scale in the query's dtype (TorchRefImpl.read_pages).
+    scales = (SCALES.k_scale, SCALES.v_scale)
+    read = torch.stack([dequantize_kv(cache[:, i], scales[i], dtype) for i in (0, 1)], dim=1)
+    expected = dense_reference(query, read, blocks, seq_len, 0.125)
+    # K/V up to 126 in magnitude: scores of up to ~1e3 and outputs of up to ~400, whose
+    # rounding errors (float32's, or bfloat16's of the softmax weights) scale with them.
+    tolerance = 1e-5 if dtype == torch.float32 else BF16_EPS
+    atol = tolerance * expected.abs().max().item()
+    torch.testing.assert_close(got.double(), expected, atol=atol, rtol=2 * tolerance)
 
 
 def test_takes_float32_and_bfloat16_without_a_biting_window():

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "fp8.h"
 #include "quant_linear_isa.h"
 
 namespace core_cpu {
@@ -27,6 +28,7 @@ struct Avx512 {
   static CORE_QL_INLINE V load(const float* p) { return _mm512_loadu_ps(p); }
   static CORE_QL_INLINE void store(float* p, V v) { _mm512_storeu_ps(p, v); }
   static CORE_QL_INLINE V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static CORE_QL_INLINE V mul(V a, V b) { return _mm512_mul_ps(a, b); }
   static CORE_QL_INLINE float sum(V v) { return _mm512_reduce_add_ps(v); }
 
   static CORE_QL_INLINE V load_bf16(const uint16_t* p) {
@@ -36,6 +38,12 @@ struct Avx512 {
   }
   static CORE_QL_INLINE V load_f16(const uint16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+
+  using Bits = uint32_t __attribute__((vector_size(64)));
+  static CORE_QL_INLINE V load_e4m3(const uint8_t* p) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return fp8_value<E4m3, V>(reinterpret_cast<Bits>(_mm512_cvtepu8_epi32(bytes)));
   }
 
   template <int BITS>

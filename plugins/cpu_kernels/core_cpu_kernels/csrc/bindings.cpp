@@ -6,11 +6,19 @@
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention,
-        "Decode attention over a paged KV cache (writes into out)");
+        "Decode attention over a paged KV cache, FP8 ones read as stored * k_scale / v_scale "
+        "(writes into out)",
+        py::arg("out"), py::arg("query"), py::arg("kv_cache"), py::arg("block_table"),
+        py::arg("seq_lens"), py::arg("scale"), py::arg("sliding_window"),
+        py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0);
   m.def("mla_decode_attention", &mla_decode_attention,
         "Multi-head latent attention decode over a paged latent cache (writes into out)");
   m.def("paged_prefill_attention", &paged_prefill_attention,
-        "Causal prefill attention of chunks over a paged KV cache (writes into out)");
+        "Causal prefill attention of chunks over a paged KV cache, FP8 ones read as stored * "
+        "k_scale / v_scale (writes into out)",
+        py::arg("out"), py::arg("query"), py::arg("kv_cache"), py::arg("block_table"),
+        py::arg("query_start_loc"), py::arg("seq_lens"), py::arg("scale"),
+        py::arg("sliding_window"), py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0);
   m.def("rms_norm", &rms_norm, "core::rms_norm on contiguous-row CPU tensors");
   m.def("fused_add_rms_norm", &fused_add_rms_norm,
         "core::fused_add_rms_norm on contiguous-row CPU tensors");
@@ -42,4 +50,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("weight"), py::arg("bias") = py::none(), py::arg("isa") = "");
   m.def("dense_linear_isas", &dense_linear_isas,
         "The vector ISAs dense_linear can use on this CPU, widest (the default) first");
+  m.def("fp8_linear", &fp8_linear,
+        "core::fp8_linear on the FP8 weight with the kernels of one vector ISA (\"\": the "
+        "widest available)",
+        py::arg("x"), py::arg("weight"), py::arg("scales"), py::arg("block_k"),
+        py::arg("isa") = "");
+  m.def("fp8_linear_isas", &fp8_linear_isas,
+        "The vector ISAs fp8_linear can use on this CPU, widest (the default) first");
 }

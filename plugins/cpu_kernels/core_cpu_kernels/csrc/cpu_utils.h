@@ -1,4 +1,5 @@
-// What every kernel of this package shares: per-ISA function clones and float loads.
+// What every kernel of this package shares: per-ISA function clones and float loads
+// (16-bit and FP8 values to float32, float32 to 16-bit).
 
 #pragma once
 
@@ -7,6 +8,8 @@
 
 #include <cstdint>
 #include <cstring>
+
+#include "fp8.h"
 
 // Build one copy per vector ISA and pick at load time, so a wheel built on one x86
 // machine runs well on another; the loops are written for auto-vectorization. The
@@ -32,6 +35,11 @@ CORE_INLINE float to_float(c10::BFloat16 x) {
   float f;
   std::memcpy(&f, &bits, sizeof f);
   return f;
+}
+// An FP8 value as stored (an FP8 KV cache's scale is the caller's to apply).
+template <int EXPONENT_BITS>
+CORE_INLINE float to_float(Fp8<EXPONENT_BITS> x) {
+  return fp8_to_float(x);
 }
 
 template <typename T>

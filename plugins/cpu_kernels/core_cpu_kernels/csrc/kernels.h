@@ -10,21 +10,23 @@
 #include <tuple>
 #include <vector>
 
+// Decode attention over a paged KV cache, in the query's dtype or FP8 with its scales
+// (contract in paged_attention.cpp); writes into out.
 void paged_decode_attention(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache,
                             torch::Tensor block_table, torch::Tensor seq_lens, double scale,
-                            int64_t sliding_window);
+                            int64_t sliding_window, double k_scale, double v_scale);
 
 // Multi-head latent attention decode over a paged latent cache (contract in
 // mla_decode.cpp); writes into out.
 void mla_decode_attention(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache,
                           torch::Tensor block_table, torch::Tensor seq_lens, double scale);
 
-// Causal prefill attention of one or more chunks straight from the paged KV cache (contract
-// in paged_prefill.cpp); writes into out.
+// Causal prefill attention of one or more chunks straight from the paged KV cache, in the
+// query's dtype or FP8 with its scales (contract in paged_prefill.cpp); writes into out.
 void paged_prefill_attention(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache,
                              torch::Tensor block_table, std::vector<int64_t> query_start_loc,
                              std::vector<int64_t> seq_lens, double scale,
-                             int64_t sliding_window);
+                             int64_t sliding_window, double k_scale, double v_scale);
 
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 
@@ -83,3 +85,12 @@ torch::Tensor dense_linear(const torch::Tensor& x, const torch::Tensor& weight,
 
 // The vector ISAs dense_linear can use on this CPU, widest (the default) first.
 std::vector<std::string> dense_linear_isas();
+
+// core::fp8_linear (layout: core/ops/fp8_linear.py), x [T, K] @ W^T with W float8_e4m3fn
+// [N, K] times float32 scales [N, ceil(K / block_k)], with the kernels of vector ISA `isa`
+// ("" for the widest this CPU runs); x contiguous, float32, bfloat16 or float16.
+torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight,
+                         const torch::Tensor& scales, int64_t block_k, const std::string& isa);
+
+// The vector ISAs fp8_linear can use on this CPU, widest (the default) first.
+std::vector<std::string> fp8_linear_isas();

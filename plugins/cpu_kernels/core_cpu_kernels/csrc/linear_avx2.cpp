@@ -1,7 +1,9 @@
-// core::quant_linear's and core::linear's AVX2 + FMA kernels: 8 float32 lanes. A run's 16 bytes are widened
-// 8 at a time into 32-bit lanes (vpmovzxbd), and the nibbles masked and shifted out there.
+// core::quant_linear's, core::linear's and core::fp8_linear's AVX2 + FMA kernels: 8 float32
+// lanes. A run's 16 bytes are widened 8 at a time into 32-bit lanes (vpmovzxbd), and the
+// nibbles masked and shifted out there; so are FP8 bytes, then converted by fp8.h.
 
 #include "dense_linear.h"
+#include "fp8_linear.h"
 #include "quant_linear.h"
 
 #ifdef CORE_X86_KERNELS
@@ -14,6 +16,8 @@
 #pragma GCC target("avx2,fma,f16c")
 
 #include "dense_linear_isa.h"
+#include "fp8.h"
+#include "fp8_linear_isa.h"
 #include "quant_linear_isa.h"
 
 namespace core_cpu {
@@ -28,6 +32,13 @@ struct Avx2 {
   static CORE_QL_INLINE V load(const float* p) { return _mm256_loadu_ps(p); }
   static CORE_QL_INLINE void store(float* p, V v) { _mm256_storeu_ps(p, v); }
   static CORE_QL_INLINE V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static CORE_QL_INLINE V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+
+  using Bits = uint32_t __attribute__((vector_size(32)));
+  static CORE_QL_INLINE V load_e4m3(const uint8_t* p) {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    return fp8_value<E4m3, V>(reinterpret_cast<Bits>(_mm256_cvtepu8_epi32(bytes)));
+  }
 
   // 16-bit weights widened to 32-bit lanes: bf16 is a float32's top half; fp16 by F16C.
   static CORE_QL_INLINE V load_bf16(const uint16_t* p) {
@@ -74,6 +85,10 @@ const IsaKernels kAvx2Kernels = isa_kernels<Avx2>("avx2");
 namespace dense_linear {
 const IsaKernels kAvx2Kernels{"avx2", &gemv<Avx2>};
 }  // namespace dense_linear
+
+namespace fp8_linear {
+const IsaKernels kAvx2Kernels = isa_kernels<Avx2>("avx2");
+}  // namespace fp8_linear
 
 }  // namespace core_cpu
 

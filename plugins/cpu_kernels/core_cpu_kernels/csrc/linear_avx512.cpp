@@ -1,6 +1,8 @@
-// core::quant_linear's and core::linear's AVX-512 kernels (the vector type: avx512_vec.h).
+// core::quant_linear's, core::linear's and core::fp8_linear's AVX-512 kernels (the vector
+// type: avx512_vec.h).
 
 #include "dense_linear.h"
+#include "fp8_linear.h"
 #include "quant_linear.h"
 
 #ifdef CORE_X86_KERNELS
@@ -13,6 +15,7 @@
 
 #include "avx512_vec.h"
 #include "dense_linear_isa.h"
+#include "fp8_linear_isa.h"
 #include "quant_linear_isa.h"
 
 namespace core_cpu {
@@ -24,6 +27,10 @@ const IsaKernels kAvx512Kernels = isa_kernels<Avx512>("avx512");
 namespace dense_linear {
 const IsaKernels kAvx512Kernels{"avx512", &gemv<Avx512>};
 }  // namespace dense_linear
+
+namespace fp8_linear {
+const IsaKernels kAvx512Kernels = isa_kernels<Avx512>("avx512");
+}  // namespace fp8_linear
 
 }  // namespace core_cpu
 

@@ -1,10 +1,13 @@
-// core::quant_linear's and core::linear's portable kernels: plain C++ the compiler vectorizes for the
-// baseline ISA, for CPUs (or builds) without the x86 paths.
+// core::quant_linear's, core::linear's and core::fp8_linear's portable kernels: plain C++
+// the compiler vectorizes for the baseline ISA, for CPUs (or builds) without the x86 paths.
 
 #include <cstdint>
 
 #include "dense_linear.h"
 #include "dense_linear_isa.h"
+#include "fp8.h"
+#include "fp8_linear.h"
+#include "fp8_linear_isa.h"
 #include "quant_linear.h"
 #include "quant_linear_isa.h"
 
@@ -20,9 +23,13 @@ struct Scalar {
   static CORE_QL_INLINE V load(const float* p) { return *p; }
   static CORE_QL_INLINE void store(float* p, V v) { *p = v; }
   static CORE_QL_INLINE V fma(V a, V b, V c) { return a * b + c; }
+  static CORE_QL_INLINE V mul(V a, V b) { return a * b; }
   static CORE_QL_INLINE float sum(V v) { return v; }
   static CORE_QL_INLINE V load_bf16(const uint16_t* p) { return dense_linear::bf16_to_float(*p); }
   static CORE_QL_INLINE V load_f16(const uint16_t* p) { return dense_linear::f16_to_float(*p); }
+  static CORE_QL_INLINE V load_e4m3(const uint8_t* p) {
+    return fp8_value<E4m3, V>(static_cast<uint32_t>(*p));
+  }
 
   template <int BITS>
   static CORE_QL_INLINE void unpack(const uint8_t* unit, V* q) {
@@ -46,5 +53,9 @@ const IsaKernels kScalarKernels = isa_kernels<Scalar>("scalar");
 namespace dense_linear {
 const IsaKernels kScalarKernels{"scalar", &gemv<Scalar>};
 }  // namespace dense_linear
+
+namespace fp8_linear {
+const IsaKernels kScalarKernels = isa_kernels<Scalar>("scalar");
+}  // namespace fp8_linear
 
 }  // namespace core_cpu

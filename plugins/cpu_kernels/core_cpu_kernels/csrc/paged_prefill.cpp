@@ -5,7 +5,8 @@
 // tokens times the query heads of one KV head (its GQA group): it walks the keys its rows
 // can see kKeys at a time and keeps a running softmax per row (flash attention), so neither
 // the mask nor a gathered copy of the context exists. Float32 keys and values are read in
-// place in the cache; 16-bit ones are converted to float once per tile for all its rows.
+// place in the cache; 16-bit and FP8 ones (kv_cache_dtype.h) are converted to float once
+// per tile for all its rows.
 //
 // The task's queries are held transposed, [D, rows], so both products are small GEMMs
 // that broadcast a cache element against a vector of rows (scores) or a row's weight
@@ -29,6 +30,7 @@
 #include "fast_exp.h"
 #include "head_sizes.h"
 #include "kernels.h"
+#include "kv_cache_dtype.h"
 
 namespace {
 
@@ -68,18 +70,20 @@ struct Task {
   int64_t cost;  // query rows x keys they see: what sorts the tasks
 };
 
-// Everything a task reads and writes, shared by all tasks of one call.
-template <typename T>
+// Everything a task reads and writes, shared by all tasks of one call: T is the query's and
+// the output's dtype, C the cache's (T, or an FP8 format).
+template <typename T, typename C>
 struct Problem {
   const T* query;
   T* out;
-  const T* cache;
+  const C* cache;
   RowLayout query_rows, out_rows;
   CacheLayout cache_layout;
   std::vector<Chunk> chunks;
   int64_t group;           // query heads per KV head
   int64_t sliding_window;  // 0: none
-  float scale;
+  float scale;             // of q . k, times k_scale (kv_cache_dtype.h)
+  float v_scale;
 };
 
 // The first key the query at position `pos` sees (its last is `pos` itself).
@@ -127,9 +131,9 @@ struct TileRows {
   const float* values[kKeys];
 };
 
-// Float rows of a 16-bit key and value, converted into the workspace's slot j.
-template <int64_t D, typename T>
-CORE_INLINE void convert_rows(const T* key, const T* value, int64_t j, Workspace& ws,
+// Float rows of a 16-bit or FP8 key and value, converted into the workspace's slot j.
+template <int64_t D, typename C>
+CORE_INLINE void convert_rows(const C* key, const C* value, int64_t j, Workspace& ws,
                               TileRows& tile) {
   float* k = ws.keys + j * D;
   float* v = ws.values + j * D;
@@ -140,15 +144,15 @@ CORE_INLINE void convert_rows(const T* key, const T* value, int64_t j, Workspace
 }
 
 // Walks the positions block by block, so no key costs a division.
-template <int64_t D, typename T>
-CORE_INLINE void tile_rows(const Problem<T>& p, const int64_t* blocks, int64_t kv_head,
+template <int64_t D, typename T, typename C>
+CORE_INLINE void tile_rows(const Problem<T, C>& p, const int64_t* blocks, int64_t kv_head,
                            int64_t first, int64_t n, Workspace& ws, TileRows& tile) {
   const CacheLayout& layout = p.cache_layout;
   int64_t block = first / layout.block_size, offset = first % layout.block_size;
   for (int64_t j = 0; j < n; ++j) {
-    const T* key = p.cache + blocks[block] * layout.block + offset * layout.token +
+    const C* key = p.cache + blocks[block] * layout.block + offset * layout.token +
                    kv_head * layout.head;
-    if constexpr (std::is_same_v<T, float>) {
+    if constexpr (std::is_same_v<C, float>) {
       tile.keys[j] = key;
       tile.values[j] = key + layout.kv;
     } else {
@@ -271,8 +275,8 @@ CORE_INLINE void value_tile(Workspace& ws, const TileRows& tile) {
 
 // Row r = i * group + h is token i's query head kv_head * group + h, scaled, stored as
 // column r of qt; padding rows repeat the last row's key range and have zero queries.
-template <int64_t D, typename T>
-void start_task(const Problem<T>& p, const Task& t, Workspace& ws) {
+template <int64_t D, typename T, typename C>
+void start_task(const Problem<T, C>& p, const Task& t, Workspace& ws) {
   const Chunk& chunk = p.chunks[t.chunk];
   const int64_t rows = t.num_tokens * p.group;
   ws.rows = padded_rows(rows);
@@ -292,23 +296,23 @@ void start_task(const Problem<T>& p, const Task& t, Workspace& ws) {
   std::fill(ws.sum, ws.sum + ws.rows, 0.f);
 }
 
-template <int64_t D, typename T>
-void store_outputs(const Problem<T>& p, const Task& t, const Workspace& ws) {
+template <int64_t D, typename T, typename C>
+void store_outputs(const Problem<T, C>& p, const Task& t, const Workspace& ws) {
   const Chunk& chunk = p.chunks[t.chunk];
   for (int64_t i = 0; i < t.num_tokens; ++i) {
     for (int64_t h = 0; h < p.group; ++h) {
       const int64_t r = i * p.group + h;
       T* dst = p.out + (chunk.first_row + t.first + i) * p.out_rows.token +
                (t.kv_head * p.group + h) * p.out_rows.head;
-      const float inv = 1.f / ws.sum[r];  // > 0: every query sees its own key
+      const float inv = p.v_scale / ws.sum[r];  // sum > 0: every query sees its own key
       for (int64_t d = 0; d < D; ++d) dst[d] = from_float<T>(ws.o[r * D + d] * inv);
     }
   }
 }
 
 // One task: its rows against every key tile that any of them sees.
-template <int64_t D, typename T>
-CORE_MULTIVERSION void run_task(const Problem<T>& p, const Task& t, Workspace& ws) {
+template <int64_t D, typename T, typename C>
+CORE_MULTIVERSION void run_task(const Problem<T, C>& p, const Task& t, Workspace& ws) {
   const Chunk& chunk = p.chunks[t.chunk];
   const int64_t first_pos = chunk.seq_len - chunk.num_tokens + t.first;
   const int64_t last_pos = first_pos + t.num_tokens - 1;
@@ -345,8 +349,8 @@ std::vector<Task> plan_tasks(const std::vector<Chunk>& chunks, int64_t num_kv_he
   return tasks;
 }
 
-template <int64_t D, typename T>
-void prefill(const Problem<T>& p, int64_t num_kv_heads) {
+template <int64_t D, typename T, typename C>
+void prefill(const Problem<T, C>& p, int64_t num_kv_heads) {
   const std::vector<Task> tasks = plan_tasks(p.chunks, num_kv_heads, p.group, p.sliding_window);
   const int64_t num_tasks = static_cast<int64_t>(tasks.size());
   std::atomic<int64_t> next{0};
@@ -359,12 +363,12 @@ void prefill(const Problem<T>& p, int64_t num_kv_heads) {
                    });
 }
 
-template <typename T>
-void prefill_any_head_size(const Problem<T>& p, int64_t num_kv_heads, int64_t head_size) {
+template <typename T, typename C>
+void prefill_any_head_size(const Problem<T, C>& p, int64_t num_kv_heads, int64_t head_size) {
   switch (head_size) {
 #define CORE_HEAD_SIZE_CASE(D) \
   case D:                      \
-    return prefill<D, T>(p, num_kv_heads);
+    return prefill<D, T, C>(p, num_kv_heads);
     CORE_FOR_EACH_HEAD_SIZE(CORE_HEAD_SIZE_CASE)
 #undef CORE_HEAD_SIZE_CASE
     default:
@@ -381,7 +385,6 @@ void check_tensors(const torch::Tensor& out, const torch::Tensor& query,
               "out must be shaped and typed like query, with D contiguous");
   TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(1) == 2 && kv_cache.stride(4) == 1,
               "kv_cache must be [num_blocks, 2, block_size, Hkv, D] with D contiguous");
-  TORCH_CHECK(kv_cache.scalar_type() == query.scalar_type(), "kv_cache dtype must match query");
   TORCH_CHECK(kv_cache.size(4) == query.size(2), "head sizes of query and kv_cache differ");
   TORCH_CHECK(query.size(1) % kv_cache.size(3) == 0, "query heads must be a multiple of KV heads");
   TORCH_CHECK(block_table.dim() == 2 && block_table.scalar_type() == torch::kInt64 &&
@@ -418,14 +421,15 @@ std::vector<Chunk> make_chunks(const torch::Tensor& query, const torch::Tensor& 
   return chunks;
 }
 
-template <typename T>
-Problem<T> make_problem(torch::Tensor& out, const torch::Tensor& query,
-                        const torch::Tensor& kv_cache, std::vector<Chunk> chunks,
-                        double scale, int64_t sliding_window) {
-  return Problem<T>{
+template <typename T, typename C>
+Problem<T, C> make_problem(torch::Tensor& out, const torch::Tensor& query,
+                           const torch::Tensor& kv_cache, std::vector<Chunk> chunks,
+                           double scale, int64_t sliding_window, double k_scale,
+                           double v_scale) {
+  return Problem<T, C>{
       query.data_ptr<T>(),
       out.data_ptr<T>(),
-      kv_cache.data_ptr<T>(),
+      static_cast<const C*>(kv_cache.data_ptr()),
       {query.stride(0), query.stride(1)},
       {out.stride(0), out.stride(1)},
       {kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
@@ -433,7 +437,8 @@ Problem<T> make_problem(torch::Tensor& out, const torch::Tensor& query,
       std::move(chunks),
       query.size(1) / kv_cache.size(3),
       sliding_window,
-      static_cast<float>(scale),
+      static_cast<float>(scale * k_scale),
+      static_cast<float>(v_scale),
   };
 }
 
@@ -443,19 +448,25 @@ Problem<T> make_problem(torch::Tensor& out, const torch::Tensor& query,
 // [query_start_loc[c], query_start_loc[c + 1]), at positions ending at seq_lens[c]) over
 // the keys and values of positions [0, seq_lens[c]) read through block_table[c], each query
 // at position p seeing [max(0, p - sliding_window + 1), p] (all of [0, p] when
-// sliding_window is 0). Rows of out outside every chunk are left as they are.
+// sliding_window is 0). Keys and values are read as stored from a cache in the query's
+// dtype, as stored * k_scale / v_scale from an FP8 one. Rows of out outside every chunk are
+// left as they are.
 void paged_prefill_attention(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache,
                              torch::Tensor block_table, std::vector<int64_t> query_start_loc,
                              std::vector<int64_t> seq_lens, double scale,
-                             int64_t sliding_window) {
+                             int64_t sliding_window, double k_scale, double v_scale) {
   check_tensors(out, query, kv_cache, block_table);
   TORCH_CHECK(sliding_window >= 0, "sliding_window must be >= 0 (0: none)");
   std::vector<Chunk> chunks =
       make_chunks(query, block_table, query_start_loc, seq_lens, kv_cache.size(2));
-  core_cpu::dispatch_dtype(query, "paged_prefill_attention", [&](auto zero) {
-    using T = decltype(zero);
-    const Problem<T> problem =
-        make_problem<T>(out, query, kv_cache, std::move(chunks), scale, sliding_window);
-    prefill_any_head_size<T>(problem, kv_cache.size(3), query.size(2));
+  const char* kernel = "paged_prefill_attention";
+  core_cpu::dispatch_dtype(query, kernel, [&](auto query_zero) {
+    using T = decltype(query_zero);
+    core_cpu::dispatch_kv_cache<T>(kv_cache, query, k_scale, v_scale, kernel, [&](auto zero) {
+      using C = decltype(zero);
+      const Problem<T, C> problem = make_problem<T, C>(out, query, kv_cache, std::move(chunks),
+                                                       scale, sliding_window, k_scale, v_scale);
+      prefill_any_head_size<T, C>(problem, kv_cache.size(3), query.size(2));
+    });
   });
 }

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "blocked_gemm.h"
 #include "float_rows.h"
 #include "isa_registry.h"
 #include "kernels.h"
@@ -37,6 +38,9 @@
 namespace {
 
 namespace ql = core_cpu::quant_linear;
+using core_cpu::kMacsPerTask;
+using core_cpu::multiply_blocked;
+using core_cpu::multiply_elements;
 
 // Up to this many tokens the GEMV's single pass over W beats dequantizing it for a GEMM
 // (measured on SmolLM2's shapes: the GEMV wins at 8 tokens, tie at 9, the GEMM at 12).
@@ -59,13 +63,6 @@ constexpr int64_t kBlockedBf16GemmMaxTokens = 32;
 // AVX512_BF16 EPYC: 16 tokens 13.0 vs 17.6 ms, 32 tokens 20.1 vs 25.4, 64 tokens 35.3 vs
 // 48.9); past it `int8_prefills` chooses between it and the strip GEMM.
 constexpr int64_t kBlockedInt8GemmMaxTokens = 64;
-// The multiply-adds one GEMV or blocked-GEMM task does at least (~2.5 us on one core): a
-// smaller layer runs on the calling thread rather than pay for waking the others. (At 4x
-// this, SmolLM2's 192 x 576 decode row ran on one thread in 12 us; split in two it takes 10.)
-constexpr int64_t kMacsPerTask = 1 << 15;
-// Token blocks one task of the blocked GEMM's repacking of x takes at least: x's blocks
-// are few (5 at 80 tokens), and each costs about as much as waking a thread.
-constexpr int64_t kPackBlocksPerTask = 2;
 // Tasks split W at multiples of the GEMV's 4-row blocks (quant_linear_isa.h).
 constexpr int64_t kGemvRowsPerBlock = 4;
 // A GEMM tile's dequantized rows (float32) fit in this. The GEMM repacks x for
@@ -133,41 +130,6 @@ void gemv(const ql::IsaKernels& isa, const ql::PackedWeight& w, const torch::Ten
     isa.gemv(w, begin * kGemvRowsPerBlock, n1 < n ? n1 : n, a, out_f, n);
   });
   core_cpu::store_float_output<T>(out_f, out);
-}
-
-// The blocked GEMM: x repacked once for the register blocks by pack(b0, b1) over its token
-// blocks, then each thread takes whole strips of kGemmRows weight rows, which
-// gemm(n0, n1, rows, panel) turns into Row elements a register block at a time (`rows`
-// holds kGemmRows * k of them) and multiplies with every token block.
-template <typename Row, typename Pack, typename Gemm>
-void multiply_blocked(const ql::PackedWeight& w, int64_t num_tokens, int64_t token_block,
-                      Pack pack, Gemm gemm, int64_t n) {
-  const int64_t num_blocks = (num_tokens + token_block - 1) / token_block;
-  at::parallel_for(0, num_blocks, kPackBlocksPerTask, pack);
-  const int64_t num_strips = (n + ql::kGemmRows - 1) / ql::kGemmRows;
-  const int64_t grain = kMacsPerTask / (ql::kGemmRows * w.k * num_tokens) + 1;
-  at::parallel_for(0, num_strips, grain, [&](int64_t begin, int64_t end) {
-    std::vector<Row> rows(ql::kGemmRows * w.k);
-    std::vector<float> panel(ql::kGemmPanelRows * num_tokens);
-    const int64_t n1 = end * ql::kGemmRows;
-    gemm(begin * ql::kGemmRows, n1 < n ? n1 : n, rows.data(), panel.data());
-  });
-}
-
-// The blocked GEMM on x's elements (float32, or bf16 bits for the bf16 kernels).
-template <typename Elem, typename PackTokens, typename Gemm>
-void multiply_elements(const ql::PackedWeight& w, const Elem* x, int64_t num_tokens,
-                       int64_t token_block, PackTokens pack_tokens, Gemm gemm, float* out,
-                       int64_t n) {
-  const int64_t num_blocks = (num_tokens + token_block - 1) / token_block;
-  std::vector<Elem> packed(num_blocks * token_block * w.k);
-  multiply_blocked<Elem>(
-      w, num_tokens, token_block,
-      [&](int64_t b0, int64_t b1) { pack_tokens(x, num_tokens, w.k, b0, b1, packed.data()); },
-      [&](int64_t n0, int64_t n1, Elem* rows, float* panel) {
-        gemm(w, n0, n1, packed.data(), num_tokens, out, n, rows, panel);
-      },
-      n);
 }
 
 // The blocked GEMM on the int8 dot products: x (bf16 bits) quantized once, in token blocks.

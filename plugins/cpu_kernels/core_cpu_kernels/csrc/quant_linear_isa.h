@@ -248,6 +248,18 @@ CORE_QL_INLINE void gemm_block(const typename Dot::Elem* rows, int64_t k,
   }
 }
 
+// Which weight the GEMM multiplies: a Rows provides `Weight` (with its inputs per row, k)
+// and dequantize(w, n0, n1, out), W's rows [n0, n1) as Dot's Elems, k apart. PackedRows:
+// core::quant_linear's packed weight (fp8_linear_isa.h has core::fp8_linear's).
+template <class Vec, class Dot>
+struct PackedRows {
+  using Weight = PackedWeight;
+  static CORE_QL_INLINE void dequantize(const PackedWeight& w, int64_t n0, int64_t n1,
+                                        typename Dot::Elem* out) {
+    quant_linear::dequantize<Vec, Dot>(w, n0, n1, out);
+  }
+};
+
 // out[t * ldo + n] = sum_i W[n, i] x[t, i] for n in [n0, n1) and every token, x packed by
 // pack_tokens. Each kGemmRows rows are dequantized once into `rows` (kGemmRows * k Elems,
 // in L1 or L2) and multiplied there with every token block. The register blocks write a
@@ -255,16 +267,16 @@ CORE_QL_INLINE void gemm_block(const typename Dot::Elem* rows, int64_t k,
 // out a token's row segment at a time: out's token rows lie ldo apart, a multiple of 4 KB
 // for many layers (3072 outputs, a 49152 vocabulary), where the 16 rows a register block
 // wrote into compete for one L1 set.
-template <class Vec, class Dot>
-void gemm(const PackedWeight& w, int64_t n0, int64_t n1, const typename Dot::Elem* packed_x,
-          int64_t num_tokens, float* out, int64_t ldo, typename Dot::Elem* rows,
-          float* panel) {
+template <class Vec, class Dot, class Rows = PackedRows<Vec, Dot>>
+void gemm(const typename Rows::Weight& w, int64_t n0, int64_t n1,
+          const typename Dot::Elem* packed_x, int64_t num_tokens, float* out, int64_t ldo,
+          typename Dot::Elem* rows, float* panel) {
   constexpr int64_t nr = kTokenBlock<Vec>;
   for (int64_t p0 = n0; p0 < n1; p0 += kGemmPanelRows) {
     const int64_t p1 = n1 - p0 < kGemmPanelRows ? n1 : p0 + kGemmPanelRows;
     for (int64_t n = p0; n < p1; n += kGemmRows) {
       const int64_t num_rows = p1 - n < kGemmRows ? p1 - n : kGemmRows;
-      dequantize<Vec, Dot>(w, n, n + num_rows, rows);
+      Rows::dequantize(w, n, n + num_rows, rows);
       // Rows past the end are computed and dropped: zeros keep denormals and NaNs out.
       for (int64_t i = num_rows * w.k; i < kGemmRows * w.k; ++i) rows[i] = 0;
       for (int64_t t0 = 0; t0 < num_tokens; t0 += nr) {
