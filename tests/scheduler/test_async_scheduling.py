@@ -12,7 +12,6 @@ from __future__ import annotations
 import zlib
 from collections import deque
 
-import pytest
 import torch
 
 from core.config import EngineConfig, SchedulerConfig

@@ -11,12 +11,16 @@ device's).
 from __future__ import annotations
 
 import importlib
-import inspect
 from types import ModuleType
 
 import pytest
 import torch
-from triton_interpreted import load_interpreted
+from triton_interpreted import (
+    GPU_TARGETS,
+    assert_matches,
+    compiles_within_shared_memory,
+    load_interpreted,
+)
 
 pytest.importorskip("core_moe_triton", reason="core-moe-triton is not installed (optional plugin)")
 # Imported here, before any TRITON_INTERPRET is set: triton decorates its own @jit helpers at
@@ -30,19 +34,12 @@ from core_moe_triton.ops import (  # noqa: E402
     fused_moe_triton,
     register,
 )
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 
 from core.ops import CORE_OPS, fused_moe_reference, provider  # noqa: E402
 from core.ops.fused_moe import TOLERANCES, _fused_moe_samples  # noqa: E402
 
 Args = tuple[torch.Tensor, ...]  # hidden, w13, w2, topk_weights, topk_ids
 
-# GPU targets the kernels must compile for: (target, its shared memory per block).
-TARGETS = {
-    "sm90": (GPUTarget("cuda", 90, 32), 227 * 1024),
-    "gfx942": (GPUTarget("hip", "gfx942", 64), 64 * 1024),
-}
 # Pointer types beyond the activation dtype's; the launchers pass these tensors.
 POINTERS = {
     "sorted_slot_ids_ptr": "*i32",
@@ -84,10 +81,7 @@ def make_args(
 
 def assert_matches_reference(kernels: ModuleType, args: Args) -> torch.Tensor:
     out = fused_moe_triton(*args, kernels=kernels)
-    want = fused_moe_reference(*args)
-    assert out.dtype == want.dtype and out.shape == want.shape
-    tolerance = TOLERANCES[args[0].dtype]
-    torch.testing.assert_close(out, want, rtol=tolerance.rtol, atol=tolerance.atol)
+    assert_matches(out, fused_moe_reference(*args), TOLERANCES)
     return out
 
 
@@ -95,15 +89,7 @@ def assert_matches_reference(kernels: ModuleType, args: Args) -> torch.Tensor:
 def test_interpreted_kernel_matches_reference_on_every_conformance_sample(kernels, dtype):
     for sample in _fused_moe_samples(dtype, torch.device("cpu")):
         out = fused_moe_triton(*sample.args, kernels=kernels)
-        want = fused_moe_reference(*sample.args)
-        tolerance = TOLERANCES[dtype]
-        torch.testing.assert_close(
-            out,
-            want,
-            rtol=tolerance.rtol,
-            atol=tolerance.atol,
-            msg=lambda m, s=sample: f"{s.name}: {m}",
-        )
+        assert_matches(out, fused_moe_reference(*sample.args), TOLERANCES, sample.name)
 
 
 @pytest.mark.parametrize("top_k", [1, 2, 8])
@@ -178,34 +164,25 @@ def test_compiled_kernel_matches_reference_on_cuda(dtype):
     cases = [sample.args for sample in _fused_moe_samples(dtype, torch.device("cpu"))]
     cases.append(make_args(300, 16, 2, size=256, inter=192, dtype=dtype))
     cases.append(make_args(33, 8, 8, size=40, inter=24, dtype=dtype))
-    tolerance = TOLERANCES[dtype]
     for args in cases:
         out = fused_moe_triton(*(t.cuda() for t in args))
-        torch.testing.assert_close(
-            out.cpu(), fused_moe_reference(*args), rtol=tolerance.rtol, atol=tolerance.atol
-        )
+        assert_matches(out, fused_moe_reference(*args), TOLERANCES)
 
 
 @pytest.mark.skipif(
     triton.knobs.runtime.interpret, reason="TRITON_INTERPRET is set: the kernels are not compiled"
 )
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", GPU_TARGETS)
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 @pytest.mark.parametrize("name", KERNELS)
 def test_kernel_compiles_for_gpu_target_within_shared_memory(name, dtype, target):
     kernel_name, out_type = KERNELS[name]
     kernel = getattr(importlib.import_module(KERNELS_MODULE), kernel_name)
     constexprs = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, UPCAST=False)  # a prefill's tiles
-    types = {}
-    for parameter in inspect.signature(kernel.fn).parameters:
-        if parameter in constexprs:
-            types[parameter] = "constexpr"
-        elif parameter == "out_ptr":
-            types[parameter] = out_type or f"*{dtype}"
-        elif parameter.endswith("_ptr"):
-            types[parameter] = POINTERS.get(parameter, f"*{dtype}")
-        else:
-            types[parameter] = "i32"
-    gpu, shared_memory = TARGETS[target]
-    source = ASTSource(fn=kernel, signature=types, constexprs=constexprs)
-    assert triton.compile(source, target=gpu).metadata.shared <= shared_memory
+
+    def pointer_type(name: str) -> str:
+        if name == "out_ptr":
+            return out_type or f"*{dtype}"
+        return POINTERS.get(name, f"*{dtype}")
+
+    assert compiles_within_shared_memory(kernel, constexprs, pointer_type, target)

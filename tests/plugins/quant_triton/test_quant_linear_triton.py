@@ -11,12 +11,16 @@ device's).
 from __future__ import annotations
 
 import importlib
-import inspect
 from types import ModuleType
 
 import pytest
 import torch
-from triton_interpreted import load_interpreted
+from triton_interpreted import (
+    GPU_TARGETS,
+    assert_matches,
+    compiles_within_shared_memory,
+    load_interpreted,
+)
 
 pytest.importorskip(
     "core_quant_triton", reason="core-quant-triton is not installed (optional plugin)"
@@ -33,8 +37,6 @@ from core_quant_triton.ops import (  # noqa: E402
     quant_linear_triton,
     register,
 )
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 
 from core.ops import CORE_OPS, provider, quant_linear_reference  # noqa: E402
 from core.ops.quant_linear import TOLERANCES, _quant_linear_samples, pack  # noqa: E402
@@ -42,11 +44,6 @@ from core.ops.quant_linear import TOLERANCES, _quant_linear_samples, pack  # noq
 Args = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
-# GPU targets the kernel must compile for: (target, its shared memory per block).
-TARGETS = {
-    "sm90": (GPUTarget("cuda", 90, 32), 227 * 1024),
-    "gfx942": (GPUTarget("hip", "gfx942", 64), 64 * 1024),
-}
 # The largest tiles choose_tiles picks for decode and for prefill.
 TILINGS = {
     "decode": choose_tiles(1, 4096, 4096, 128),
@@ -84,10 +81,7 @@ def assert_matches_reference(
     kernels: ModuleType, args: Args, tiles: Tiles | None = None
 ) -> torch.Tensor:
     out = quant_linear_triton(*args, kernels=kernels, tiles=tiles)
-    want = quant_linear_reference(*args)
-    assert out.dtype == want.dtype and out.shape == want.shape
-    tolerance = TOLERANCES[args[0].dtype]
-    torch.testing.assert_close(out, want, rtol=tolerance.rtol, atol=tolerance.atol)
+    assert_matches(out, quant_linear_reference(*args), TOLERANCES)
     return out
 
 
@@ -95,15 +89,7 @@ def assert_matches_reference(
 def test_interpreted_kernel_matches_reference_on_every_conformance_sample(kernels, dtype):
     for sample in _quant_linear_samples(dtype, torch.device("cpu")):
         out = quant_linear_triton(*sample.args, kernels=kernels)
-        want = quant_linear_reference(*sample.args)
-        tolerance = TOLERANCES[dtype]
-        torch.testing.assert_close(
-            out,
-            want,
-            rtol=tolerance.rtol,
-            atol=tolerance.atol,
-            msg=lambda m, s=sample: f"{s.name}: {m}",
-        )
+        assert_matches(out, quant_linear_reference(*sample.args), TOLERANCES, sample.name)
 
 
 # (bits, inputs, group): each group size core's formats use, and one group per row of a
@@ -213,18 +199,15 @@ def test_compiled_kernel_matches_reference_on_cuda(dtype):
     cases = [sample.args for sample in _quant_linear_samples(dtype, torch.device("cpu"))]
     for bits, group in [(4, 128), (8, 32)]:
         cases += [make_args(rows, 576, 1024, bits, group, dtype) for rows in (1, 7, 300)]
-    tolerance = TOLERANCES[dtype]
     for args in cases:
         out = quant_linear_triton(*(a.cuda() if isinstance(a, torch.Tensor) else a for a in args))
-        torch.testing.assert_close(
-            out.cpu(), quant_linear_reference(*args), rtol=tolerance.rtol, atol=tolerance.atol
-        )
+        assert_matches(out, quant_linear_reference(*args), TOLERANCES)
 
 
 @pytest.mark.skipif(
     triton.knobs.runtime.interpret, reason="TRITON_INTERPRET is set: the kernel is not compiled"
 )
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", GPU_TARGETS)
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("tiling", TILINGS)
@@ -241,12 +224,4 @@ def test_kernel_compiles_for_gpu_target_within_shared_memory(tiling, bits, dtype
         "scales_ptr": "*fp32",
         "mins_ptr": "*fp32",
     }
-    types = {}
-    for parameter in inspect.signature(kernel.fn).parameters:
-        if parameter in constexprs:
-            types[parameter] = "constexpr"
-        else:
-            types[parameter] = pointers.get(parameter, "i32")
-    gpu, shared_memory = TARGETS[target]
-    source = ASTSource(fn=kernel, signature=types, constexprs=constexprs)
-    assert triton.compile(source, target=gpu).metadata.shared <= shared_memory
+    assert compiles_within_shared_memory(kernel, constexprs, pointers.__getitem__, target)
