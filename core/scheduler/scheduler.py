@@ -635,7 +635,7 @@ class Scheduler:
         request.status = RequestStatus.FINISHED_STOPPED
         output = self._output(request, [], None, None)
         output.pooling_output = pooled
-        self.running.remove(request)
+        self._dequeue(request)
         self._free(request)
         return output
 

@@ -18,6 +18,7 @@ from core.config import EngineConfig, SchedulerConfig
 from core.kv_cache.grouping import kv_cache_config_for_blocks
 from core.kv_cache.kv_cache_manager import KVCacheManager
 from core.kv_cache.spec import FullAttentionSpec
+from core.pooling.params import PoolingParams
 from core.request import FinishReason, Request, RequestStatus
 from core.sampling_params import SamplingParams
 from core.scheduler.scheduler import Scheduler
@@ -221,3 +222,23 @@ def test_a_running_steps_output_never_reaches_a_new_request_given_the_same_id():
     assert scheduler.update_from_output(first, first_output).outputs == []
     assert scheduler.update_from_output(second, second_output).outputs == []
     assert again.num_output_tokens == 0 and again.status == RequestStatus.WAITING
+
+
+def test_a_pooled_request_preempted_while_its_step_runs_still_finishes_with_its_vector():
+    scheduler = make_scheduler(True, num_blocks=5)  # 4 blocks of 4 tokens
+    add(scheduler, "b", num_prompt=8, max_tokens=6)
+    pooled = Request("p", list(range(1, 9)), None, eos_token_id=EOS, arrival_time=0.0,
+                     block_hasher=scheduler.kv.block_hasher, max_model_len=MAX_LEN,
+                     pooling_params=PoolingParams())  # fmt: skip
+    scheduler.add_request(pooled)
+    worker = FakeWorker()
+    first = scheduler.schedule()  # both prompts: every block
+    second = scheduler.schedule()  # b's next position preempts "p" while its step runs
+    assert pooled.status == RequestStatus.PREEMPTED
+    output = worker.run(first)
+    output.sampled_token_ids[output.req_ids.index("p")] = []
+    output.pooler_output = {"p": [0.5, 0.25]}
+    outputs = scheduler.update_from_output(first, output).outputs
+    assert [o.pooling_output for o in outputs if o.request_id == "p"] == [[0.5, 0.25]]
+    assert len(scheduler.waiting) == 0 and "p" not in scheduler.requests
+    scheduler.update_from_output(second, worker.run(second))
