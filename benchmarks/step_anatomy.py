@@ -1,5 +1,5 @@
-"""Where a decode step's time goes at batch 32: scheduling, input preparation, the model's
-forward, logits and sampling, and the scheduler's bookkeeping of the outputs.
+"""Where a decode step's time goes at 1, 4 and 32 streams: scheduling, input preparation,
+the model's forward, logits and sampling, and the scheduler's bookkeeping of the outputs.
 
 Each phase is timed by wrapping the engine's own methods on one engine instance (nothing
 is changed for other engines); steps are measured once every request is decoding.
@@ -16,7 +16,7 @@ from core.entrypoints.bench.datasets import synthetic_prompts
 from core.entrypoints.llm import LLM
 from core.sampling_params import SamplingParams
 
-BATCH, INPUT_LEN, NUM_STEPS = 32, 128, 30
+STREAMS, INPUT_LEN, NUM_STEPS = (1, 4, 32), 128, 30
 
 # phase -> (object path from the EngineCore, method names)
 PHASES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -29,16 +29,25 @@ PHASES: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
-def measure(llm: LLM, seed: int = 7) -> dict[str, float]:
-    """Milliseconds per decode step by phase at BATCH requests, and the share outside the
-    forward spent scheduling and preparing inputs."""
-    prompts = synthetic_prompts(llm.engine.tokenizer, BATCH, INPUT_LEN, seed=seed)
-    per_step = decode_step_phases(llm, prompts, NUM_STEPS)
-    outside = per_step["schedule_ms"] + per_step["inputs_ms"] + per_step["update_ms"]
+def measure(llm: LLM, seed: int = 7) -> dict[str, Any]:
+    """Under "runs", one run per STREAMS: milliseconds per decode step by phase with that
+    many requests decoding (`decode_step_phases`), "streams", the share of the step spent
+    scheduling and preparing inputs ("scheduling_and_inputs_share") and the share outside
+    the model's forward ("outside_forward_share": logits, sampling and the engine's own
+    work, what a lean decode step removes at one stream)."""
+    prompts = synthetic_prompts(llm.engine.tokenizer, max(STREAMS), INPUT_LEN, seed=seed)
+    return {"runs": [shares(n, decode_step_phases(llm, prompts[:n], NUM_STEPS)) for n in STREAMS]}
+
+
+def shares(streams: int, per_step: dict[str, float]) -> dict[str, float]:
+    """`per_step` with its stream count and the shares `measure` names."""
+    step = per_step["step_ms"]
+    engine_work = per_step["schedule_ms"] + per_step["inputs_ms"] + per_step["update_ms"]
     return {
-        "batch": BATCH,
+        "streams": streams,
         **per_step,
-        "scheduling_and_inputs_share": outside / per_step["step_ms"],
+        "scheduling_and_inputs_share": engine_work / step,
+        "outside_forward_share": (step - per_step["forward_ms"]) / step,
     }
 
 

@@ -23,6 +23,7 @@ the model's weight loading fills from the checkpoint where it has them
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from typing import Any, ClassVar
@@ -168,6 +169,11 @@ class Attention(nn.Module):
             UNIFIED_ATTENTION.overload(query, key, value, output, self.layer_name)
             return output
         return self.attend(query, key, value)
+
+    def lean(self) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+        """`forward` outside torch.compile's tracing, where lean callables run
+        (core.models.lean_step)."""
+        return self.attend
 
     def attend(
         self,

@@ -35,6 +35,7 @@ from core.models.layers import (
     VocabEmbedding,
 )
 from core.models.layers.fused_moe import FusedMoE
+from core.models.lean_step import Lean, LeanLayer, lean
 from core.models.pipeline import IntermediateTensors, MissingLayer, stage_layers
 from core.quantization.interface import QuantizationConfig
 
@@ -101,6 +102,10 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+    def lean(self) -> Lean:
+        gate_up, act, down = lean(self.gate_up_proj), lean(self.act_fn), lean(self.down_proj)
+        return lambda x: down(act(gate_up(x)))
 
 
 class LlamaAttention(nn.Module):
@@ -180,6 +185,28 @@ class LlamaAttention(nn.Module):
         out = self.attn(q.view(num_tokens, -1), k.view(num_tokens, -1), v)  # [T, H * D]
         return self.o_proj(out)
 
+    def lean(self) -> Lean:
+        """`forward` without its options (head norms, clipping): the projections, rotary
+        and attention, as `forward` orders them; the module itself where an option is set."""
+        plain = isinstance(self.q_norm, nn.Identity) and isinstance(self.k_norm, nn.Identity)
+        if not plain or self.clip_qkv is not None:
+            return self
+        qkv, rotate, attend, o = (
+            lean(m) for m in (self.qkv_proj, self.rotary_emb, self.attn, self.o_proj)
+        )
+        sizes = [self.qkv_proj.q_size, self.qkv_proj.kv_size, self.qkv_proj.kv_size]
+        heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
+
+        def attention(positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+            num_tokens = hidden.shape[0]
+            q, k, v = qkv(hidden).split(sizes, dim=-1)
+            q = q.view(num_tokens, heads, head_dim)
+            k = k.view(num_tokens, kv_heads, head_dim)
+            rotate(positions, q, k)
+            return o(attend(q.view(num_tokens, -1), k.view(num_tokens, -1), v))
+
+        return attention
+
 
 class DecoderLayer(nn.Module):
     """One pre-norm decoder layer around its attention and MLP, carrying the residual
@@ -231,6 +258,25 @@ class DecoderLayer(nn.Module):
         hidden, residual = self.pre_feedforward_layernorm(hidden, residual)
         return self.post_feedforward_layernorm(self.mlp(hidden)), residual
 
+    def lean(self) -> LeanLayer:
+        """`forward` over its parts' lean callables (with sandwich norms: the layer)."""
+        if self.sandwich_norms:
+            return self
+        in_norm, attention = lean(self.input_layernorm), lean(self.self_attn)
+        post_norm, mlp = lean(self.post_attention_layernorm), lean(self.mlp)
+
+        def layer(
+            positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            if residual is None:
+                residual, hidden = hidden, in_norm(hidden)
+            else:
+                hidden, residual = in_norm(hidden, residual)
+            hidden, residual = post_norm(attention(positions, hidden), residual)
+            return mlp(hidden), residual
+
+        return layer
+
 
 class LlamaModel(nn.Module):
     """Embedding, decoder layers and final norm: token ids to last hidden states.
@@ -280,6 +326,7 @@ class LlamaModel(nn.Module):
             if self.is_last_stage
             else MissingLayer()
         )
+        self._lean_layers: list[LeanLayer] | None = None
 
     def _layer(
         self,
@@ -308,6 +355,15 @@ class LlamaModel(nn.Module):
         norm = partial(options.norm, config.hidden_size, config.rms_norm_eps, dtype)
         return DecoderLayer(self_attn, mlp, norm, options.sandwich_norms)
 
+    def _stage_layers(self) -> list[LeanLayer] | nn.ModuleList:
+        """This stage's decoder layers: their lean callables, made at the first eager
+        forward (core.models.lean_step), or the modules while torch.compile traces."""
+        if torch.compiler.is_compiling():
+            return self.layers[self.start : self.end]
+        if self._lean_layers is None:
+            self._lean_layers = [lean(layer) for layer in self.layers[self.start : self.end]]
+        return self._lean_layers
+
     def forward(
         self,
         input_ids: torch.Tensor,  # [T] int64
@@ -325,7 +381,7 @@ class LlamaModel(nn.Module):
             hidden = self.embed_tokens(input_ids)
         residual = None
         end = self.end if num_layers is None else min(num_layers, self.end)
-        for layer in self.layers[self.start : end]:
+        for layer in self._stage_layers()[: end - self.start]:
             hidden, residual = layer(positions, hidden, residual)
         if not self.is_last_stage:
             # The stream is folded at the stage's end (the add the next layer would have

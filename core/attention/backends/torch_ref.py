@@ -79,17 +79,21 @@ class TorchRefImpl(AttentionImpl):
     ) -> torch.Tensor:  # [T, Hq, D]
         num_tokens = len(attn_metadata.slot_mapping)
         key, value = self._store_kv(kv_cache, key[:num_tokens], value[:num_tokens], attn_metadata)
+        decode = attn_metadata.decode
+        if (
+            not attn_metadata.prefills
+            and decode is not None
+            and decode.token_rows == slice(0, len(query))
+        ):
+            return self.forward_decode(query, kv_cache, decode)  # a step of decode rows alone
         output = torch.empty_like(query)
         for chunk in attn_metadata.prefills:
             rows = slice(chunk.start, chunk.end)
             output[rows] = self.forward_prefill(
                 query[rows], key[rows], value[rows], kv_cache, chunk
             )
-        decode = attn_metadata.decode
         if decode is None:
             return output
-        if decode.token_rows == slice(0, len(query)):  # a step of decode rows alone
-            return self.forward_decode(query, kv_cache, decode)
         # A slice views the rows where the index tensor would gather and scatter them.
         rows = decode.token_index if decode.token_rows is None else decode.token_rows
         output[rows] = self.forward_decode(query[rows], kv_cache, decode)

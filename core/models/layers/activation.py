@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -15,6 +17,9 @@ class SiluAndMul(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, 2 * I] -> [T, I]
         return silu_and_mul(x)
+
+    def lean(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        return self.forward  # core.models.lean_step
 
 
 class GeluTanhAndMul(nn.Module):

@@ -125,6 +125,12 @@ class LinearBase(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, input] -> [T, sum(outputs)]
         return self.linear_method.apply(self, x, self.bias)
 
+    def lean(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """`forward` as a closure (core.models.lean_step); the linear method is looked up
+        at each call, so one wrapped after this was made (LoRA) still applies."""
+        bias = self.bias
+        return lambda x: self.linear_method.apply(self, x, bias)
+
     def _translate_shard_ids(self, params: Iterable[nn.Parameter]) -> None:
         for param in params:
             set_weight_loader(param, partial(_load_shard, param.weight_loader, self))
@@ -165,6 +171,9 @@ class RowParallelLinear(_SingleOutputLinear):
             return self.linear_method.apply(self, x, self.bias)
         bias = self.bias if self.partition.tp_rank == 0 else None
         return get_tp_group().all_reduce(self.linear_method.apply(self, x, bias))
+
+    def lean(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        return super().lean() if self.partition.tp_size == 1 else self.forward
 
 
 class MergedLinear(LinearBase):

@@ -41,6 +41,7 @@ its own stream's position. Text tokens carry equal streams, which is plain RoPE,
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -86,6 +87,9 @@ class RotaryEmbedding(nn.Module):
         # M-RoPE: [rotary_dim / 2], the stream (0 time, 1 height, 2 width) of each frequency.
         streams = None if section is None else _mrope_streams(section, self.rotary_dim // 2)
         self.register_buffer("mrope_streams", streams, persistent=False)
+
+    def lean(self) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]:
+        return self.forward  # core.models.lean_step
 
     def forward(
         self,

@@ -28,6 +28,9 @@ from core_cpu_kernels import (
     candidates,
 )
 
+# A cache in the model's dtype: read as stored.
+_UNSCALED = KVCacheScales()
+
 
 class CpuPagedImpl(TorchRefImpl):
     """The reference impl with its `forward_decode` and `forward_prefill` hooks done by the
@@ -96,7 +99,7 @@ class CpuPagedImpl(TorchRefImpl):
     def _read_scales(self) -> KVCacheScales:
         """What the kernels multiply the cache's K and V by: an FP8 cache's scales, 1.0
         for a cache in the model's dtype."""
-        return self.kv_scales or KVCacheScales()
+        return self.kv_scales or _UNSCALED
 
 
 class CpuPagedMLAImpl(TorchRefMLAImpl):
