@@ -229,7 +229,7 @@ def step_anatomy_section(by_engine: dict[str, dict[str, Any]]) -> str:
             str(run["streams"]),
             *(fmt(run[key]) for _, key in STEP_PHASES),
             *(f"{run[key]:.1%}" for _, key in STEP_SHARES),
-        ]  # fmt: skip
+        ]
         for engine, m in by_engine.items()
         if "step_anatomy" in m
         for run in m["step_anatomy"]["runs"]
