@@ -4,36 +4,40 @@
 
 #include "kernels.h"
 
+// The kernels run without the GIL: they touch tensors only, and another Python thread (the
+// engine's scheduler under async scheduling) runs while a step's kernels do.
+const auto kNoGil = py::call_guard<py::gil_scoped_release>();
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode_attention", &paged_decode_attention,
+  m.def("paged_decode_attention", &paged_decode_attention, kNoGil,
         "Decode attention over a paged KV cache, FP8 ones read as stored * k_scale / v_scale "
         "(writes into out)",
         py::arg("out"), py::arg("query"), py::arg("kv_cache"), py::arg("block_table"),
         py::arg("seq_lens"), py::arg("scale"), py::arg("sliding_window"),
         py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0);
-  m.def("mla_decode_attention", &mla_decode_attention,
+  m.def("mla_decode_attention", &mla_decode_attention, kNoGil,
         "Multi-head latent attention decode over a paged latent cache (writes into out)");
-  m.def("paged_prefill_attention", &paged_prefill_attention,
+  m.def("paged_prefill_attention", &paged_prefill_attention, kNoGil,
         "Causal prefill attention of chunks over a paged KV cache, FP8 ones read as stored * "
         "k_scale / v_scale (writes into out)",
         py::arg("out"), py::arg("query"), py::arg("kv_cache"), py::arg("block_table"),
         py::arg("query_start_loc"), py::arg("seq_lens"), py::arg("scale"),
         py::arg("sliding_window"), py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0);
-  m.def("rms_norm", &rms_norm, "core::rms_norm on contiguous-row CPU tensors");
-  m.def("fused_add_rms_norm", &fused_add_rms_norm,
+  m.def("rms_norm", &rms_norm, kNoGil, "core::rms_norm on contiguous-row CPU tensors");
+  m.def("fused_add_rms_norm", &fused_add_rms_norm, kNoGil,
         "core::fused_add_rms_norm on contiguous-row CPU tensors");
-  m.def("silu_and_mul", &silu_and_mul, "core::silu_and_mul on [T, 2I] CPU tensors");
-  m.def("fused_moe", &fused_moe,
+  m.def("silu_and_mul", &silu_and_mul, kNoGil, "core::silu_and_mul on [T, 2I] CPU tensors");
+  m.def("fused_moe", &fused_moe, kNoGil,
         "core::fused_moe on CPU tensors: the routed slots grouped by expert, one GEMV pass "
         "over each expert's weights");
-  m.def("rotary_embedding", &rotary_embedding,
+  m.def("rotary_embedding", &rotary_embedding, kNoGil,
         "core::rotary_embedding in place on [T, heads, D] CPU tensors");
-  m.def("quant_linear", &quant_linear,
+  m.def("quant_linear", &quant_linear, kNoGil,
         "core::quant_linear with the kernels of one vector ISA (\"\": the widest available)",
         py::arg("x"), py::arg("qweight"), py::arg("scales"), py::arg("mins"), py::arg("bits"),
         py::arg("isa") = "", py::arg("int8_x") = false, py::arg("prefill") = "",
         py::arg("strips") = py::none());
-  m.def("quant_linear_strips", &quant_linear_strips,
+  m.def("quant_linear_strips", &quant_linear_strips, kNoGil,
         "A quantized weight dequantized once to bf16 strips, for quant_linear's strips",
         py::arg("qweight"), py::arg("scales"), py::arg("mins"), py::arg("bits"),
         py::arg("isa") = "");
@@ -45,12 +49,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_linear_prefill", &quant_linear_prefill,
         "How an ISA multiplies prefill-sized bf16 x: \"int8\" (measured faster) or \"bf16\"",
         py::arg("isa") = "");
-  m.def("dense_linear", &dense_linear,
+  m.def("dense_linear", &dense_linear, kNoGil,
         "core::linear's GEMV with the kernels of one vector ISA (\"\": the widest available)",
         py::arg("x"), py::arg("weight"), py::arg("bias") = py::none(), py::arg("isa") = "");
   m.def("dense_linear_isas", &dense_linear_isas,
         "The vector ISAs dense_linear can use on this CPU, widest (the default) first");
-  m.def("fp8_linear", &fp8_linear,
+  m.def("fp8_linear", &fp8_linear, kNoGil,
         "core::fp8_linear on the FP8 weight with the kernels of one vector ISA (\"\": the "
         "widest available)",
         py::arg("x"), py::arg("weight"), py::arg("scales"), py::arg("block_k"),
