@@ -381,7 +381,7 @@ class LlamaModel(nn.Module):
             hidden = self.embed_tokens(input_ids)
         residual = None
         end = self.end if num_layers is None else min(num_layers, self.end)
-        for layer in self._stage_layers()[: end - self.start]:
+        for layer in self._stage_layers()[: max(end - self.start, 0)]:
             hidden, residual = layer(positions, hidden, residual)
         if not self.is_last_stage:
             # The stream is folded at the stage's end (the add the next layer would have
