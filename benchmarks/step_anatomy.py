@@ -34,7 +34,7 @@ def measure(llm: LLM, seed: int = 7) -> dict[str, Any]:
     many requests decoding (`decode_step_phases`), "streams", the share of the step spent
     scheduling and preparing inputs ("scheduling_and_inputs_share") and the share outside
     the model's forward ("outside_forward_share": logits, sampling and the engine's own
-    work, what a lean decode step removes at one stream)."""
+    work)."""
     prompts = synthetic_prompts(llm.engine.tokenizer, max(STREAMS), INPUT_LEN, seed=seed)
     return {"runs": [shares(n, decode_step_phases(llm, prompts[:n], NUM_STEPS)) for n in STREAMS]}
 

@@ -173,7 +173,7 @@ class RowParallelLinear(_SingleOutputLinear):
         return get_tp_group().all_reduce(self.linear_method.apply(self, x, bias))
 
     def lean(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        return super().lean() if self.partition.tp_size == 1 else self.forward
+        return super().lean() if self.partition.tp_size == 1 else self
 
 
 class MergedLinear(LinearBase):
