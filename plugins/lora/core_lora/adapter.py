@@ -146,8 +146,18 @@ def load_adapter(
             a = f.get_tensor(plan.a_name).to(dtype)  # [r, input_size]
             # Scale in float32 so that a low-precision dtype rounds once, not twice.
             b = (f.get_tensor(plan.b_name).float() * plan.scaling).to(dtype)  # [out, r]
+            _check_finite(request, plan.a_name, a, "")
+            _check_finite(request, plan.b_name, b, f" once scaled by {plan.scaling:g}")
             weights.setdefault(plan.target.layer, {})[plan.target.shard] = LoRAWeights(a, b)
     return LoRAAdapter(request, max(plan.rank for plan in plans), weights)
+
+
+def _check_finite(request: LoRARequest, name: str, tensor: torch.Tensor, how: str) -> None:
+    """Refuse a tensor with inf or NaN (as stored, or overflowing the model's dtype once
+    scaled): the layers keep a row's delta out of other slots' rows only while every slot's
+    B is finite (0 x inf is NaN)."""
+    if not torch.isfinite(tensor).all():
+        raise _error(request, f"tensor {name!r} has non-finite values{how} in {tensor.dtype}")
 
 
 def _layer_targets(
@@ -334,7 +344,12 @@ def _module_rank_alpha(
         patterns = adapter_config.get(pattern_field) or {}
         key = _pattern_key(request, pattern_field, patterns, module)
         value = patterns[key] if key is not None else adapter_config[field]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value <= 0
+        ):
             raise _error(request, f"{field if key is None else pattern_field} gives {value!r}")
         values.append(value)
     return values[0], values[1]

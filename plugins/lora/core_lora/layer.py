@@ -12,9 +12,10 @@ shard j's output columns. Under tensor parallelism a slot holds the rank's part:
 rank's rows of B for a column-parallel layer, its columns of A for a row-parallel one
 (whose partial deltas the layer's all-reduce sums with the base's). One matmul shrinks
 every token against every used slot, the
-mask of the forward's SlotMapping keeps each token's own slot, one matmul expands: three
-kernels per layer whatever the mix of adapters (the CPU path; on CUDA the Triton kernels
-read each token's slot directly).
+other slots' columns of each token are set to zero (set, not multiplied by a 0/1 mask: a slot
+whose values overflow to inf would otherwise turn every co-batched row into NaN, 0 x inf),
+one matmul expands: three kernels per layer whatever the mix of adapters (the CPU path; on
+CUDA the Triton kernels read each token's slot directly).
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ class LoRALinearMethod(WrappedLinearMethod):
         if x.is_cuda:
             return self._apply_triton(layer, x, y, mapping)
         shrunk = x @ layer.lora_a[rows].T  # [T, used slots * width]
-        shrunk *= mapping.mask(width, shrunk.dtype)
+        shrunk.masked_fill_(mapping.foreign(width), 0.0)
         return y.addmm_(shrunk, layer.lora_b[rows])
 
     def _apply_triton(

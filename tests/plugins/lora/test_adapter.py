@@ -259,6 +259,16 @@ def put(name: str, shape: list[int]) -> Callable[[dict[str, torch.Tensor]], None
     return lambda tensors: tensors.__setitem__(name, torch.ones(shape))
 
 
+def put_value(name: str, value: float) -> Callable[[dict[str, torch.Tensor]], None]:
+    """Set one element of tensor `name` to `value`."""
+
+    def change(tensors: dict[str, torch.Tensor]) -> None:
+        tensors[name] = tensors[name].clone()
+        tensors[name].view(-1)[0] = value
+
+    return change
+
+
 INVALID = {
     "missing directory": (lambda path: shutil.rmtree(path), r"lora_path '.*' is not a directory"),
     "missing config": (delete("adapter_config.json"), r"lora_path .* no adapter_config\.json"),
@@ -289,6 +299,10 @@ INVALID = {
     ),
     "fan in fan out": (edit_config(fan_in_fan_out=True), r"fan_in_fan_out True is not supported"),
     "missing r": (edit_config(r=None), r"r gives None"),
+    # Python's json reads NaN and Infinity, as PEFT's loader does.
+    "nan alpha": (edit_config(lora_alpha=math.nan), r"lora_alpha gives nan"),
+    "infinite alpha": (edit_config(lora_alpha=math.inf), r"lora_alpha gives inf"),
+    "nan alpha pattern": (edit_config(alpha_pattern={"q_proj": math.nan}), r"alpha_pattern"),
     "r differs from tensors": (
         edit_config(r=8),
         r"r: tensor '.*\.lora_A\.weight' has rank 4, adapter_config\.json gives .* r=8",
@@ -366,3 +380,39 @@ def test_rank_above_max_lora_rank_is_refused(
     with pytest.raises(ValueError, match=r"^LoRA adapter 'tiny': r 4 .*--max-lora-rank 2$"):
         check_adapter(request_for(valid_adapter), targets, LoRAConfig(max_lora_rank=2))
     check_adapter(request_for(valid_adapter), targets, LoRAConfig(max_lora_rank=4))
+
+
+@pytest.mark.parametrize(
+    ("case", "corrupt", "message"),
+    [
+        (
+            "nan in A",
+            edit_tensors(put_value(Q_A, math.nan)),
+            rf"tensor '{re.escape(Q_A)}' has non-finite values in torch.float32",
+        ),
+        (
+            "inf in B",
+            edit_tensors(put_value(Q_B, math.inf)),
+            rf"tensor '{re.escape(Q_B)}' has non-finite values once scaled by 2 in",
+        ),
+        # Finite as stored, but B x (1e300 / 4) overflows float32.
+        (
+            "absurd alpha",
+            edit_config(lora_alpha=1e300),
+            r"tensor '.*lora_B.weight' has non-finite values once scaled by 2.5e\+299",
+        ),
+    ],
+)
+def test_non_finite_weights_are_refused_at_load(
+    case: str,
+    corrupt: Callable[[Path], None],
+    message: str,
+    valid_adapter: Path,
+    tmp_path: Path,
+    targets: dict[str, LoRATarget],
+) -> None:
+    path = tmp_path / "adapter"
+    shutil.copytree(valid_adapter, path)
+    corrupt(path)
+    with pytest.raises(ValueError, match=f"^LoRA adapter 'bad': {message}"):
+        load_adapter(request_for(path, "bad"), targets, LoRAConfig(), torch.float32)
