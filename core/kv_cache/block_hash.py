@@ -101,8 +101,9 @@ def hash_block_tokens(
 
 
 def _extra_keys(request: Request, block_index: int, block_size: int) -> tuple:
-    """Keys that separate equal tokens: LoRA adapter and cache salt on block 0, and on
-    every block the identifiers of the multimodal items whose placeholders it overlaps.
+    """Keys that separate equal tokens: LoRA adapter (name and id) and cache salt on block
+    0, and on every block the identifiers of the multimodal items whose placeholders it
+    overlaps.
 
     The chain carries block 0's hash into every later one, so one mention isolates the
     whole namespace. Tagged pairs keep a salt "x" apart from an adapter named "x". An
@@ -111,8 +112,11 @@ def _extra_keys(request: Request, block_index: int, block_size: int) -> tuple:
     """
     keys = []
     if block_index == 0:
-        if request.lora_name is not None:
-            keys.append(("lora", request.lora_name))
+        if request.lora_request is not None:
+            # The id too: a server that unloads an adapter and loads other weights under
+            # its name gives them a new id, and their KV must not meet the old weights'.
+            lora = request.lora_request
+            keys.append(("lora", lora.lora_name, lora.lora_int_id))
         if request.cache_salt is not None:
             keys.append(("salt", request.cache_salt))
     start, end = block_index * block_size, (block_index + 1) * block_size

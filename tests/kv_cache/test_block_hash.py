@@ -78,6 +78,16 @@ def test_cache_salt_and_lora_name_separate_every_block():
     assert request(tokens, cache_salt="x").block_hashes == salted
 
 
+def test_an_adapter_name_loaded_again_under_a_new_id_shares_no_block():
+    """A server gives weights loaded again under an unloaded adapter's name a new id."""
+    tokens = list(range(8))
+    first = request(tokens, lora_request=LoRARequest("x", 1, "/adapters/x")).block_hashes
+    again = request(tokens, lora_request=LoRARequest("x", 1, "/adapters/x")).block_hashes
+    reloaded = request(tokens, lora_request=LoRARequest("x", 2, "/adapters/y")).block_hashes
+    assert first == again
+    assert reloaded[0] != first[0] and reloaded[1] != first[1]
+
+
 def test_extra_keys_enter_the_first_block_only():
     salted = request(list(range(8)), cache_salt="x").block_hashes
     assert salted[0] == hash_block_tokens(None, [0, 1, 2, 3], (("salt", "x"),))

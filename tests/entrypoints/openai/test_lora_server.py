@@ -204,6 +204,40 @@ def test_adapter_loaded_at_runtime_serves_then_unloads(server, root, references)
         complete_all(server, ["math"], PROMPT)
 
 
+def long_prompt(start: int) -> list[int]:
+    """<s> and 33 words: two full KV blocks of 16."""
+    return [VOCAB["<s>"], *(VOCAB[f"w{i}"] for i in range(start, start + 33))]
+
+
+def greedy_is_words(model: torch.nn.Module, prompt: list[int]) -> bool:
+    """Whether every greedy token is a word (special tokens have no text in logprobs)."""
+    return all(token >= VOCAB["w0"] for token in greedy(model, prompt))
+
+
+def test_a_name_reloaded_with_other_weights_never_reuses_the_old_prefix_cache(
+    server, root, references
+):
+    """Unload an adapter and load other weights under its name: the same prompt (two full
+    KV blocks, so the first request leaves them cached) answers with the new weights."""
+    prompt = next(
+        candidate
+        for start in range(0, 200, 7)
+        if all(
+            greedy_is_words(references[name], candidate := long_prompt(start))
+            for name in ("math", "chat")
+        )
+    )
+    url = server.url
+    for source in ("math", "chat"):
+        body = {"lora_name": "swap", "lora_path": str(root / "adapters" / source)}
+        loaded = httpx.post(f"{url}/v1/load_lora_adapter", json=body, headers=AUTH, timeout=30)
+        assert loaded.status_code == 200, loaded.text
+        ((ours, _),) = complete_all(server, ["swap"], prompt)
+        check_against_reference(references, source, ours, prompt)
+        unload = {"lora_name": "swap"}
+        assert httpx.post(f"{url}/v1/unload_lora_adapter", json=unload, headers=AUTH).is_success
+
+
 def test_metrics_show_one_lora_info_series(server):
     from prometheus_client.parser import text_string_to_metric_families
 
