@@ -6,21 +6,25 @@ a consumer that stops listening (a client disconnect cancels its task) aborts it
 When the engine-core process dies, every waiting request fails at once with
 EngineDeadError, `is_healthy` turns False and `wait_until_dead` returns. Every engine step's
 IterationStats (and every request aborted here) reaches each of `stats_listeners`, e.g. the
-server's metrics.
+server's metrics, and the stat loggers (`stat_loggers`: the `core.stat_loggers` plugins' and
+those given to `start`, whose `log()` runs every CORE_LOG_STATS_INTERVAL seconds).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
+from core import envs
 from core.config import UsageContext
 from core.engine.core_client import EngineDeadError, MPClient
 from core.engine.dp_client import DPClient
 from core.engine.frontend import EngineFrontend
 from core.engine.output_processor import RequestOutputKind
 from core.engine.processor import EngineSetup, PreparedRequest
+from core.engine.stat_logger import StatLoggerFactory
+from core.engine.stat_loggers import StatLoggers, stat_logger_factories
 from core.engine.stats import IterationStats, StatsListener
 from core.engine_args import EngineArgs
 from core.lora.request import LoRARequest
@@ -30,21 +34,27 @@ logger = logging.getLogger(__name__)
 
 
 class AsyncLLM(EngineFrontend):
-    def __init__(self, setup: EngineSetup) -> None:
+    def __init__(self, setup: EngineSetup, stat_loggers: Sequence[StatLoggerFactory] = ()) -> None:
         dp_size = setup.config.parallel.data_parallel_size
-        self.stats_listeners: list[StatsListener] = []
+        self.stat_loggers = StatLoggers(setup.config, stat_logger_factories(stat_loggers))
+        self.stats_listeners: list[StatsListener] = [self.stat_loggers.record]
         client = DPClient(setup, dp_size) if dp_size > 1 else MPClient(setup)
         super().__init__(setup, client, stats_listener=self._publish_stats)
         self.num_gpu_blocks: int | None = None  # KV blocks per engine core, once started
         self._queues: dict[str, asyncio.Queue] = {}
         self._output_task: asyncio.Task | None = None
+        self._log_task: asyncio.Task | None = None
         self._dead = asyncio.Event()
         self._aborting_all = False  # set by abort_all: every request is aborted once added
 
     @classmethod
-    async def start(cls, engine_args: EngineArgs) -> AsyncLLM:
-        """Resolve the configuration, spawn the engine core, return once it is ready."""
-        engine = cls(EngineSetup.from_engine_args(engine_args, UsageContext.SERVING))
+    async def start(
+        cls, engine_args: EngineArgs, stat_loggers: Sequence[StatLoggerFactory] = ()
+    ) -> AsyncLLM:
+        """Resolve the configuration, spawn the engine core, return once it is ready.
+        `stat_loggers`: StatLoggerBase classes (or factories) besides the plugins'."""
+        setup = EngineSetup.from_engine_args(engine_args, UsageContext.SERVING)
+        engine = cls(setup, stat_loggers)
         try:
             info = await engine.client.start()
         except BaseException:
@@ -53,6 +63,8 @@ class AsyncLLM(EngineFrontend):
         logger.info("engine core ready (pid %s, %s KV blocks)", info["pid"], info["num_blocks"])
         engine.num_gpu_blocks = info["num_blocks"]
         engine._output_task = asyncio.create_task(engine._output_loop())
+        engine.stat_loggers.log_engine_initialized()
+        engine._log_task = asyncio.create_task(engine._log_loop())
         return engine
 
     @property
@@ -85,6 +97,10 @@ class AsyncLLM(EngineFrontend):
         different salts never share prefix-cache blocks.
         """
         self.check_healthy()
+        if request_id in self._queues:
+            # Refused before anything is registered: the request in flight under this id
+            # keeps its queue and is never aborted on this one's behalf.
+            raise ValueError(f"request_id {request_id!r} is already in use")
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = queue
         finished = False
@@ -128,6 +144,11 @@ class AsyncLLM(EngineFrontend):
         except asyncio.CancelledError:
             pass
 
+    async def _log_loop(self) -> None:
+        while True:
+            await asyncio.sleep(envs.log_stats_interval())
+            self.stat_loggers.log()
+
     def _publish_stats(self, stats: IterationStats) -> None:
         for listener in self.stats_listeners:
             listener(stats)
@@ -139,6 +160,7 @@ class AsyncLLM(EngineFrontend):
         self._dead.set()
 
     def shutdown(self) -> None:
-        if self._output_task is not None:
-            self._output_task.cancel()
+        for task in (self._output_task, self._log_task):
+            if task is not None:
+                task.cancel()
         super().shutdown()

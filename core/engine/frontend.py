@@ -11,6 +11,7 @@ LLMEngine (see core_client).
 from __future__ import annotations
 
 import itertools
+import secrets
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,7 +50,9 @@ class EngineFrontend:
         self._ids = itertools.count()
 
     def new_request_id(self) -> str:
-        return f"req-{next(self._ids)}"
+        """A fresh id: counted (logs read in order) and with a random part, so a client's
+        X-Request-Id can neither guess nor collide with one the engine picked."""
+        return f"req-{next(self._ids)}-{secrets.token_hex(8)}"
 
     def default_sampling_params(self) -> SamplingParams:
         return self.processor.default_sampling_params()
