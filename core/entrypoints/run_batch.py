@@ -10,7 +10,8 @@ concurrently so the engine batches them.
 Each output line is OpenAI's batch output record, in input order:
 `{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error": null}`.
 A request the endpoint refuses is answered as the server would (a 4xx status and its
-error body). A line that cannot be sent at all (not JSON, a missing or mistyped field, an
+error body). A line that cannot be sent at all (not UTF-8, not JSON Python can read: nested too deep or
+an integer past its digit limit, a lone surrogate, a missing or mistyped field, an
 unsupported method or url, a duplicate custom_id, `"stream": true`) becomes an error
 record, `{"response": null, "error": {"code", "message"}}`, and the batch goes on: bad
 lines never stop it. Blank lines are skipped.
@@ -25,7 +26,7 @@ import sys
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 import click
 
@@ -53,8 +54,10 @@ class BatchLine:
     error: str | None = None
 
 
-def parse_batch_lines(lines: Iterable[str], urls: Iterable[str]) -> list[BatchLine]:
-    """The requests of a batch file, blank lines skipped; `urls` are the endpoints served."""
+def parse_batch_lines(lines: Iterable[str | bytes], urls: Iterable[str]) -> list[BatchLine]:
+    """The requests of a batch file, blank lines skipped; `urls` are the endpoints served.
+    Lines as read from a binary file are decoded one by one, so a line that is not UTF-8
+    is that line's error, not the batch's."""
     served = tuple(urls)
     parsed: list[BatchLine] = []
     first_line_of: dict[str, int] = {}
@@ -72,15 +75,21 @@ def parse_batch_lines(lines: Iterable[str], urls: Iterable[str]) -> list[BatchLi
     return parsed
 
 
-def _parse_line(number: int, text: str, served: tuple[str, ...]) -> BatchLine:
+def _parse_line(number: int, text: str | bytes, served: tuple[str, ...]) -> BatchLine:
     try:
+        # ValueError covers integers past Python's digit limit; RecursionError deep nesting.
         request = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except UnicodeDecodeError as exc:
+        return BatchLine(number, None, error=f"line {number} is not UTF-8: {exc}")
+    except (ValueError, RecursionError) as exc:
         return BatchLine(number, None, error=f"line {number} is not JSON: {exc}")
     if not isinstance(request, dict):
         return BatchLine(number, None, error=f"line {number} is not a JSON object")
     custom_id = request.get("custom_id")
-    custom_id = custom_id if isinstance(custom_id, str) else None
+    custom_id = custom_id if isinstance(custom_id, str) and _is_unicode(custom_id) else None
+    if not _is_unicode(request):
+        # JSON may escape lone surrogates ("\ud800"); no record or request body could hold one.
+        return BatchLine(number, custom_id, error=f"line {number} holds a lone surrogate")
 
     def refused(reason: str) -> BatchLine:
         return BatchLine(number, custom_id, error=f"line {number}: {reason}")
@@ -98,6 +107,15 @@ def _parse_line(number: int, text: str, served: tuple[str, ...]) -> BatchLine:
     if body.get("stream"):
         return refused("body.stream: batch requests cannot stream")
     return BatchLine(number, custom_id, url=url, body=body)
+
+
+def _is_unicode(value: Any) -> bool:
+    """Whether `value` (parsed JSON) encodes as UTF-8, i.e. holds no lone surrogate."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 async def write_batch_results(
@@ -201,7 +219,9 @@ def served_batch_urls(app: Any) -> list[str]:
     return [url for url in BATCH_URLS if posts(url)]
 
 
-async def run_batch_file(engine_args: EngineArgs, source: TextIO, out: TextIO) -> dict[str, int]:
+async def run_batch_file(
+    engine_args: EngineArgs, source: Iterable[str | bytes], out: TextIO
+) -> dict[str, int]:
     """Start the engine, run every line of `source` into `out`, stop the engine."""
     from tqdm import tqdm
 
@@ -225,9 +245,9 @@ async def run_batch_file(engine_args: EngineArgs, source: TextIO, out: TextIO) -
     "-i",
     "--input-file",
     "source",
-    type=click.File("r", encoding="utf-8"),
+    type=click.File("rb"),
     required=True,
-    help="the OpenAI Batch requests, one JSON object a line ('-': stdin)",
+    help="the OpenAI Batch requests, one JSON object a line, UTF-8 ('-': stdin)",
 )
 @click.option(
     "-o",
@@ -238,7 +258,7 @@ async def run_batch_file(engine_args: EngineArgs, source: TextIO, out: TextIO) -
     help="where each line's result goes, in input order ('-': stdout)",
 )
 @engine_options
-def run_batch(source: TextIO, out: TextIO, **options: Any) -> None:
+def run_batch(source: BinaryIO, out: TextIO, **options: Any) -> None:
     """Run an OpenAI Batch file (chat, completions, embeddings) through the engine offline."""
     logging.getLogger("core").setLevel(logging.INFO)
     try:

@@ -92,6 +92,40 @@ def test_each_kind_of_bad_line_is_an_error_record_naming_the_problem():
         assert custom_id == want_id and message.startswith(want), message
 
 
+def test_lines_python_cannot_read_are_error_records_and_the_batch_goes_on():
+    """Each line of a binary file is read on its own: invalid UTF-8, nesting past the
+    recursion limit, an integer past the digit limit, lone surrogates."""
+    lines = [
+        request_line("a").encode(),
+        b'{"custom_id": "utf8", "body": "\xff\xfe"}',
+        ('{"custom_id": "deep", "body": ' + "[" * 100_000 + "]" * 100_000 + "}").encode(),
+        request_line("digits", max_tokens=1).replace("1}", "9" * 5000 + "}").encode(),
+        # json.dumps writes lone surrogates as \ud800 escapes, which json.loads reads back.
+        request_line("\ud800", prompt="x").encode(),
+        request_line("surrogate-in-body", prompt="\ud800").encode(),
+        request_line("b").encode(),
+    ]
+    out = io.StringIO()
+    app = echo_app()
+    asyncio.run(write_batch_results(app, parse_batch_lines(lines, served_batch_urls(app)), out))
+    records = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [r["response"] is None for r in records] == [False, True, True, True, True, True, False]
+    messages = [r["error"]["message"] for r in records[1:-1]]
+    assert messages[0].startswith("line 2 is not UTF-8")
+    assert messages[1].startswith("line 3 is not JSON") and "recursion" in messages[1]
+    assert messages[2].startswith("line 4 is not JSON") and "digits" in messages[2]
+    assert messages[3:] == ["line 5 holds a lone surrogate", "line 6 holds a lone surrogate"]
+    assert [r["custom_id"] for r in records] == [
+        "a",
+        None,
+        None,
+        None,
+        None,
+        "surrogate-in-body",
+        "b",
+    ]
+
+
 def test_http_errors_are_answered_as_the_server_answered_them():
     text = "\n".join(
         [request_line("refused", status=400), "", request_line("crash", boom=True)]
@@ -114,7 +148,7 @@ def run_batch_cli(source: Path, results: Path, model_dir: Path, *flags: str) -> 
     return CliRunner().invoke(cli, args, catch_exceptions=False)
 
 
-def test_fifty_lines_with_three_malformed_give_47_results_and_3_error_records(model_dir, tmp_path):
+def test_fifty_lines_with_four_malformed_give_46_results_and_4_error_records(model_dir, tmp_path):
     lines = []
     for i in range(50):
         if i % 2:
@@ -126,28 +160,29 @@ def test_fifty_lines_with_three_malformed_give_47_results_and_3_error_records(mo
         7: '{"custom_id": "req-7", "method": "POST"',  # cut short: not JSON
         20: request_line("req-20", url="/v2/x"),
         33: json.dumps({"custom_id": "req-33", "method": "POST", "url": "/v1/completions"}),
+        45: "\udcff",  # written below as the byte 0xff: not UTF-8
     }
     for i, line in malformed.items():
         lines[i] = line
     source, results = tmp_path / "requests.jsonl", tmp_path / "results.jsonl"
-    source.write_text("\n".join(lines) + "\n")
+    source.write_bytes(("\n".join(lines) + "\n").encode(errors="surrogateescape"))
     result = run_batch_cli(source, results, model_dir, "--dtype", "float32")
     assert result.exit_code == 0, result.output
     records = [json.loads(line) for line in results.read_text().splitlines()]
     assert len(records) == 50
-    ids = [None if i == 7 else f"req-{i}" for i in range(50)]  # line 8 is not even JSON
+    ids = [None if i in (7, 45) else f"req-{i}" for i in range(50)]  # not JSON, not UTF-8
     assert [r["custom_id"] for r in records] == ids
     errors = [i for i, r in enumerate(records) if r["error"] is not None]
     assert errors == sorted(malformed)
     answered = [r for r in records if r["error"] is None]
-    assert len(answered) == 47
+    assert len(answered) == 46
     for record in answered:
         response = record["response"]
         assert response["status_code"] == 200, response
         kind = "chat.completion" if int(record["custom_id"][4:]) % 2 else "text_completion"
         assert response["body"]["object"] == kind
         assert response["body"]["usage"]["completion_tokens"] <= 3
-    assert "50 requests: 47 succeeded, 0 answered with an HTTP error, 3 invalid" in result.output
+    assert "50 requests: 46 succeeded, 0 answered with an HTTP error, 4 invalid" in result.output
 
 
 def test_embedding_requests_run_in_a_batch_on_a_pooling_model(model_dir, tmp_path):
