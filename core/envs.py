@@ -97,6 +97,20 @@ def max_media_bytes() -> int:
     return _positive("CORE_MAX_MEDIA_BYTES", int, 20 * 1024 * 1024)
 
 
+def log_stats_interval() -> float:
+    """CORE_LOG_STATS_INTERVAL: seconds between two calls of the stat loggers' `log()`
+    (core.engine.stat_logger) while an engine runs (default 10, as vLLM's
+    VLLM_LOG_STATS_INTERVAL)."""
+    return _positive("CORE_LOG_STATS_INTERVAL", float, 10.0)
+
+
+def engine_heartbeat_timeout() -> float:
+    """CORE_ENGINE_HEARTBEAT_TIMEOUT_S: seconds without a word from an engine core (it beats
+    every second, busy or idle) after which /health answers 503 (default 10): a frozen
+    process (SIGSTOP, a deadlock) is reported while it lasts, not only once it dies."""
+    return _positive("CORE_ENGINE_HEARTBEAT_TIMEOUT_S", float, 10.0)
+
+
 def _positive(name: str, cast: type[_Number], default: _Number) -> _Number:
     """The number in `name`, or `default` when it is unset or empty; ValueError naming the
     variable for text that is not a finite number > 0."""

@@ -67,6 +67,11 @@ class AsyncLLM(EngineFrontend):
         engine._log_task = asyncio.create_task(engine._log_loop())
         return engine
 
+    def heartbeat_age(self) -> float | None:
+        """Seconds since the engine core was last heard from (None: it runs in this
+        process); see EngineCoreClient.heartbeat_age."""
+        return self.client.heartbeat_age()
+
     @property
     def is_healthy(self) -> bool:
         return self.client.is_alive

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Coroutine
@@ -89,6 +90,11 @@ class EngineCoreClient(ABC):
     def shutdown(self) -> None:
         """Stop the engine core and free what the client holds."""
 
+    def heartbeat_age(self) -> float | None:
+        """Seconds since the engine core was last heard from (an output or a heartbeat;
+        the oldest among several engines), or None where it runs in this process."""
+        return None
+
 
 class InprocClient(EngineCoreClient):
     """The EngineCore in this process; `get_outputs` runs one step.
@@ -158,6 +164,16 @@ class SocketClient(EngineCoreClient):
         self.output.bind(output_addr)
         self.encoder = msgspec.msgpack.Encoder()
         self.outputs_decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
+        self._last_heard = time.monotonic()
+
+    def heartbeat_age(self) -> float:
+        return time.monotonic() - self._last_heard
+
+    async def _receive(self) -> tuple[bytes, bytes]:
+        """The next message from the engine core (heartbeats too), noting when it came."""
+        kind, payload = await self.output.recv_multipart()
+        self._last_heard = time.monotonic()
+        return kind, payload
 
     @abstractmethod
     def _check_alive(self) -> None:
@@ -229,10 +245,11 @@ class MPClient(SocketClient):
         deadline = asyncio.get_running_loop().time() + timeout_s
         while asyncio.get_running_loop().time() < deadline:
             if await self.output.poll(200):
-                kind, payload = await self.output.recv_multipart()
+                kind, payload = await self._receive()
                 if kind == core_proc.READY:
                     return msgspec.msgpack.decode(payload)
-                raise self._died(f"engine core failed to start: {payload.decode()}")
+                reason = msgspec.msgpack.decode(payload) if kind == core_proc.FAILED else kind
+                raise self._died(f"engine core failed to start: {reason}")
             if self.proc.poll() is not None:
                 raise self._died(f"engine core exited with code {self.proc.returncode}")
         raise self._died(f"engine core not ready after {timeout_s:.0f} s")
@@ -245,8 +262,8 @@ class MPClient(SocketClient):
             ready = dict(await self._poller.poll())
             if self.output not in ready:  # only the pidfd: the process has exited
                 raise self._died(f"engine core process exited (code {self.proc.wait()})")
-            kind, payload = await self.output.recv_multipart()
-            if kind != core_proc.HEARTBEAT:  # the pidfd tells this client it is alive
+            kind, payload = await self._receive()
+            if kind != core_proc.HEARTBEAT:
                 return self._decode(kind, payload)
 
     def _check_alive(self) -> None:
@@ -290,9 +307,10 @@ class RemoteClient(SocketClient):
                 f"data-parallel engine {self.rank} did not connect within {timeout_s:.0f} s "
                 "(start it with core serve --headless on its node)"
             )
-        kind, payload = await self.output.recv_multipart()
+        kind, payload = await self._receive()
         if kind != core_proc.READY:
-            raise self._died(f"data-parallel engine {self.rank} failed to start: {payload!r}")
+            reason = msgspec.msgpack.decode(payload) if kind == core_proc.FAILED else kind
+            raise self._died(f"data-parallel engine {self.rank} failed to start: {reason}")
         return msgspec.msgpack.decode(payload)
 
     async def get_outputs(self) -> EngineCoreOutputs:
@@ -302,7 +320,7 @@ class RemoteClient(SocketClient):
                     f"data-parallel engine {self.rank} sent nothing for "
                     f"{self.HEARTBEAT_TIMEOUT_S:.0f} s"
                 )
-            kind, payload = await self.output.recv_multipart()
+            kind, payload = await self._receive()
             if kind != core_proc.HEARTBEAT:
                 return self._decode(kind, payload)
 

@@ -17,10 +17,12 @@ their inputs. A wake for a wave an engine has already passed is stale and ignore
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import sys
+import threading
 from typing import Any
 
 import msgspec
@@ -43,8 +45,9 @@ logger = logging.getLogger(__name__)
 ADD, ABORT, UTILITY = b"ADD", b"ABORT", b"UTILITY"
 # Engine core -> frontend.
 READY, OUTPUTS, FAILED = b"READY", b"OUTPUTS", b"FAILED"
-# An idle engine core says it is alive this often (a frontend on another node has no other
-# way to know); STOP (frontend -> engine core) ends one the frontend did not start.
+# An engine core says it is alive this often, busy or idle (core.engine.core_client reads the
+# age of the last word heard: /health, and a frontend on another node has no other way to
+# know); STOP (frontend -> engine core) ends one the frontend did not start.
 HEARTBEAT, STOP = b"HEARTBEAT", b"STOP"
 HEARTBEAT_S = 1.0
 # Frontend -> lock-step engine core: join the wave numbered in the payload.
@@ -68,7 +71,8 @@ def run_engine_core(config_json: str, model: str, input_addr: str, output_addr: 
         output.send_multipart([READY, encoder.encode(info)])
         inputs = ctx.socket(zmq.PULL)
         inputs.connect(input_addr)
-        _EngineCoreLoop(core, inputs, output, encoder).run()
+        with _Heartbeat(ctx, output_addr):
+            _EngineCoreLoop(core, inputs, output, encoder).run()
     except SystemExit:
         pass
     except Exception as exc:  # report, then die: the frontend turns unhealthy
@@ -89,6 +93,35 @@ def _build_core(config_json: str, model: str) -> EngineCore:
     config = EngineConfig.model_validate_json(config_json).freeze()
     platform = select_platform(registry, config.device.device).platform
     return EngineCore(config, platform, resolve_model(model), get_hook_manager(registry))
+
+
+class _Heartbeat:
+    """HEARTBEAT every HEARTBEAT_S from a thread and a socket of its own, whatever the loop
+    does: a step that runs for long still beats (kernels and torch release the GIL, Python
+    yields it every few ms), a frozen process (SIGSTOP, a deadlock) does not."""
+
+    def __init__(self, ctx: zmq.Context, output_addr: str) -> None:
+        self._ctx, self._addr = ctx, output_addr
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="core-heartbeat", daemon=True)
+
+    def __enter__(self) -> None:
+        self._thread.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        # ZMQ sockets belong to one thread: this one is made, used and closed here.
+        socket = self._ctx.socket(zmq.PUSH)
+        socket.connect(self._addr)
+        try:
+            while not self._stop.wait(HEARTBEAT_S):
+                with contextlib.suppress(zmq.Again):  # a frontend not reading: skip a beat
+                    socket.send_multipart([HEARTBEAT, b""], flags=zmq.NOBLOCK)
+        finally:
+            socket.close(linger=0)
 
 
 class Wave:
@@ -130,9 +163,8 @@ class _EngineCoreLoop:
         try:
             while True:
                 if not self._busy():
-                    # Idle: block (never spin), waking once per heartbeat.
+                    # Idle: block (never spin), waking now and then (signals are handled).
                     if not self.inputs.poll(HEARTBEAT_S * 1000):
-                        self.output.send_multipart([HEARTBEAT, b""])
                         continue
                     self._handle(self.inputs.recv_multipart())
                 while self.inputs.poll(0):

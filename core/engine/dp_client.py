@@ -129,6 +129,9 @@ class DPClient(EngineCoreClient):
         if self.dead_reason is not None:
             raise EngineDeadError(self.dead_reason)
 
+    def heartbeat_age(self) -> float:
+        return max(engine.heartbeat_age() for engine in self.engines)
+
     def shutdown(self) -> None:
         for task in self._waiting.values():
             task.cancel()

@@ -23,6 +23,7 @@ from tiny_engine_checkpoint import (
     greedy_reference,
     next_token_logits,
     reference_model,
+    write_tiny_checkpoint,
 )
 
 from core.engine.core_client import (
@@ -147,3 +148,25 @@ def test_the_process_clients_ipc_directory_goes_with_shutdown_or_with_the_client
     del forgotten
     gc.collect()
     assert not list(tmp_path.glob("core-ipc-*"))
+
+
+def test_an_engine_core_that_fails_to_start_says_why_in_plain_text(tmp_path):
+    """The engine core's error crosses the socket msgpack-encoded; the client decodes it."""
+    checkpoint = write_tiny_checkpoint(tmp_path / "tiny")
+    broken = EngineSetup.from_engine_args(engine_args(checkpoint))
+    for weights in checkpoint.glob("*.safetensors"):
+        weights.unlink()  # the setup read config.json; the engine core finds no weights
+
+    async def run() -> None:
+        client = MPClient(broken)
+        try:
+            with pytest.raises(EngineDeadError) as failed:
+                await client.start()
+        finally:
+            client.shutdown()
+        message = str(failed.value)
+        assert message.startswith("engine core failed to start: ")
+        reason = message.removeprefix("engine core failed to start: ")
+        assert reason.isprintable() and reason.split(":")[0].endswith("Error"), message
+
+    asyncio.run(run())

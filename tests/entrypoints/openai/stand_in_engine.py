@@ -21,6 +21,9 @@ class StandInEngine:
         if not self.is_healthy:
             raise EngineDeadError("the stand-in engine core died")
 
+    def heartbeat_age(self) -> float | None:
+        return None  # no engine core process to hear from
+
     def new_request_id(self) -> str:
         self.num_requests += 1
         return f"req-{self.num_requests - 1}"
