@@ -411,8 +411,8 @@ def _last_text(content: Any) -> str:
 
 
 def _check_grammar(params: SamplingParams) -> None:
-    """Parse the constraint here, so a bad schema is the caller's ValueError, not a
-    request that fails later in the engine core."""
-    from core.structured_output.xgrammar_backend import build_grammar
+    """Parse the constraint here, so a bad schema (or one no text satisfies) is the
+    caller's ValueError, not a request that fails later in the engine core."""
+    from core.structured_output.language import check_grammar
 
-    build_grammar(params.structured_outputs)
+    check_grammar(params.structured_outputs)

@@ -29,7 +29,13 @@ from core.sampling_params import StructuredOutputsParams
 from core.structured_output.bitmask import bitmask_words
 from core.tokenizer import Tokenizer
 
-__all__ = ["Grammar", "XgrammarBackend", "build_grammar", "build_tokenizer_info"]
+__all__ = [
+    "Grammar",
+    "XgrammarBackend",
+    "build_grammar",
+    "build_tokenizer_info",
+    "grammar_kind",
+]
 
 # Bounds the whitespace between JSON tokens: a small model can otherwise emit whitespace
 # forever, which any_whitespace allows. 20 still fits pretty-printed JSON four levels deep
@@ -160,7 +166,7 @@ def _json_schema_grammar(schema: str | dict) -> xgr.Grammar:
     )
 
 
-def _kind(params: StructuredOutputsParams) -> str:
+def grammar_kind(params: StructuredOutputsParams) -> str:
     """The one field of `params` that is set (its __post_init__ guarantees exactly one)."""
     if params.json_object:
         return "json_object"
@@ -187,7 +193,7 @@ def build_grammar(params: StructuredOutputsParams) -> xgr.Grammar:
     strings; grammar: EBNF (GBNF) whose start rule is `root`. Cheap (no vocabulary), so
     the frontend can call it to reject bad input early. Raises ValueError with the reason.
     """
-    kind = _kind(params)
+    kind = grammar_kind(params)
     try:
         return _grammar_of(params, kind)
     except RuntimeError as e:  # xgrammar reports every parse error as a RuntimeError

@@ -132,6 +132,11 @@ CASES = [
     (COMPLETIONS, completion(stop=["w3", LONE], stream=True), "stop"),
     (COMPLETIONS, completion(logit_bias={LONE: 1}), "logit_bias"),
     (COMPLETIONS, completion(guided_regex=LONE), "guided_regex"),
+    # constraints that parse but that no text satisfies (empty languages): the message
+    # names structured_outputs.<kind>, as for one that does not parse
+    (COMPLETIONS, completion(guided_regex="[^\\s\\S]"), None),
+    (CHAT, chat(guided_grammar="root ::= root"), None),
+    (CHAT, chat(structured_outputs={"regex": "a[^\\s\\S]"}), None),
     (COMPLETIONS, completion(model=LONE), "model"),
     (TOKENIZE, {"prompt": LONE}, "prompt"),
     (TOKENIZE, {"messages": [{"role": "user", "content": LONE}]}, "messages[0].content"),
