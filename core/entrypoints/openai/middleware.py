@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from core.entrypoints.openai.errors import OpenAIError, error_response
 from core.entrypoints.openai.frontend_args import FrontendArgs
+from core.entrypoints.openai.offload import request_body_bytes
 
 __all__ = ["REQUEST_ID_HEADER", "BodySizeLimit", "RequestIdEcho", "install_middleware"]
 
@@ -49,7 +50,8 @@ class BodySizeLimit:
     """A 413 (OpenAI error body) for a request body over `max_bytes`, before the server
     parses it: at once when Content-Length declares more, else as soon as the received
     chunks pass the limit (a chunked upload), raised from `receive` to the route reading it.
-    Parsing and validating a body holds the event loop, so the limit bounds that stall."""
+    Parsing and validating a body holds the event loop, so the limit bounds that stall. The
+    size received so far is `offload.request_body_bytes` in the route's context."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -70,6 +72,7 @@ class BodySizeLimit:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
+                request_body_bytes.set(received)  # read by OffLoop, in the route's context
                 if received > self.max_bytes:
                     raise HTTPException(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, self._error().message)
             return message
