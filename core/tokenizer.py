@@ -17,6 +17,7 @@ import tokenizers
 
 from core.chat_template import render_chat_template
 from core.input_checks import check_text
+from core.isolated_render import isolated_renderer
 from core.model_loader.gguf_metadata import read_gguf_metadata
 from core.tokenizer_gguf import gguf_backend_tokenizer, gguf_chat_templates
 
@@ -140,6 +141,8 @@ class Tokenizer:
         self._backend = backend
         self._special_tokens = {k: v for k, v in special_tokens.items() if v is not None}
         self._chat_templates = dict(chat_templates)
+        # Sources rendered in this process; any other renders isolated (core.isolated_render).
+        self._trusted_templates = set(self._chat_templates.values())
 
     @classmethod
     def from_dir(cls, path: str | Path) -> Tokenizer:
@@ -255,6 +258,15 @@ class Tokenizer:
         # the _fast one skips the character offsets nobody reads here.
         return self._backend.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
 
+    def encode_pair(self, text: str, text_pair: str) -> tuple[list[int], list[int]]:
+        """Token ids and token type ids of a text pair, joined as the tokenizer's
+        post-processor joins pairs (BERT: [CLS] a [SEP] b [SEP], b of type 1), as a
+        cross-encoder reads them. ValueError as `encode`."""
+        check_text(text, "text")
+        check_text(text_pair, "text_pair")
+        encoding = self._backend.encode_batch_fast([(text, text_pair)])[0]
+        return encoding.ids, encoding.type_ids
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """The text of `ids`; raises ValueError for an id outside the vocabulary."""
         self._check_ids(ids)
@@ -288,15 +300,28 @@ class Tokenizer:
         template when tools are given and it has one, else its "default". bos_token,
         eos_token, unk_token and pad_token are template variables; `template_kwargs` are too
         (e.g. enable_thinking). Raises ValueError when there is no template or rendering
-        fails (raise_exception, sandbox)."""
-        return render_chat_template(
-            self.select_chat_template(chat_template, tools),
-            messages,
+        fails (raise_exception, sandbox). A source that is neither the model's nor trusted
+        (`trust_chat_template`) renders in an isolated process (core.isolated_render)."""
+        source = self.select_chat_template(chat_template, tools)
+        render = (
+            render_chat_template
+            if source in self._trusted_templates
+            else isolated_renderer().render
+        )
+        return render(
+            source=source,
+            messages=messages,
             add_generation_prompt=add_generation_prompt,
             tools=tools,
             special_tokens=self._special_tokens,
             template_kwargs=template_kwargs,
         )
+
+    def trust_chat_template(self, source: str) -> None:
+        """Render `source` in this process, as the model's own templates: a template the
+        deployment chose (--chat-template). Any other source passed to `apply_chat_template`
+        comes from a request or a caller and renders in an isolated process."""
+        self._trusted_templates.add(source)
 
     def select_chat_template(self, chat_template: str | None, tools: object) -> str:
         """The source of the template `apply_chat_template` renders with these arguments

@@ -162,6 +162,8 @@ class InputProcessor:
         # --chat-template is a file or the template itself: read once, here.
         configured = self.config.model.chat_template
         self._chat_template = None if configured is None else load_chat_template(configured)
+        if self._chat_template is not None:  # the deployment's choice: rendered in-process
+            self.tokenizer.trust_chat_template(self._chat_template)
         self.generation_defaults = self._generation_defaults(checkpoint)
         self._loras: dict[int, LoRARequest] = {}  # adapters checked, by lora_int_id
         self._retired_lora_ids: set[int] = set()
