@@ -86,7 +86,7 @@ def build_app(
     app.include_router(pooling_router(ServingPooling(engine, models, offload)))
     app.include_router(tokens_router(engine, serving, offload))
     if models.lora_enabled and envs.allow_runtime_lora_updating():
-        app.include_router(lora_adapter_router(models))
+        app.include_router(lora_adapter_router(models, offload))
     _mount_endpoint_plugins(app)
     return app
 

@@ -13,19 +13,21 @@ config and the safetensors header alone (the frontend runs it on a meta-device m
 
 from __future__ import annotations
 
-import json
 import math
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import regex
 import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from core.config import LoRAConfig
+from core.input_checks import parse_json_text
 from core.lora.request import LoRARequest
 from core.models.hf_weights import StackedParam
 from core.models.layers.linear import LinearBase
@@ -41,6 +43,13 @@ __all__ = [
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
+
+# adapter_config.json is read before anything else is checked: a real one is a few KiB
+# (rank_pattern for every module of a large model stays under 100 KiB).
+MAX_CONFIG_BYTES = 1024 * 1024
+# Wall time for matching every module against rank_pattern / alpha_pattern keys (PEFT
+# regexes, which a client may choose): catastrophic backtracking ends here, not after minutes.
+PATTERN_MATCH_SECONDS = 1.0
 
 _TENSOR_NAME = re.compile(r"base_model\.model\.(?P<module>.+)\.lora_(?P<factor>[AB])\.weight")
 
@@ -189,8 +198,9 @@ def _plan(
     _check_features(request, adapter_config)
     _check_target_modules(request, adapter_config.get("target_modules"), targets)
     modules = _pair_tensors(request, _read_shapes(request))
+    deadline = time.monotonic() + PATTERN_MATCH_SECONDS
     return [
-        _plan_module(request, adapter_config, config, targets, module, tensors)
+        _plan_module(request, adapter_config, config, targets, module, tensors, deadline)
         for module, tensors in sorted(modules.items())
     ]
 
@@ -200,20 +210,34 @@ def _error(request: LoRARequest, message: str) -> ValueError:
 
 
 def _read_config(request: LoRARequest) -> dict[str, Any]:
-    """adapter_config.json, once the adapter directory has both files."""
+    """adapter_config.json, once the adapter directory has both files; at most
+    MAX_CONFIG_BYTES, nested at most MAX_JSON_DEPTH levels."""
     directory = Path(request.lora_path)
-    if not directory.is_dir():
-        raise _error(request, f"lora_path {str(directory)!r} is not a directory")
-    for file in (CONFIG_FILE, WEIGHTS_FILE):
-        if not (directory / file).is_file():
-            raise _error(request, f"lora_path {str(directory)!r} has no {file}")
     try:
-        adapter_config = json.loads((directory / CONFIG_FILE).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        if not directory.is_dir():
+            raise _error(request, f"lora_path {_shown(request.lora_path)} is not a directory")
+        for file in (CONFIG_FILE, WEIGHTS_FILE):
+            if not (directory / file).is_file():
+                raise _error(request, f"lora_path {_shown(request.lora_path)} has no {file}")
+        size = (directory / CONFIG_FILE).stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise _error(request, f"{CONFIG_FILE} is {size} bytes, over {MAX_CONFIG_BYTES}")
+        text = (directory / CONFIG_FILE).read_bytes().decode()
+    except (OSError, UnicodeDecodeError) as exc:  # a name too long, unreadable, not UTF-8
+        message = f"lora_path {_shown(request.lora_path)} cannot be read: {exc}"
+        raise _error(request, message) from exc
+    try:
+        adapter_config = parse_json_text(text, CONFIG_FILE)
+    except ValueError as exc:
         raise _error(request, f"{CONFIG_FILE} cannot be read: {exc}") from exc
     if not isinstance(adapter_config, dict):
         raise _error(request, f"{CONFIG_FILE} must hold a JSON object")
     return adapter_config
+
+
+def _shown(path: str) -> str:
+    """`path` quoted for a message, cut short when it is long."""
+    return repr(path) if len(path) <= 200 else f"{path[:200]!r}... ({len(path)} characters)"
 
 
 def _check_features(request: LoRARequest, adapter_config: dict[str, Any]) -> None:
@@ -293,14 +317,16 @@ def _plan_module(
     targets: dict[str, LoRATarget],
     module: str,
     tensors: dict[str, tuple[str, list[int]]],
+    deadline: float,
 ) -> _ModulePlan:
-    """Check one module's A and B against its target, the adapter's r and the limit."""
+    """Check one module's A and B against its target, the adapter's r and the limit;
+    pattern keys are matched before `deadline` (time.monotonic) or refused."""
     a_name, b_name = tensors["A"][0], tensors["B"][0]
     target = targets.get(module)
     if target is None:
         raise _error(request, f"tensor {a_name!r}: the model has no LoRA layer for {module!r}")
     rank = _module_rank(request, target, tensors["A"], tensors["B"])
-    r, alpha = _module_rank_alpha(request, adapter_config, module)
+    r, alpha = _module_rank_alpha(request, adapter_config, module, deadline)
     if rank != r:
         raise _error(
             request, f"r: tensor {a_name!r} has rank {rank}, {CONFIG_FILE} gives {module} r={r}"
@@ -334,7 +360,7 @@ def _module_rank(
 
 
 def _module_rank_alpha(
-    request: LoRARequest, adapter_config: dict[str, Any], module: str
+    request: LoRARequest, adapter_config: dict[str, Any], module: str, deadline: float
 ) -> tuple[int, float]:
     """(r, lora_alpha) of `module`: rank_pattern / alpha_pattern, else r / lora_alpha."""
     values = []
@@ -342,7 +368,7 @@ def _module_rank_alpha(
         if field not in adapter_config:
             raise _error(request, f"{field} is missing from {CONFIG_FILE}")
         patterns = adapter_config.get(pattern_field) or {}
-        key = _pattern_key(request, pattern_field, patterns, module)
+        key = _pattern_key(request, pattern_field, patterns, module, deadline)
         value = patterns[key] if key is not None else adapter_config[field]
         if (
             isinstance(value, bool)
@@ -356,16 +382,24 @@ def _module_rank_alpha(
 
 
 def _pattern_key(
-    request: LoRARequest, pattern_field: str, patterns: Any, module: str
+    request: LoRARequest, pattern_field: str, patterns: Any, module: str, deadline: float
 ) -> str | None:
     """The first key of `patterns` that matches `module` as PEFT's `get_pattern_key` does
-    (the key, a regex, matches the whole name or a suffix after a dot), or None."""
+    (the key, a regex, matches the whole name or a suffix after a dot), or None. Matched
+    with `regex`, whose matching stops at a timeout (`re` cannot be stopped)."""
     if not isinstance(patterns, dict):
         raise _error(request, f"{pattern_field} must be a JSON object, got {patterns!r}")
     for key in patterns:
         try:
-            if re.match(rf"(.*\.)?({key})$", module):
+            timeout = max(deadline - time.monotonic(), 0.0)
+            if regex.match(rf"(.*\.)?({key})$", module, timeout=timeout):
                 return key
-        except re.error as exc:
+        except regex.error as exc:
             raise _error(request, f"{pattern_field} key {key!r} is not a regex: {exc}") from exc
+        except TimeoutError:
+            raise _error(
+                request,
+                f"{pattern_field} keys take over {PATTERN_MATCH_SECONDS} s to match the "
+                f"model's modules (key {key[:100]!r})",
+            ) from None
     return None

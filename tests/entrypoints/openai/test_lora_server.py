@@ -238,6 +238,51 @@ def test_a_name_reloaded_with_other_weights_never_reuses_the_old_prefix_cache(
         assert httpx.post(f"{url}/v1/unload_lora_adapter", json=unload, headers=AUTH).is_success
 
 
+def test_hostile_adapters_are_400s_and_the_server_keeps_answering(server, root):
+    """Loading runs off the event loop and bounded: a rank_pattern regex that backtracks for
+    minutes, a config nested past any parser, a path longer than the file system takes.
+    Each is a 400 on the same keep-alive connection, and /health answers meanwhile."""
+    import json
+    import shutil
+    import threading
+
+    hostile = {
+        "slow-pattern": {"rank_pattern": {r"(?:(\w)\1?|.)+\d{3}": 2}},
+        "deep-config": None,
+    }
+    for name, change in hostile.items():
+        path = root / "adapters" / name
+        shutil.copytree(root / "adapters" / "sql", path, dirs_exist_ok=True)
+        config_file = path / "adapter_config.json"
+        if change is None:
+            config_file.write_text('{"r": 8, "x": ' + "[" * 50_000 + "]" * 50_000 + "}")
+        else:
+            config_file.write_text(json.dumps({**json.loads(config_file.read_text()), **change}))
+    paths = [str(root / "adapters" / name) for name in hostile] + ["/tmp/" + "a" * 5000]
+
+    healthy: list[int] = []
+    stop = threading.Event()
+
+    def probe_health() -> None:
+        while not stop.is_set():
+            healthy.append(httpx.get(f"{server.url}/health", timeout=5).status_code)
+
+    prober = threading.Thread(target=probe_health)
+    prober.start()
+    try:
+        with httpx.Client(base_url=server.url, headers=AUTH, timeout=30) as client:
+            for path in paths:
+                body = {"lora_name": "hostile", "lora_path": path}
+                answer = client.post("/v1/load_lora_adapter", json=body)
+                assert answer.status_code == 400, answer.text
+                assert answer.json()["error"]["param"] == "lora_path"
+            assert client.get("/v1/models").status_code == 200  # the connection still works
+    finally:
+        stop.set()
+        prober.join()
+    assert healthy and set(healthy) == {200}
+
+
 def test_metrics_show_one_lora_info_series(server):
     from prometheus_client.parser import text_string_to_metric_families
 

@@ -303,6 +303,26 @@ INVALID = {
     "nan alpha": (edit_config(lora_alpha=math.nan), r"lora_alpha gives nan"),
     "infinite alpha": (edit_config(lora_alpha=math.inf), r"lora_alpha gives inf"),
     "nan alpha pattern": (edit_config(alpha_pattern={"q_proj": math.nan}), r"alpha_pattern"),
+    "oversized config": (
+        edit_config(padding="x" * adapter_module.MAX_CONFIG_BYTES),
+        rf"adapter_config\.json is \d+ bytes, over {adapter_module.MAX_CONFIG_BYTES}",
+    ),
+    "deeply nested config": (
+        lambda path: (path / "adapter_config.json").write_text(
+            '{"r": 4, "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+        ),
+        r"adapter_config\.json cannot be read: adapter_config\.json is nested deeper",
+    ),
+    "config not utf-8": (
+        lambda path: (path / "adapter_config.json").write_bytes(b'{"r": "\xff"}'),
+        r"lora_path .* cannot be read: 'utf-8' codec",
+    ),
+    # Backtracks for far longer than the matching budget (a backreference defeats regex's
+    # optimizations).
+    "slow rank pattern": (
+        edit_config(rank_pattern={r"(?:(\w)\1?|.)+\d{3}": 2}),
+        r"rank_pattern keys take over 1\.0 s to match the model's modules",
+    ),
     "r differs from tensors": (
         edit_config(r=8),
         r"r: tensor '.*\.lora_A\.weight' has rank 4, adapter_config\.json gives .* r=8",
@@ -416,3 +436,11 @@ def test_non_finite_weights_are_refused_at_load(
     corrupt(path)
     with pytest.raises(ValueError, match=f"^LoRA adapter 'bad': {message}"):
         load_adapter(request_for(path, "bad"), targets, LoRAConfig(), torch.float32)
+
+
+def test_a_lora_path_too_long_for_the_file_system_is_refused(
+    targets: dict[str, LoRATarget],
+) -> None:
+    request = request_for(Path("/tmp/" + "a" * 5000), "long")
+    with pytest.raises(ValueError, match=r"^LoRA adapter 'long': lora_path '/tmp/a+'\.\.\. "):
+        check_adapter(request, targets, LoRAConfig())

@@ -9,6 +9,7 @@ from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 
 from core.entrypoints.openai import protocol as p
+from core.entrypoints.openai.offload import OffLoop
 from core.entrypoints.openai.serving_models import ServedModels
 
 __all__ = ["lora_adapter_router"]
@@ -16,9 +17,10 @@ __all__ = ["lora_adapter_router"]
 logger = logging.getLogger(__name__)
 
 
-def lora_adapter_router(models: ServedModels) -> APIRouter:
+def lora_adapter_router(models: ServedModels, offload: OffLoop) -> APIRouter:
     """The routes over `models`. They answer in plain text on success, as vLLM's do; the
-    API key guards them like every /v1 route."""
+    API key guards them like every /v1 route. Loading reads and checks the adapter's files
+    (bounded: core-lora's limits) on `offload`'s thread, never on the event loop."""
     logger.warning(
         "CORE_ALLOW_RUNTIME_LORA_UPDATING is set: clients can load LoRA adapters from any "
         "path this server can read (a development setting)"
@@ -27,7 +29,7 @@ def lora_adapter_router(models: ServedModels) -> APIRouter:
 
     @router.post("/v1/load_lora_adapter")
     async def load_lora_adapter(req: p.LoadLoRAAdapterRequest) -> PlainTextResponse:
-        models.load_lora(req.lora_name, req.lora_path)
+        await offload.run(models.load_lora, req.lora_name, req.lora_path)
         return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' added successfully.")
 
     @router.post("/v1/unload_lora_adapter")
