@@ -1,5 +1,6 @@
-"""The server's HTTP middleware: CORS (--allowed-origins...), the X-Request-Id echo and the
-request body limit (--max-request-body-bytes).
+"""The server's HTTP middleware: CORS (--allowed-origins...), the X-Request-Id echo, the
+request body limit (--max-request-body-bytes) and the cancellation of a request whose
+client disconnected.
 
 All are pure ASGI middleware: they wrap `send` or `receive` and never buffer or re-read a
 body, so streamed responses and client-disconnect detection work as without them.
@@ -7,6 +8,7 @@ body, so streamed responses and client-disconnect detection work as without them
 
 from __future__ import annotations
 
+import asyncio
 from http import HTTPStatus
 
 from fastapi import FastAPI
@@ -19,7 +21,13 @@ from core.entrypoints.openai.errors import OpenAIError, error_response
 from core.entrypoints.openai.frontend_args import FrontendArgs
 from core.entrypoints.openai.offload import request_body_bytes
 
-__all__ = ["REQUEST_ID_HEADER", "BodySizeLimit", "RequestIdEcho", "install_middleware"]
+__all__ = [
+    "REQUEST_ID_HEADER",
+    "BodySizeLimit",
+    "CancelOnDisconnect",
+    "RequestIdEcho",
+    "install_middleware",
+]
 
 REQUEST_ID_HEADER = "X-Request-Id"
 
@@ -87,8 +95,62 @@ class BodySizeLimit:
         )
 
 
+class CancelOnDisconnect:
+    """Cancels a request's handling when its client disconnects, whatever the route: a
+    non-streaming route (embeddings of 3,000 inputs, a long completion) awaits its engine
+    requests without reading from the client, so nothing else would notice; cancelling its
+    task aborts them. Watching starts once the body is in (the route no longer reads), with
+    a `receive` of its own: after the body, an ASGI server answers every `receive` with the
+    disconnect once it happens, so a streaming response's own watcher sees it too."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        watcher: asyncio.Task | None = None
+        responded = asyncio.Event()  # the server answers `receive` with a disconnect then too
+
+        async def receive_then_watch() -> Message:
+            nonlocal watcher
+            message = await receive()
+            body_done = message["type"] == "http.request" and not message.get("more_body")
+            if body_done and watcher is None:
+                watcher = asyncio.create_task(_cancel_on_disconnect(receive, handling, responded))
+            return message
+
+        async def send_noting_the_end(message: Message) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                responded.set()
+            await send(message)
+
+        handling = asyncio.create_task(self.app(scope, receive_then_watch, send_noting_the_end))
+        try:
+            await handling
+        except asyncio.CancelledError:
+            if not handling.cancelled() or asyncio.current_task().cancelling():
+                raise  # this task was cancelled (the server stops), not by the watcher
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+            handling.cancel()
+
+
+async def _cancel_on_disconnect(
+    receive: Receive, handling: asyncio.Task, responded: asyncio.Event
+) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    if not responded.is_set():
+        handling.cancel()
+
+
 def install_middleware(app: FastAPI, frontend: FrontendArgs) -> None:
-    """The body limit, CORS as the frontend options say, and the X-Request-Id echo."""
+    """The body limit, CORS as the frontend options say, the X-Request-Id echo, and the
+    cancellation of requests whose client left."""
+    app.add_middleware(CancelOnDisconnect)
     app.add_middleware(BodySizeLimit, max_bytes=frontend.max_request_body_bytes)
     app.add_middleware(RequestIdEcho)
     app.add_middleware(

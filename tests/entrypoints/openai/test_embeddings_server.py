@@ -114,3 +114,32 @@ def test_generation_on_an_embedding_model_is_a_400(client):
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "w"}])
     with pytest.raises(openai.NotFoundError):
         client.embeddings.create(model="other", input="w1")
+
+
+def test_a_client_that_leaves_takes_its_queued_inputs_with_it(server):
+    """3,000 inputs, and the client gives up before they are done: the engine aborts what
+    is left of them (the next request does not queue behind them)."""
+    import time
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def finished(reason: str) -> float:
+        text = httpx.get(f"{server.url}/metrics").text
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "vllm:request_success_total"
+            and sample.labels["finished_reason"] == reason
+        )
+
+    aborted_before = finished("abort")
+    body = {"model": MODEL, "input": [f"w{i % 50} w{i % 7}" for i in range(3000)]}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{server.url}/v1/embeddings", json=body, timeout=0.5)
+    deadline = time.monotonic() + 30
+    while finished("abort") == aborted_before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert finished("abort") - aborted_before > 0
+    one = {"model": MODEL, "input": "w1"}
+    assert httpx.post(f"{server.url}/v1/embeddings", json=one, timeout=30).is_success
