@@ -10,9 +10,9 @@ concurrently so the engine batches them.
 Each output line is OpenAI's batch output record, in input order:
 `{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error": null}`.
 A request the endpoint refuses is answered as the server would (a 4xx status and its
-error body). A line that cannot be sent at all (not UTF-8, not JSON Python can read: nested too deep or
-an integer past its digit limit, a lone surrogate, a missing or mistyped field, an
-unsupported method or url, a duplicate custom_id, `"stream": true`) becomes an error
+error body). A line that cannot be sent at all (not UTF-8, not JSON Python can read:
+nested too deep or an integer past its digit limit, a lone surrogate, a missing or mistyped
+field, an unsupported method or url, a duplicate custom_id, `"stream": true`) becomes an error
 record, `{"response": null, "error": {"code", "message"}}`, and the batch goes on: bad
 lines never stop it. Blank lines are skipped.
 """
