@@ -264,21 +264,70 @@ def _required_schema(tools: tuple[FunctionTool, ...], parallel: bool) -> dict[st
     """One or more calls (one at most unless `parallel`), each naming an offered function
     and giving arguments its parameters schema validates. "name" comes first, so a stream
     can send it before the arguments."""
+    definitions: dict[str, Any] = {}
     calls = [
         {
             "type": "object",
             "properties": {
                 "name": {"type": "string", "enum": [tool.name]},
-                "parameters": tool.parameters or _ANY_OBJECT,
+                "parameters": _embedded(tool.parameters or _ANY_OBJECT, f"tool{i}", definitions),
             },
             "required": ["name", "parameters"],
         }
-        for tool in tools
+        for i, tool in enumerate(tools)
     ]
     schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
     if not parallel:
         schema["maxItems"] = 1
+    if definitions:
+        schema["$defs"] = definitions
     return schema
+
+
+def _embedded(parameters: dict[str, Any], key: str, definitions: dict[str, Any]) -> Any:
+    """`parameters` as a part of a larger schema. One with local references ("$ref": "#/...",
+    pydantic's `$defs`) moves to `definitions[key]`, its own definitions beside it as
+    `key.NAME`, each reference rewritten to point there: a reference resolves from the root
+    of the whole schema, where the tool's definitions would otherwise not be."""
+    if not _has_local_ref(parameters):
+        return parameters
+    own = {**parameters.get("definitions", {}), **parameters.get("$defs", {})}
+    root = {k: v for k, v in parameters.items() if k not in ("$defs", "definitions")}
+    definitions[key] = _rewrite_refs(root, key)
+    for name, definition in own.items():
+        definitions[f"{key}.{name}"] = _rewrite_refs(definition, key)
+    return {"$ref": f"#/$defs/{key}"}
+
+
+def _has_local_ref(value: Any) -> bool:
+    if isinstance(value, dict):
+        ref = value.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            return True
+        return any(_has_local_ref(v) for v in value.values())
+    return isinstance(value, list) and any(_has_local_ref(v) for v in value)
+
+
+def _rewrite_refs(value: Any, key: str) -> Any:
+    """`value` with each local reference of the tool's schema pointing into `$defs` as
+    `_embedded` places it: #/$defs/X and #/definitions/X to #/$defs/KEY.X, any other
+    pointer (#, #/properties/...) into #/$defs/KEY."""
+    if isinstance(value, list):
+        return [_rewrite_refs(v, key) for v in value]
+    if not isinstance(value, dict):
+        return value
+    rewritten = {k: _rewrite_refs(v, key) for k, v in value.items()}
+    ref = value.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        pointer = ref[1:]
+        for section in ("/$defs/", "/definitions/"):
+            if pointer.startswith(section):
+                name, _, rest = pointer[len(section) :].partition("/")
+                rewritten["$ref"] = f"#/$defs/{key}.{name}" + (f"/{rest}" if rest else "")
+                break
+        else:
+            rewritten["$ref"] = f"#/$defs/{key}{pointer}"
+    return rewritten
 
 
 class _RequiredChoiceParser(IncrementalToolParser):

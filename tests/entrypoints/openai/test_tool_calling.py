@@ -209,6 +209,56 @@ def test_required_choice_round_trip_under_its_schema(engine, stream):
             jsonschema.validate(bad, schema)
 
 
+def test_tools_with_pydantic_definitions_are_constrained_by_their_schemas(engine):
+    """Pydantic writes nested models as $defs with "$ref": "#/$defs/Name"; two tools may use
+    the same name for different definitions. Under "required" the calls' schema holds both
+    tools' definitions apart, and every reference still resolves (and compiles)."""
+    import pydantic
+
+    class Address(pydantic.BaseModel):
+        city: str
+
+    class Ship(pydantic.BaseModel):
+        to: Address
+        back: Address | None = None
+
+    class Address2(pydantic.BaseModel):  # the same $defs name, another shape
+        zone: int
+
+    visit = Address2.model_json_schema()
+    visit["title"] = "Visit"
+    tree = {"type": "object", "properties": {"v": {"type": "integer"},
+            "kids": {"type": "array", "items": {"$ref": "#"}}}, "required": ["v"]}  # fmt: skip
+    ship_schema = Ship.model_json_schema()
+    wrapped = {"type": "object", "properties": {"at": {"$ref": "#/$defs/Address"}},
+               "required": ["at"], "$defs": {"Address": Address2.model_json_schema()}}  # fmt: skip
+    tools = [function("ship", ship_schema), function("visit", wrapped), function("tree", tree)]
+    output = (
+        '[{"name": "ship", "parameters": {"to": {"city": "Oslo"}}}, '
+        '{"name": "visit", "parameters": {"at": {"zone": 3}}}, '
+        '{"name": "tree", "parameters": {"v": 1, "kids": [{"v": 2, "kids": []}]}}]'
+    )
+    engine.script = [output]
+    kwargs = {"tools": tools, "tool_choice": "required"}
+    content, calls, _ = ask(api_for(engine), QUESTION, False, **kwargs)
+    assert [name for _, name, _ in calls] == ["ship", "visit", "tree"]
+    schema = engine.requests[-1].params.structured_outputs.json
+    jsonschema.validate(json.loads(output), schema)
+    rejected = [
+        [{"name": "ship", "parameters": {"to": {"zone": 3}}}],  # ship's Address has a city
+        [{"name": "visit", "parameters": {"at": {"city": "Oslo"}}}],  # visit's has a zone
+        [{"name": "tree", "parameters": {"v": 1, "kids": [{"kids": []}]}}],  # a kid without v
+    ]
+    for bad in rejected:
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+    named = {"type": "function", "function": {"name": "ship"}}
+    engine.script = ['{"to": {"city": "Oslo"}}']
+    _, ((_, name, arguments),), _ = ask(api_for(engine), QUESTION, False, tools=tools,
+                                        tool_choice=named)  # fmt: skip
+    assert (name, json.loads(arguments)) == ("ship", {"to": {"city": "Oslo"}})
+
+
 def test_required_choice_without_parallel_calls_allows_one_call(engine):
     engine.script = ['[{"name": "get_time", "parameters": {"zone": "UTC"}}]']
     ask(api_for(engine), QUESTION, False, tool_choice="required", parallel_tool_calls=False)
