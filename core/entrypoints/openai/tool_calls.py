@@ -22,6 +22,7 @@ for a named function, where OpenAI says "stop".
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -136,11 +137,19 @@ class ToolPlan:
         if self.new_parser is None:
             return p.ChatMessage(content=output.text), output.finish_reason
         extracted = self.new_parser().extract_tool_calls(output.text, self.request)
+        found = extracted.tool_calls
+        content = extracted.content
+        if output.finish_reason == "length" and self.schema is not None:
+            # Cut off inside the constrained calls: a call whose arguments are not whole
+            # JSON is no call (as vLLM answers); the text is kept as content.
+            found = [c for c in found if _is_json(c.arguments)]
+            if not found:
+                content = output.text
         calls = [
             p.ToolCall(id=c.id, function=p.FunctionCall(name=c.name, arguments=c.arguments))
-            for c in extracted.tool_calls
+            for c in found
         ]
-        message = p.ChatMessage(content=extracted.content, tool_calls=calls or None)
+        message = p.ChatMessage(content=content, tool_calls=calls or None)
         return message, self.finish_reason(bool(calls), output.finish_reason)
 
     def stream(self) -> ToolStream | None:
@@ -251,6 +260,14 @@ def _choice(
             f"tool_choice: names function {name!r}, which is not among the tools", "tool_choice"
         )
     return "named", name
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _bad_request(message: str, param: str) -> OpenAIError:

@@ -85,6 +85,7 @@ class ScriptedEngine(StandInEngine):
     def __init__(self, processor: InputProcessor) -> None:
         super().__init__(processor)
         self.script: list[str] = []
+        self.finish_reason = "stop"  # of each scripted answer
         self.requests: list = []  # the PreparedRequests received
 
     async def generate(self, request_id, prepared, **_options):
@@ -93,7 +94,8 @@ class ScriptedEngine(StandInEngine):
         pieces = [text[i : i + 4] for i in range(0, len(text), 4)]
         for i, piece in enumerate(pieces):
             last = i == len(pieces) - 1
-            sample = CompletionOutput(0, piece, [i], None, None, "stop" if last else None)
+            reason = self.finish_reason if last else None
+            sample = CompletionOutput(0, piece, [i], None, None, reason)
             yield RequestOutput(request_id, prepared.prompt, prepared.prompt_token_ids, None,
                                 [sample], finished=last)  # fmt: skip
 
@@ -257,6 +259,25 @@ def test_tools_with_pydantic_definitions_are_constrained_by_their_schemas(engine
     _, ((_, name, arguments),), _ = ask(api_for(engine), QUESTION, False, tools=tools,
                                         tool_choice=named)  # fmt: skip
     assert (name, json.loads(arguments)) == ("ship", {"to": {"city": "Oslo"}})
+
+
+@pytest.mark.parametrize(
+    ("choice", "cut_off"),
+    [
+        ({"type": "function", "function": {"name": "get_weather"}}, '{"city": "Par'),
+        ("required", '[{"name": "get_weather", "parameters": {"city": "Par'),
+    ],
+    ids=["named", "required"],
+)
+def test_a_call_cut_off_by_max_tokens_is_no_call(engine, choice, cut_off):
+    """The arguments are not whole JSON: no tool call, finish_reason "length", and the text
+    kept as the content (as vLLM answers)."""
+    engine.script, engine.finish_reason = [cut_off], "length"
+    try:
+        content, calls, finish_reason = ask(api_for(engine), QUESTION, False, tool_choice=choice)
+    finally:
+        engine.finish_reason = "stop"
+    assert (content, calls, finish_reason) == (cut_off, [], "length")
 
 
 def test_required_choice_without_parallel_calls_allows_one_call(engine):
