@@ -73,7 +73,15 @@ def build_app(
         trust_request_chat_template=frontend.trust_request_chat_template,
         content_format=frontend.chat_template_content_format,
     )
-    app = FastAPI(title="core", version=core.__version__, lifespan=_lifespan(offload))
+    # The app knows --root-path (not uvicorn, which would prefix it to every path): a
+    # request reaches its route with the prefix (no proxy in front) or without (a proxy
+    # stripped it).
+    app = FastAPI(
+        title="core",
+        version=core.__version__,
+        lifespan=_lifespan(offload),
+        root_path=frontend.root_path,
+    )
     install_error_handlers(app)
     if api_key:
         extra = SCRAPED_PATHS if frontend.metrics_without_api_key else frozenset()
@@ -162,14 +170,13 @@ async def serve(
 def uvicorn_config(
     app: FastAPI, host: str | None, port: int, frontend: FrontendArgs
 ) -> uvicorn.Config:
-    """uvicorn's settings: the address, TLS, the root path behind a proxy, the log level,
-    and how long its shutdown waits for open connections (the drain, then the abort grace)."""
+    """uvicorn's settings: the address, TLS, the log level, and how long its shutdown waits
+    for open connections (the drain, then the abort grace). --root-path is the app's."""
     return uvicorn.Config(
         app,
         host=host or "0.0.0.0",
         port=port,
         log_level=frontend.uvicorn_log_level,
-        root_path=frontend.root_path,
         ssl_keyfile=frontend.ssl_keyfile,
         ssl_certfile=frontend.ssl_certfile,
         timeout_graceful_shutdown=frontend.shutdown_timeout + ABORT_GRACE_S,

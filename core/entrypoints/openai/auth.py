@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request
 
 from core.entrypoints.openai.errors import OpenAIError, error_response
 
-__all__ = ["require_api_key"]
+__all__ = ["require_api_key", "route_path"]
 
 
 def require_api_key(app: FastAPI, api_key: str, open_paths: Set[str]) -> None:
@@ -19,7 +19,7 @@ def require_api_key(app: FastAPI, api_key: str, open_paths: Set[str]) -> None:
 
     @app.middleware("http")
     async def check_key(request: Request, call_next):
-        if request.url.path in open_paths or _bearer_matches(request, api_key):
+        if route_path(request) in open_paths or _bearer_matches(request, api_key):
             return await call_next(request)
         response = error_response(
             OpenAIError(
@@ -31,6 +31,12 @@ def require_api_key(app: FastAPI, api_key: str, open_paths: Set[str]) -> None:
         )
         response.headers["WWW-Authenticate"] = "Bearer"
         return response
+
+
+def route_path(request: Request) -> str:
+    """The path the routes see: without --root-path's prefix when the client sent it."""
+    path, root = request.url.path, request.scope.get("root_path", "")
+    return path[len(root) :] if root and path.startswith(root) else path
 
 
 def _bearer_matches(request: Request, api_key: str) -> bool:

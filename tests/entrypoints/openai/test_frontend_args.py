@@ -43,7 +43,7 @@ def test_cli_lists_flatten_json_lists_and_plain_values_in_order():
         FrontendArgs.from_cli({"allowed_methods": ("[1]",)})
 
 
-def test_uvicorn_gets_tls_root_path_and_log_level(tmp_path):
+def test_uvicorn_gets_tls_and_log_level_and_the_app_the_root_path(tmp_path):
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
     key.write_text("k")
     cert.write_text("c")
@@ -54,7 +54,8 @@ def test_uvicorn_gets_tls_root_path_and_log_level(tmp_path):
         uvicorn_log_level="warning",
     )
     config = uvicorn_config(FastAPI(), "127.0.0.1", 8123, frontend)
-    assert (config.host, config.port, config.root_path) == ("127.0.0.1", 8123, "/llm")
+    # uvicorn would prefix root_path to every request's path; the app takes it instead.
+    assert (config.host, config.port, config.root_path) == ("127.0.0.1", 8123, "")
     assert (config.ssl_keyfile, config.ssl_certfile) == (str(key), str(cert))
     assert config.log_level == "warning"
     assert frontend.scheme == "https" and FrontendArgs().scheme == "http"
