@@ -21,6 +21,9 @@ _PUBLIC = {
     "CompletionOutput": "core.outputs",
     "EmbeddingOutput": "core.outputs",
     "EmbeddingRequestOutput": "core.outputs",
+    "ClassificationRequestOutput": "core.outputs",
+    "ScoringRequestOutput": "core.outputs",
+    "PoolingRequestOutput": "core.outputs",
     "PoolingParams": "core.pooling.params",
     "LLMEngine": "core.engine.llm_engine",
     "AsyncLLM": "core.engine.async_llm",
@@ -29,6 +32,7 @@ _PUBLIC = {
 
 __all__ = [
     "AsyncLLM",
+    "ClassificationRequestOutput",
     "CompletionOutput",
     "EmbeddingOutput",
     "EmbeddingRequestOutput",
@@ -37,8 +41,10 @@ __all__ = [
     "LLMEngine",
     "LoRARequest",
     "PoolingParams",
+    "PoolingRequestOutput",
     "RequestOutput",
     "SamplingParams",
+    "ScoringRequestOutput",
     "__version__",
 ]
 
@@ -49,10 +55,13 @@ if TYPE_CHECKING:
     from core.entrypoints.llm import LLM
     from core.lora.request import LoRARequest
     from core.outputs import (
+        ClassificationRequestOutput,
         CompletionOutput,
         EmbeddingOutput,
         EmbeddingRequestOutput,
+        PoolingRequestOutput,
         RequestOutput,
+        ScoringRequestOutput,
     )
     from core.pooling.params import PoolingParams
     from core.sampling_params import SamplingParams

@@ -81,7 +81,7 @@ class ModelConfig(_Config):
     seed: int = 0
     chat_template: str | None = None
     generation_config: str = "auto"
-    max_logprobs: int = Field(default=20, ge=0)
+    max_logprobs: int = Field(default=20, ge=-1)  # -1: no cap (vLLM's)
     revision: str | None = None  # a hub id's branch, tag or commit (downloaded, or cached)
     download_dir: str | None = None  # the HF cache hub ids download into (None: HF's)
     load_format: LoadFormat = "auto"  # the format the weights must be in
@@ -97,6 +97,9 @@ class ModelConfig(_Config):
     # The core.io_processors entry that turns raw request data into prompts and outputs
     # into responses (None: the checkpoint's config.json `io_processor_plugin`, if any).
     io_processor_plugin: str | None = None
+    # Sleep mode (vLLM's): LLM.sleep / POST /sleep free the KV cache and offload or drop the
+    # weights until woken (core.worker.sleep_mode).
+    enable_sleep_mode: bool = False
     # Whether the checkpoint's model takes images: read from it at start, not a flag.
     multimodal: bool = False
 
@@ -297,6 +300,9 @@ class ComponentConfig(_Config):
     attention_backend_config: dict[str, Any] = Field(default_factory=dict)
     sampler: str | None = None
     sampler_config: dict[str, Any] = Field(default_factory=dict)
+    # --logits-processors: LogitsProcessor classes ("module.path:Class") run besides the
+    # core.logits_processors plugins (core.sample.logits_processor_selector)
+    logits_processors: list[str] = Field(default_factory=list)
 
 
 class KVTransferConfig(_Config):
@@ -365,6 +371,14 @@ class PoolerConfig(_Config):
     normalize: bool | None = None
 
 
+class StructuredOutputsConfig(_Config):
+    """How structured outputs are constrained (vLLM's `structured_outputs_config`)."""
+
+    # The core.reasoning_parsers entry of --reasoning-parser: a grammar then constrains
+    # only the tokens after the model's reasoning ends (None: from the first token).
+    reasoning_parser: str | None = None
+
+
 class ObservabilityConfig(_Config):
     """What the server reports about itself."""
 
@@ -386,6 +400,7 @@ class EngineConfig(_Config):
     lora: LoRAConfig | None = None  # None: LoRA adapters are not enabled
     pooler: PoolerConfig | None = None  # None: --runner generate
     observability: ObservabilityConfig = Field(default_factory=ObservabilityConfig)
+    structured_outputs: StructuredOutputsConfig = Field(default_factory=StructuredOutputsConfig)
 
     def freeze(self) -> EngineConfig:
         """A deep copy that refuses changes (assignments were validated as they happened)."""

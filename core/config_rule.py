@@ -14,7 +14,7 @@ from core.config import CompilationConfig, CUDAGraphMode, EngineConfig
 from core.pooling.runner import CheckpointPooling
 
 __all__ = [
-    "ASYNC_SCHEDULING", "COMPILED", "LORA", "PIPELINE", "POOLING", "SPECULATIVE",
+    "ASYNC_SCHEDULING", "COMPILED", "LORA", "PIPELINE", "POOLING", "SLEEP_MODE", "SPECULATIVE",
     "Check", "ConfigFacts", "Rule", "compile_flag", "compiles", "enabled",
 ]  # fmt: skip
 
@@ -64,6 +64,7 @@ EXPERTS_ACROSS_ENGINES = "--enable-expert-parallel with --data-parallel-size > 1
 KV_TRANSFER = "--kv-transfer-config"
 MULTIMODAL = "a multimodal model (images in)"
 ASYNC_SCHEDULING = "--async-scheduling"
+SLEEP_MODE = "--enable-sleep-mode"
 
 _ENABLED: dict[str, Callable[[EngineConfig], bool]] = {
     LORA: lambda config: config.lora is not None,
@@ -74,6 +75,7 @@ _ENABLED: dict[str, Callable[[EngineConfig], bool]] = {
     KV_TRANSFER: lambda config: config.kv_transfer.kv_connector is not None,
     MULTIMODAL: lambda config: config.model.multimodal,
     ASYNC_SCHEDULING: lambda config: config.scheduler.async_scheduling,
+    SLEEP_MODE: lambda config: config.model.enable_sleep_mode,
 }
 
 

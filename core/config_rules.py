@@ -29,6 +29,7 @@ from core.config_rule import (
     MULTIMODAL,
     PIPELINE,
     POOLING,
+    SLEEP_MODE,
     SPECULATIVE,
     Check,
     ConfigFacts,
@@ -420,7 +421,7 @@ def _whole_prompt_rule(name: str, section: str, key: str) -> None:
         part.set_default(key, False)
         return f"{off}: {reason} needs every prompt token computed in one forward"
 
-    refuses = f"{flag} where the pooling needs whole prompts (CLS, MEAN, an encoder)"
+    refuses = f"{flag} where the pooling needs whole prompts (CLS, MEAN, an encoder, token-wise)"
     default = f"the pooling runner turns {flag[2:]} off"
     _RULES.append(Rule(name, (POOLING, flag), refuses, off, check, yields, default))
 
@@ -527,5 +528,17 @@ _eager_only("multimodal-eager", MULTIMODAL, _UNCOMPILED_MESSAGE)
 _eager_only("pipeline-eager", PIPELINE, _UNCOMPILED_MESSAGE)
 # The experts' all-to-all exchange has sizes that depend on each step's routing.
 _eager_only("experts-across-engines-eager", EXPERTS_ACROSS_ENGINES, _UNCOMPILED_MESSAGE)
+# Sleep regrows the weights' and the KV cache's storages: captured graphs would keep reading
+# the old addresses (core.worker.sleep_mode).
+_eager_only("sleep-mode-eager", SLEEP_MODE, _UNCOMPILED_MESSAGE)
+
+_SLEEP_MESSAGE = "{flag} with sleep mode (--enable-sleep-mode) is not built yet; {remedy}"
+# A draft model's weights are not the target's: sleep would leave them in memory.
+_not_built("sleep-mode-speculative", SLEEP_MODE, SPECULATIVE, "drop one of them", _SLEEP_MESSAGE)
+# A sleeping engine would leave the other engines waiting in their lock-step forwards.
+_not_built(
+    "sleep-mode-experts-across-engines", SLEEP_MODE, EXPERTS_ACROSS_ENGINES, "drop one of them",
+    _SLEEP_MESSAGE,
+)  # fmt: skip
 
 RULES: tuple[Rule, ...] = tuple(_RULES)

@@ -7,6 +7,7 @@ conflicts with one of them, the default yields (core.config_rules).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, get_args
@@ -33,6 +34,7 @@ from core.quantization.selector import (
     keeps_blocks,
     resolve_quantization,
 )
+from core.reasoning.selector import reasoning_parser_class
 from core.spec_decode.selector import check_speculative_config
 
 if TYPE_CHECKING:
@@ -106,6 +108,12 @@ class EngineArgs:
     io_processor_plugin: str | None = _option(
         "model", "io_processor_plugin", "--io-processor-plugin",
         "the core.io_processors plugin turning raw request data into prompts and responses",
+    )  # fmt: skip
+    enable_sleep_mode: bool | None = _option(
+        "model", "enable_sleep_mode", "--enable-sleep-mode",
+        "allow sleep (LLM.sleep, POST /sleep): free the KV cache and offload or drop the "
+        "weights until woken",
+        is_flag=True, default=None,
     )  # fmt: skip
     block_size: int | None = _option(
         "cache", "block_size", "--block-size", "tokens per KV block", type=int
@@ -241,6 +249,12 @@ class EngineArgs:
     sampler_config: str | dict | None = _option(
         "components", "sampler_config", "--sampler-config", "JSON kwargs"
     )
+    logits_processors: list[str | type] | None = _option(
+        "components", "logits_processors", "--logits-processors",
+        "LogitsProcessor classes (module.path:Class or module.path.Class) run besides the "
+        "core.logits_processors plugins; several after one flag, or the flag repeated",
+        multiple=True, metavar="CLASS...",
+    )  # fmt: skip
     kv_transfer_config: str | dict | None = _option(
         "kv_transfer",
         "",
@@ -271,6 +285,13 @@ class EngineArgs:
         "observability", "metrics_prefix", "--metrics-prefix",
         "prefix of the /metrics families: vllm (vLLM's dashboards work unchanged) or core",
         type=click.Choice(["vllm", "core"]),
+    )  # fmt: skip
+    reasoning_parser: str | None = _option(
+        "structured_outputs", "reasoning_parser", "--reasoning-parser",
+        "how a reasoning model's thinking is read from its output: deepseek_r1, qwen3, or a "
+        "plugin's (core.reasoning_parsers); chat answers carry it as reasoning_content, and "
+        "structured outputs constrain only what follows it",
+        metavar="NAME",
     )  # fmt: skip
 
     def config_sections(self) -> dict[str, dict[str, Any]]:
@@ -327,6 +348,8 @@ class EngineArgs:
         validate(config, facts)
         if config.speculative is not None:
             check_speculative_config(config.speculative)
+        if config.structured_outputs.reasoning_parser is not None:
+            reasoning_parser_class(config.structured_outputs.reasoning_parser)
         return config.freeze()
 
     def _explicit_config(self) -> EngineConfig:
@@ -354,7 +377,8 @@ class EngineArgs:
     def from_cli(cls, options: dict[str, Any]) -> EngineArgs:
         """EngineArgs from click's parsed options (extra keys are ignored)."""
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in options.items() if k in names})
+        # A repeatable flag not given parses as (): not given, like every other option.
+        return cls(**{k: v for k, v in options.items() if k in names and v != ()})
 
 
 def _derive_defaults(
@@ -471,6 +495,32 @@ def _set_load_format(sections: dict[str, dict[str, Any]], meta: Any, value: str)
     _assign(sections, meta, value)
 
 
+def _set_logits_processors(sections: dict[str, dict[str, Any]], meta: Any, value: Any) -> None:
+    """--logits-processors: class names as given, and classes (LLM's keyword) by the name
+    that imports them again in the worker, which gets the configuration as JSON."""
+    if isinstance(value, str | type) or not isinstance(value, list | tuple):
+        raise ValueError(f"logits_processors must be a list of classes or names, got {value!r}")
+    sections[meta["section"]][meta["key"]] = [_class_name(item) for item in value]
+
+
+def _class_name(item: Any) -> str:
+    if isinstance(item, str):
+        return item
+    if not isinstance(item, type):
+        raise ValueError(f"logits_processors entries must be classes or names, got {item!r}")
+    name = f"{item.__module__}:{item.__qualname__}"
+    module = sys.modules.get(item.__module__)
+    found: Any = module
+    for attribute in item.__qualname__.split("."):
+        found = getattr(found, attribute, None)
+    if found is not item:  # defined in a function: no name finds it
+        raise ValueError(
+            f"logits_processors: {item.__qualname__} cannot be imported by name ({name}); "
+            "define it at the top level of a module"
+        )
+    return name
+
+
 def _flag_only(sections: dict[str, dict[str, Any]], meta: Any, value: Any) -> None:
     """A switch read by create_engine_config itself (--enable-lora), no config key."""
 
@@ -489,6 +539,7 @@ _CONVERTERS: dict[str, Callable[..., None]] = {
     "kv_cache_memory": _set_size,
     "kv_cache_memory_bytes": _set_bytes,
     "load_format": _set_load_format,
+    "logits_processors": _set_logits_processors,
 }
 
 

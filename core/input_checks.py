@@ -10,16 +10,18 @@ a ValueError naming its field instead of a TypeError deep in a library:
   decodes to one code point and is fine.)
 - JSON data nests at most ``MAX_JSON_DEPTH`` containers deep (see there). The check walks
   the data with an explicit stack, so it cannot itself run out of recursion.
+- An error about many bad values names the first few and counts the rest (`first_few`),
+  so its size stays bounded whatever the input's.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["MAX_JSON_DEPTH", "check_json_data", "check_text", "parse_json_text"]
+__all__ = ["MAX_JSON_DEPTH", "check_json_data", "check_text", "first_few", "parse_json_text"]
 
 MAX_JSON_DEPTH = 64
 """The most containers (objects, arrays) JSON input may nest. Real payloads (template
@@ -47,6 +49,18 @@ def check_text(text: str, where: str) -> None:
             f"{subject} a lone surrogate (U+{ord(found.group()):04X} at character "
             f"{found.start()}), which is not valid Unicode"
         )
+
+
+def first_few(values: Sequence[object], limit: int = 5) -> str:
+    """How an error quotes bad values: the first `limit` as a list, then how many more
+    (``['a', 'b'] and 3 more``); a string longer than 40 characters is cut short."""
+    shown = [_shortened(v) if isinstance(v, str) else v for v in values[:limit]]
+    more = len(values) - limit
+    return f"{shown!r} and {more} more" if more > 0 else repr(shown)
+
+
+def _shortened(text: str) -> str:
+    return text if len(text) <= 40 else text[:40] + "..."
 
 
 def check_json_data(value: object, where: str) -> None:

@@ -13,11 +13,13 @@ round trip.
 
 The child is a fresh interpreter (`python -m core.isolated_render`), started on first use
 and again after it died; requests and answers travel over its stdin and stdout as
-length-prefixed msgpack.
+length-prefixed JSON, which carries lone surrogates as escapes (the sandbox's own checks
+then name them, as in-process).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import select
@@ -26,8 +28,6 @@ import subprocess
 import sys
 import threading
 from typing import Any
-
-import msgspec
 
 from core.chat_template import MAX_RENDER_SECONDS, render_chat_template
 
@@ -52,8 +52,8 @@ class IsolatedRenderer:
 
     def render(self, **kwargs: Any) -> str:
         try:
-            request = msgspec.msgpack.encode(kwargs)
-        except (TypeError, UnicodeEncodeError) as exc:
+            request = json.dumps(kwargs).encode()
+        except (TypeError, ValueError, RecursionError) as exc:
             raise ValueError(f"chat template inputs must be JSON data: {exc}") from exc
         with self._lock:
             child = self._running_child()
@@ -66,7 +66,7 @@ class IsolatedRenderer:
                     "chat template failed to render: its process was stopped (it ran past "
                     f"{timeout:.0f} s or out of memory)"
                 )
-        text, error = msgspec.msgpack.decode(answer)
+        text, error = json.loads(answer)
         if error is not None:
             raise ValueError(error)
         return text
@@ -128,12 +128,12 @@ def _serve() -> None:
     source, sink = sys.stdin.buffer, sys.stdout.buffer
     while (request := _read(source, timeout_s=None)) is not None:
         try:
-            answer = (render_chat_template(**msgspec.msgpack.decode(request)), None)
+            answer = (render_chat_template(**json.loads(request)), None)
         except ValueError as exc:
             answer = (None, str(exc))
         except MemoryError:
             answer = (None, "chat template failed to render: it ran out of memory")
-        _write(sink, msgspec.msgpack.encode(answer))
+        _write(sink, json.dumps(answer).encode())
 
 
 if __name__ == "__main__":

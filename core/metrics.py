@@ -32,6 +32,7 @@ from prometheus_client import (
 from core.config import EngineConfig
 from core.engine.protocol import FinishReason, SchedulerStats, SpecDecodingStats
 from core.engine.stats import FinishedRequestStats, IterationStats
+from core.kv_cache.budget import kv_cache_capacity
 
 __all__ = ["EngineMetrics"]
 
@@ -52,6 +53,11 @@ _REQUEST_LATENCY_BUCKETS = (
     240.0, 480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
 _ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+_N_BUCKETS = (1, 2, 5, 10, 20)
+_PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
+# num_requests_waiting_by_reason's reasons (core.scheduler.waiting_reasons): they add up
+# to num_requests_waiting.
+_CAPACITY, _DEFERRED = "capacity", "deferred"
 # One KV transfer: a host-memory copy takes under a millisecond, a disk or network one
 # of a long prompt seconds.
 _KV_TRANSFER_BUCKETS = (
@@ -122,6 +128,16 @@ class EngineMetrics:
         self._waiting = self._family(
             Gauge, "num_requests_waiting", "Number of requests waiting to be processed."
         )
+        self._waiting_by_reason = Gauge(
+            self.name("num_requests_waiting_by_reason"),
+            "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for "
+            "scheduling capacity; 'deferred' = deferred by transient constraints (LoRA "
+            "budget, KV transfer, grammar compilation). Sum of all reasons equals "
+            f"{self.name('num_requests_waiting')}.",
+            [*_LABELS, "reason"],
+            registry=self.registry,
+        )
+        self._set_waiting_by_reason(self._engines, 0, 0)
         self._kv_usage = self._family(
             Gauge, "kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."
         )
@@ -231,11 +247,34 @@ class EngineMetrics:
             self._request_histograms[field] = self._family(
                 Histogram, family, doc, buckets=token_buckets
             )
+        # Per finished request, observed unless None (see FinishedRequestStats).
+        self._request_histograms |= {
+            "num_preemptions": self._family(
+                Histogram, "request_num_preemptions",
+                "Histogram of the number of preemptions of each finished request.",
+                buckets=_PREEMPTION_BUCKETS,
+            ),
+            "max_tokens_param": self._family(
+                Histogram, "request_params_max_tokens",
+                "Histogram of the max_tokens request parameter.", buckets=token_buckets,
+            ),
+            "n_param": self._family(
+                Histogram, "request_params_n", "Histogram of the n request parameter.",
+                buckets=_N_BUCKETS,
+            ),
+        }  # fmt: skip
 
     def _cache_config_info(self, config: EngineConfig, num_gpu_blocks: int | None) -> None:
-        """vLLM's cache_config_info: a gauge at 1 whose labels are the cache settings."""
+        """vLLM's cache_config_info: a gauge at 1 whose labels are the cache settings and
+        what each engine's blocks hold ("None" while unknown)."""
         info = {key: str(value) for key, value in config.cache.model_dump().items()}
+        capacity = (None, None)
+        if num_gpu_blocks is not None and config.model.max_model_len is not None:
+            capacity = kv_cache_capacity(
+                num_gpu_blocks, config.cache.block_size, config.model.max_model_len
+            )
         info["num_gpu_blocks"] = str(num_gpu_blocks)
+        info["kv_cache_size_tokens"], info["kv_cache_max_concurrency"] = map(str, capacity)
         gauge = Gauge(
             self.name("cache_config_info"),
             "Information of the LLMEngine CacheConfig",
@@ -276,6 +315,8 @@ class EngineMetrics:
         labels = (self._model_name, str(engine_index))
         self._running.labels(*labels).set(stats.num_running)
         self._waiting.labels(*labels).set(stats.num_waiting)
+        deferred = stats.num_waiting_deferred
+        self._set_waiting_by_reason([labels[1]], stats.num_waiting - deferred, deferred)
         self._kv_usage.labels(*labels).set(stats.kv_cache_usage)
         self._encoder_usage.labels(*labels).set(stats.encoder_cache_usage)
         if stats.expert_imbalance is not None:
@@ -313,8 +354,14 @@ class EngineMetrics:
             labels = (self._model_name, engine)
             for gauge in (self._running, self._waiting, self._kv_usage, self._encoder_usage):
                 gauge.labels(*labels).set(0)
+        self._set_waiting_by_reason(self._engines, 0, 0)
         if self._lora is not None:
             self._lora.clear()
+
+    def _set_waiting_by_reason(self, engines: list[str], capacity: int, deferred: int) -> None:
+        for engine in engines:
+            for reason, count in ((_CAPACITY, capacity), (_DEFERRED, deferred)):
+                self._waiting_by_reason.labels(self._model_name, engine, reason).set(count)
 
     def render(self) -> tuple[bytes, str]:
         """The text exposition of every family and its content type."""

@@ -1,10 +1,13 @@
-"""What `LLM.generate` / `LLM.embed` / `LLM.encode` return and `AsyncLLM` streams, shaped like
-vLLM's outputs."""
+"""What `LLM.generate` / `LLM.embed` / `LLM.classify` / `LLM.score` / `LLM.encode` return and
+`AsyncLLM` streams, shaped like vLLM's outputs."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -61,15 +64,50 @@ class EmbeddingOutput:
 
 
 @dataclass
-class EmbeddingRequestOutput:
-    """What `LLM.embed` returns for one prompt (vLLM's shape): the vector at
-    `.outputs.embedding`. `outputs` is None only for a request aborted before it was pooled."""
+class ClassificationOutput:
+    probs: list[float]  # one per label (raw logits when the request turned activation off)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+
+@dataclass
+class ScoringOutput:
+    score: float  # a text pair's relevance (core.pooling.tasks: how each model scores)
+
+
+@dataclass
+class PoolingOutput:
+    data: torch.Tensor  # a token-wise task's output: [num_prompt_tokens, num_labels]
+
+
+_O = TypeVar("_O")
+
+
+@dataclass
+class PoolingRequestOutput(Generic[_O]):
+    """What a pooled prompt gives (vLLM's shape): its task's output at `.outputs`, None
+    only for a request aborted before it was pooled. `LLM.encode` returns these."""
 
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
-    outputs: EmbeddingOutput | None
+    outputs: _O | None
     finished: bool = True
+
+
+class EmbeddingRequestOutput(PoolingRequestOutput[EmbeddingOutput]):
+    """What `LLM.embed` returns for one prompt: the vector at `.outputs.embedding`."""
+
+
+class ClassificationRequestOutput(PoolingRequestOutput[ClassificationOutput]):
+    """What `LLM.classify` returns for one prompt: the label probabilities at
+    `.outputs.probs`."""
+
+
+class ScoringRequestOutput(PoolingRequestOutput[ScoringOutput]):
+    """What `LLM.score` returns for one pair: `.outputs.score`."""
 
 
 @dataclass

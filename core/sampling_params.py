@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from core.input_checks import check_json_data, parse_json_text
+from core.input_checks import check_json_data, first_few, parse_json_text
 
 __all__ = ["SAMPLING_EPS", "SamplingParams", "SamplingType", "StructuredOutputsParams"]
 
@@ -99,8 +99,8 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
-    logprobs: int | None = None
-    prompt_logprobs: int | None = None
+    logprobs: int | None = None  # -1: every token of the vocabulary (vLLM's)
+    prompt_logprobs: int | None = None  # -1: every token of the vocabulary (vLLM's)
     seed: int | None = None
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
@@ -142,21 +142,29 @@ class SamplingParams(msgspec.Struct, kw_only=True):
         return ids
 
     def verify(self, max_logprobs: int, vocab_size: int) -> None:
-        """Check what depends on the engine: the logprobs cap and the token-id range.
+        """Check what depends on the engine: the logprobs cap (-1: none) and the token-id
+        range.
 
         The frontend calls this before the request reaches the engine core, so the
         sampler may index tensors with every token id found here without further checks.
         """
+        cap = vocab_size if max_logprobs == -1 else max_logprobs
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            if value is not None and value > max_logprobs:
-                raise ValueError(f"{name} must be <= max_logprobs ({max_logprobs}), got {value}")
+            if value is not None and (vocab_size if value == -1 else value) > cap:
+                asked = f"-1 (the whole vocabulary, {vocab_size})" if value == -1 else value
+                raise ValueError(f"{name} must be <= max_logprobs ({max_logprobs}), got {asked}")
         for name, ids in self._token_id_fields():
             bad = [i for i in ids if i >= vocab_size]
             if bad:
-                raise ValueError(
-                    f"{name} must hold token ids < vocab_size ({vocab_size}), got {bad[0]}"
-                )
+                raise ValueError(_out_of_vocabulary(name, bad, vocab_size))
+
+    def resolve_whole_vocabulary(self, vocab_size: int) -> None:
+        """Turn -1 ("every token") in logprobs and prompt_logprobs into `vocab_size`, the
+        count the engine computes with; after `verify`."""
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) == -1:
+                setattr(self, name, vocab_size)
 
     def resolve_bad_words(self, encode: Callable[[str], list[int]]) -> None:
         """Fill ``bad_words_token_ids`` from ``bad_words``.
@@ -244,7 +252,7 @@ class SamplingParams(msgspec.Struct, kw_only=True):
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None:
-                _require(value >= 0, name, "must be None or >= 0", value)
+                _require(value >= -1, name, "must be None, -1 (every token) or >= 0", value)
 
     def _check_seed(self) -> None:
         if self.seed is not None:
@@ -274,6 +282,17 @@ class SamplingParams(msgspec.Struct, kw_only=True):
             ("allowed_token_ids", list(self.allowed_token_ids or ())),
             ("bad_words_token_ids", [i for seq in self.bad_words_token_ids or () for i in seq]),
         ]
+
+
+def _out_of_vocabulary(field: str, bad_ids: list[int], vocab_size: int) -> str:
+    """The error for token ids past the vocabulary, naming every one (up to a few): in
+    vLLM's words for logit_bias, the one field whose error vLLM words so."""
+    if field == "logit_bias":
+        return (
+            f"logit_bias: token_id(s) {first_few(bad_ids)} in logit_bias contain out-of-vocab "
+            f"token ids. Vocabulary size: {vocab_size}"
+        )
+    return f"{field} must hold token ids < vocab_size ({vocab_size}), got {first_few(bad_ids)}"
 
 
 def _require(ok: bool, field: str, reason: str, value: object) -> None:

@@ -185,6 +185,13 @@ class Tokenizer:
         tokenizer_config.json (e.g. model_max_length)."""
         directory = Path(directory)
         self._backend.save(str(directory / "tokenizer.json"))
+        text = json.dumps({**self.config(), **config}, indent=2, ensure_ascii=False) + "\n"
+        (directory / "tokenizer_config.json").write_text(text, encoding="utf-8")
+
+    def config(self) -> dict[str, Any]:
+        """What transformers' tokenizer_config.json says of this tokenizer: its class (a fast
+        tokenizer over tokenizer.json), the named special tokens and the chat templates (one
+        string when there is only the default, else a list of named templates)."""
         templates = self._chat_templates
         if set(templates) <= {"default"}:
             chat_template: Any = templates.get("default")
@@ -194,11 +201,8 @@ class Tokenizer:
             "tokenizer_class": "PreTrainedTokenizerFast",
             **self._special_tokens,
             "chat_template": chat_template,
-            **config,
         }
-        written = {key: value for key, value in content.items() if value is not None}
-        text = json.dumps(written, indent=2, ensure_ascii=False) + "\n"
-        (directory / "tokenizer_config.json").write_text(text, encoding="utf-8")
+        return {key: value for key, value in content.items() if value is not None}
 
     @property
     def backend_tokenizer(self) -> tokenizers.Tokenizer:

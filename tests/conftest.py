@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import importlib
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from plugin_sources import install_distribution
 
 
 class SitePackages:
@@ -27,19 +27,7 @@ class SitePackages:
         modules: dict[str, str],
         version: str = "1.0",
     ) -> None:
-        for relpath, source in modules.items():
-            path = self.root / relpath
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(textwrap.dedent(source))
-        info = self.root / f"{name.replace('-', '_')}-{version}.dist-info"
-        info.mkdir()
-        metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-        (info / "METADATA").write_text(metadata + "Requires-Dist: core\n")
-        lines = []
-        for group, entries in entry_points.items():
-            lines.append(f"[{group}]")
-            lines += [f"{key} = {value}" for key, value in entries.items()]
-        (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+        install_distribution(self.root, name, entry_points, modules, version)
         importlib.invalidate_caches()
 
 

@@ -232,6 +232,18 @@ REFUSED: dict[str, tuple[Case, tuple[str, ...]]] = {
         Case({"optimization_level": 1, **EXPERTS_ACROSS_ENGINES}, GraphPlatform),
         ("-O1", "--enable-expert-parallel with --data-parallel-size > 1", "use -O0"),
     ),
+    "sleep-mode-eager": (
+        Case({"optimization_level": 2, "enable_sleep_mode": True}, GraphPlatform),
+        ("-O2", "--enable-sleep-mode", "use -O0 or --enforce-eager"),
+    ),
+    "sleep-mode-speculative": (
+        Case({"enable_sleep_mode": True, "speculative_config": NGRAM}),
+        ("--speculative-config", "--enable-sleep-mode", "drop one of them"),
+    ),
+    "sleep-mode-experts-across-engines": (
+        Case({"enable_sleep_mode": True, **EXPERTS_ACROSS_ENGINES}),
+        ("--enable-expert-parallel with --data-parallel-size > 1", "--enable-sleep-mode"),
+    ),
 }
 
 
@@ -282,6 +294,7 @@ YIELDED: dict[str, tuple[Case, Callable[[EngineConfig], bool]]] = {
     "multimodal-eager": (Case({}, GraphPlatform, model=MULTIMODAL), _eager),
     "pipeline-eager": (Case({"pipeline_parallel_size": 2}, GraphPlatform), _eager),
     "experts-across-engines-eager": (Case(EXPERTS_ACROSS_ENGINES, GraphPlatform), _eager),
+    "sleep-mode-eager": (Case({"enable_sleep_mode": True}, GraphPlatform), _eager),
 }
 
 

@@ -80,6 +80,7 @@ CASES = {
     "io_processor_plugin": Case(
         ("--io-processor-plugin", "my_plugin"), sets="config.model.io_processor_plugin"
     ),
+    "enable_sleep_mode": Case(("--enable-sleep-mode",), sets="config.model.enable_sleep_mode"),
     "kv_cache_memory_bytes": Case(
         ("--kv-cache-memory-bytes", "1000000"), sets="config.cache.kv_cache_memory_bytes"
     ),
@@ -169,6 +170,18 @@ CASES = {
         ("--enable-log-requests", "--max-log-len", "40"), sets="frontend.max_log_len"
     ),
     "disable_log_stats": Case(("--disable-log-stats",), sets="frontend.disable_log_stats"),
+    "enable_tokenizer_info_endpoint": Case(
+        ("--enable-tokenizer-info-endpoint",), sets="frontend.enable_tokenizer_info_endpoint"
+    ),
+    "enable_server_load_tracking": Case(
+        ("--enable-server-load-tracking",), sets="frontend.enable_server_load_tracking"
+    ),
+    "enable_force_include_usage": Case(
+        ("--enable-force-include-usage",), sets="frontend.enable_force_include_usage"
+    ),
+    "enable_prompt_tokens_details": Case(
+        ("--enable-prompt-tokens-details",), sets="frontend.enable_prompt_tokens_details"
+    ),
     "trust_request_chat_template": Case(
         ("--trust-request-chat-template",), sets="frontend.trust_request_chat_template"
     ),
@@ -177,6 +190,9 @@ CASES = {
     ),
     "max_request_body_bytes": Case(
         ("--max-request-body-bytes", "1000"), sets="frontend.max_request_body_bytes"
+    ),
+    "max_sequences_per_request": Case(
+        ("--max-sequences-per-request", "64"), sets="frontend.max_sequences_per_request"
     ),
     "shutdown_timeout": Case(("--shutdown-timeout", "2.5"), sets="frontend.shutdown_timeout"),
     # Without --api-key it is refused before the engine starts: see test_auth.py.
@@ -219,6 +235,10 @@ CASES = {
     "sampler_config": Case(
         ("--sampler-config", '{"k": 1}'), sets="config.components.sampler_config"
     ),
+    "logits_processors": Case(
+        ("--logits-processors", "core.sample.logit_softcap:SoftcapLogitsProcessor", "b.c:D"),
+        sets="config.components.logits_processors",
+    ),
     "kv_transfer_config": Case(
         ("--kv-transfer-config", '{"kv_connector": "x", "kv_role": "kv_both"}'),
         sets="config.kv_transfer",
@@ -237,6 +257,9 @@ CASES = {
     ),
     "metrics_prefix": Case(
         ("--metrics-prefix", "core"), sets="config.observability.metrics_prefix"
+    ),
+    "reasoning_parser": Case(
+        ("--reasoning-parser", "deepseek_r1"), sets="config.structured_outputs.reasoning_parser"
     ),
 }
 

@@ -6,7 +6,13 @@ import json
 
 import pytest
 
-from core.input_checks import MAX_JSON_DEPTH, check_json_data, check_text, parse_json_text
+from core.input_checks import (
+    MAX_JSON_DEPTH,
+    check_json_data,
+    check_text,
+    first_few,
+    parse_json_text,
+)
 
 LONE = json.loads('"ab\\ud800"')  # what a client's JSON escape decodes to
 
@@ -88,3 +94,10 @@ def test_parse_json_text_gives_the_value_or_a_value_error_naming_where():
     for levels in (5000, 65):
         with pytest.raises(ValueError, match="^args is nested deeper than 64 levels$"):
             parse_json_text("[" * levels + "]" * levels, "args")
+
+
+def test_an_error_quotes_the_first_five_values_and_counts_the_rest_cut_short():
+    assert first_few([3, 1]) == "[3, 1]"
+    assert first_few(list(range(7))) == "[0, 1, 2, 3, 4] and 2 more"
+    assert first_few(["a", "b" * 41], limit=1) == "['a'] and 1 more"
+    assert first_few(["b" * 41]) == "['" + "b" * 40 + "...']"

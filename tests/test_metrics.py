@@ -27,6 +27,7 @@ MODEL = "SmolLM2-135M-Instruct"
 VLLM_FAMILIES = {
     "num_requests_running": "gauge",
     "num_requests_waiting": "gauge",
+    "num_requests_waiting_by_reason": "gauge",
     "kv_cache_usage_perc": "gauge",
     "prefix_cache_queries": "counter",
     "prefix_cache_hits": "counter",
@@ -55,6 +56,9 @@ VLLM_FAMILIES = {
     "request_decode_time_seconds": "histogram",
     "request_prompt_tokens": "histogram",
     "request_generation_tokens": "histogram",
+    "request_num_preemptions": "histogram",
+    "request_params_max_tokens": "histogram",
+    "request_params_n": "histogram",
     "cache_config_info": "gauge",
 }
 
@@ -98,7 +102,9 @@ def step(engine: int = 0, scheduler: SchedulerStats | None = None, **fields) -> 
     return IterationStats(engine, scheduler or scheduler_stats(), **fields)
 
 
-def finished(reason=FinishReason.LENGTH, prompt=4, generated=3, e2e=1.0, phases=(0.1, 0.2, 0.7)):
+def finished(
+    reason=FinishReason.LENGTH, prompt=4, generated=3, e2e=1.0, phases=(0.1, 0.2, 0.7), **more
+):
     queued, prefill, decode = phases
     return FinishedRequestStats(
         finish_reason=reason,
@@ -109,6 +115,7 @@ def finished(reason=FinishReason.LENGTH, prompt=4, generated=3, e2e=1.0, phases=
         prefill_time=prefill,
         decode_time=decode,
         inference_time=None if prefill is None else prefill + (decode or 0.0),
+        **more,
     )
 
 
@@ -280,6 +287,49 @@ def test_finished_requests_count_by_reason_with_their_phases():
     assert value(metrics, "request_generation_tokens_bucket", le="5.0") == 1
 
 
+def test_request_params_and_preemptions_are_observed_per_finished_request():
+    metrics = EngineMetrics(MODEL, config(model=ModelConfig(max_model_len=60)))
+    # One user request with n=2 and max_tokens=5: two samples, the last carries n; the
+    # first was preempted once. Then one with no max_tokens preempted 4 times.
+    samples_of_n2 = [
+        finished(num_preemptions=1, max_tokens_param=5),
+        finished(max_tokens_param=5, n_param=2),
+    ]
+    metrics.record(step(finished_requests=samples_of_n2))
+    metrics.record(step(finished_requests=[finished(num_preemptions=4, n_param=1)]))
+
+    def bucket(family: str, le: str) -> float:
+        return value(metrics, f"{family}_bucket", le=le)
+
+    assert value(metrics, "request_params_n_count") == 2  # once per user request
+    assert value(metrics, "request_params_n_sum") == 3
+    assert (bucket("request_params_n", "1.0"), bucket("request_params_n", "2.0")) == (1, 2)
+    assert value(metrics, "request_params_max_tokens_count") == 2  # once per sample
+    assert value(metrics, "request_params_max_tokens_sum") == 10
+    assert bucket("request_params_max_tokens", "2.0") == 0
+    assert bucket("request_params_max_tokens", "5.0") == 2
+    assert value(metrics, "request_num_preemptions_count") == 3  # every finished sample
+    assert value(metrics, "request_num_preemptions_sum") == 5
+    assert bucket("request_num_preemptions", "1.0") == 2  # 0 and 1
+    assert bucket("request_num_preemptions", "3.0") == 2
+    assert bucket("request_num_preemptions", "4.0") == 3
+
+
+def test_waiting_requests_split_by_reason_and_add_up_to_the_waiting_gauge():
+    metrics = EngineMetrics(MODEL, config(engines=2))
+    stats = scheduler_stats(waiting=5)
+    stats.num_waiting_deferred = 2
+    metrics.record(step(1, stats))
+    assert value(metrics, "num_requests_waiting_by_reason", "1", reason="capacity") == 3
+    assert value(metrics, "num_requests_waiting_by_reason", "1", reason="deferred") == 2
+    assert value(metrics, "num_requests_waiting", "1") == 5
+    for reason in ("capacity", "deferred"):  # engine 0 reported nothing: its series at 0
+        assert value(metrics, "num_requests_waiting_by_reason", "0", reason=reason) == 0
+    metrics.record_engine_death()
+    for reason in ("capacity", "deferred"):
+        assert value(metrics, "num_requests_waiting_by_reason", "1", reason=reason) == 0
+
+
 def test_aborted_requests_count_without_a_step_or_the_phases_they_never_reached():
     metrics = EngineMetrics(MODEL, config())
     queued_only = finished(FinishReason.ABORT, generated=0, e2e=0.05, phases=(None, None, None))
@@ -303,11 +353,17 @@ def test_buckets_are_vllms():
     assert bounds("e2e_request_latency_seconds")[-2:] == ["7680.0", "+Inf"]
     assert bounds("iteration_tokens_total")[-2:] == ["16384.0", "+Inf"]
     assert bounds("request_prompt_tokens") == ["1.0", "2.0", "5.0", "10.0", "20.0", "50.0", "+Inf"]
+    assert bounds("request_params_max_tokens") == bounds("request_prompt_tokens")
+    assert bounds("request_params_n") == ["1.0", "2.0", "5.0", "10.0", "20.0", "+Inf"]
+    assert bounds("request_num_preemptions") == [
+        "1.0", "2.0", "3.0", "4.0", "5.0", "10.0", "20.0", "+Inf"
+    ]  # fmt: skip
 
 
 def test_cache_config_info_shows_the_cache_settings_and_blocks_per_engine():
     cache = CacheConfig(block_size=4, enable_prefix_caching=False)
-    metrics = EngineMetrics(MODEL, config(engines=2, cache=cache), num_gpu_blocks=321)
+    model = ModelConfig(max_model_len=99)
+    metrics = EngineMetrics(MODEL, config(engines=2, cache=cache, model=model), num_gpu_blocks=321)
     infos = [
         dict(labels) for (name, labels), v in samples(metrics).items()
         if name == "vllm:cache_config_info" and v == 1
@@ -317,6 +373,17 @@ def test_cache_config_info_shows_the_cache_settings_and_blocks_per_engine():
         assert info["model_name"] == MODEL
         assert (info["block_size"], info["num_gpu_blocks"]) == ("4", "321")
         assert info["enable_prefix_caching"] == "False"
+        # 320 blocks (block 0 holds no tokens) of 4 tokens; a request of 99 tokens takes 25.
+        assert info["kv_cache_size_tokens"] == "1280"
+        assert float(info["kv_cache_max_concurrency"]) == 12.8
+
+
+def test_cache_config_info_capacity_is_unknown_without_the_blocks():
+    (info,) = [
+        dict(labels) for (name, labels), _ in samples(EngineMetrics(MODEL, config())).items()
+        if name == "vllm:cache_config_info"
+    ]  # fmt: skip
+    assert info["kv_cache_size_tokens"] == info["kv_cache_max_concurrency"] == "None"
 
 
 def test_two_instances_keep_separate_registries():

@@ -1,6 +1,7 @@
 """SamplingParams: validation names the bad field, normalization, msgspec round trips."""
 
 import math
+import re
 
 import msgspec
 import pytest
@@ -25,8 +26,8 @@ from core.sampling_params import SamplingParams, SamplingType, StructuredOutputs
         ("repetition_penalty", 0.0, "must be > 0"),
         ("max_tokens", 0, "must be >= 1"),
         ("min_tokens", -1, "must be >= 0"),
-        ("logprobs", -1, "must be None or >= 0"),
-        ("prompt_logprobs", -1, "must be None or >= 0"),
+        ("logprobs", -2, "must be None, -1 (every token) or >= 0"),
+        ("prompt_logprobs", -2, "must be None, -1 (every token) or >= 0"),
         ("seed", 2**64, "must fit in 64 bits"),
         ("stop_token_ids", [3, -1], "must hold token ids >= 0"),
         ("allowed_token_ids", [], "must not be empty"),
@@ -121,7 +122,6 @@ def test_verify_caps_logprobs_at_max_logprobs():
     ("field", "value"),
     [
         ("stop_token_ids", [100]),
-        ("logit_bias", {100: 1.0}),
         ("allowed_token_ids", [3, 100]),
         ("bad_words_token_ids", [[1, 100]]),
     ],
@@ -129,6 +129,19 @@ def test_verify_caps_logprobs_at_max_logprobs():
 def test_verify_rejects_token_ids_outside_the_vocabulary(field, value):
     with pytest.raises(ValueError, match=rf"^{field} must hold token ids < vocab_size \(100\)"):
         SamplingParams(**{field: value}).verify(max_logprobs=20, vocab_size=100)
+
+
+def test_verify_names_every_out_of_vocabulary_id_up_to_five():
+    params = SamplingParams(allowed_token_ids=[3, *range(100, 107)])
+    with pytest.raises(ValueError, match=r"got \[100, 101, 102, 103, 104\] and 2 more$"):
+        params.verify(max_logprobs=20, vocab_size=100)
+    # vLLM's words for logit_bias, after the field
+    message = (
+        "logit_bias: token_id(s) [100, 250] in logit_bias contain out-of-vocab token ids. "
+        "Vocabulary size: 100"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        SamplingParams(logit_bias={5: 1.0, 100: 1.0, 250: 1.0}).verify(20, vocab_size=100)
 
 
 def test_resolve_bad_words_encodes_with_and_without_leading_space():

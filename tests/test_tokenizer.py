@@ -278,6 +278,11 @@ def test_strftime_now_renders_current_date(smollm):
     ],
 )
 def test_sandbox_blocks_python_internals(smollm, template):
+    """In this process (a template the deployment trusts) and in the isolated renderer (one
+    passed as source): the sandbox refuses the same way."""
+    with pytest.raises(ValueError, match="SecurityError"):
+        smollm.apply_chat_template([{"role": "user", "content": "x"}], chat_template=template)
+    smollm.trust_chat_template(template)
     with pytest.raises(ValueError, match="SecurityError") as excinfo:
         smollm.apply_chat_template([{"role": "user", "content": "x"}], chat_template=template)
     assert isinstance(excinfo.value.__cause__, jinja2.exceptions.SecurityError)

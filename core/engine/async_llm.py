@@ -13,10 +13,12 @@ those given to `start`, whose `log()` runs every CORE_LOG_STATS_INTERVAL seconds
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import AsyncIterator, Sequence
 
 from core import envs
+from core.beam_search import BeamSearchParams, beam_search, request_output
 from core.config import UsageContext
 from core.engine.core_client import EngineDeadError, MPClient
 from core.engine.dp_client import DPClient
@@ -29,6 +31,8 @@ from core.engine.stats import IterationStats, StatsListener
 from core.engine_args import EngineArgs
 from core.lora.request import LoRARequest
 from core.outputs import RequestOutput
+from core.sampling_params import SamplingParams
+from core.worker.sleep_mode import check_sleep, wake_tags
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +50,9 @@ class AsyncLLM(EngineFrontend):
         self._log_task: asyncio.Task | None = None
         self._dead = asyncio.Event()
         self._aborting_all = False  # set by abort_all: every request is aborted once added
+        # Clear while the engine sleeps (or goes to sleep): new requests wait for it.
+        self._awake = asyncio.Event()
+        self._awake.set()
 
     @classmethod
     async def start(
@@ -102,6 +109,9 @@ class AsyncLLM(EngineFrontend):
         different salts never share prefix-cache blocks.
         """
         self.check_healthy()
+        if not self._awake.is_set():  # vLLM's: a request sent while the engine sleeps waits
+            await self._awake.wait()
+            self.check_healthy()
         if request_id in self._queues:
             # Refused before anything is registered: the request in flight under this id
             # keeps its queue and is never aborted on this one's behalf.
@@ -134,10 +144,68 @@ class AsyncLLM(EngineFrontend):
         added (a stopping server's deadline): each one's final output has finish_reason
         "abort", so whoever consumes it ends cleanly."""
         self._aborting_all = True
+        self._awake.set()  # those waiting for a sleeping engine end too
         await self._abort(list(self._queues))
 
     async def reset_prefix_cache(self) -> None:
         await self.client.utility("reset_prefix_cache")
+
+    async def beam_search(
+        self,
+        request_id: str,
+        prepared: PreparedRequest,
+        params: BeamSearchParams,
+        priority: int = 0,
+        lora_request: LoRARequest | None = None,
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Yield the one, final output of a beam search (core.beam_search) from `prepared`'s
+        prompt, which leaves room for `params.max_tokens`: `params.beam_width` outputs, best
+        first. Each step's beams run as requests of their own, concurrently, with this
+        request's priority, adapter and cache salt."""
+        step_ids = itertools.count()
+
+        async def run(beam: list[int], step_params: SamplingParams) -> RequestOutput:
+            step = self.processor.prepare(beam, step_params)
+            outputs = self.generate(
+                f"{request_id}-beam-{next(step_ids)}", step, RequestOutputKind.FINAL_ONLY,
+                priority, lora_request, cache_salt,
+            )  # fmt: skip
+            return [output async for output in outputs][-1]
+
+        async def step(beams: list[tuple[int, list[int]]], step_params: SamplingParams) -> list:
+            return await asyncio.gather(*(run(tokens, step_params) for _, tokens in beams))
+
+        prompt_ids = prepared.prompt_token_ids
+        [found] = await beam_search([prompt_ids], params, step, self.tokenizer.eos_token_id)
+        yield request_output(request_id, prepared.prompt, prompt_ids, found, self.tokenizer.decode)
+
+    async def sleep(self, level: int = 1) -> None:
+        """Sleep mode (--enable-sleep-mode; core.worker.sleep_mode): abort every request in
+        flight (vLLM's default mode), then have every worker free its KV cache and
+        offload (level 1) or drop (level 2) its weights. Requests sent meanwhile wait for
+        `wake_up`. ValueError, nothing done, without --enable-sleep-mode, for another
+        level, or for a level 2 that would lose state."""
+        check_sleep(self.config, level)
+        self._awake.clear()
+        await self._abort(list(self._queues))
+        try:
+            await self.client.call("sleep", level)
+        except ValueError:  # refused before anything slept
+            self._awake.set()
+            raise
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        """Bring back `tags` ("weights", "kv_cache"; None: both); once nothing sleeps, the
+        requests that waited go in. ValueError without --enable-sleep-mode or for
+        another tag."""
+        wake_tags(tags)
+        await self.client.call("wake_up", None if tags is None else list(tags))
+        if not await self.is_sleeping():
+            self._awake.set()
+
+    async def is_sleeping(self) -> bool:
+        return await self.client.call("is_sleeping")
 
     async def _output_loop(self) -> None:
         try:
@@ -162,6 +230,7 @@ class AsyncLLM(EngineFrontend):
         logger.error("%s; failing %d waiting requests", reason, len(self._queues))
         for queue in self._queues.values():
             queue.put_nowait(EngineDeadError(reason))
+        self._awake.set()  # those waiting for a sleeping engine fail too
         self._dead.set()
 
     def shutdown(self) -> None:

@@ -33,11 +33,14 @@ from core.model_loader import Checkpoint, resolve_model
 from core.models.arch_config import ArchConfig
 from core.platforms.interface import Platform
 from core.plugins.hooks import call_each
+from core.reasoning.selector import build_reasoning_parser
 from core.request import Request, RequestStatus
 from core.scheduler.scheduler import Scheduler
 from core.spec_decode.selector import proposer_class
 from core.structured_output.manager import StructuredOutputManager
+from core.structured_output.reasoning_gate import IsReasoningEnd
 from core.worker.contract import ModelRunnerOutput
+from core.worker.sleep_mode import TAGS, check_enabled, check_sleep, wake_tags
 
 if TYPE_CHECKING:
     from core.structured_output.xgrammar_backend import XgrammarBackend
@@ -64,6 +67,17 @@ def check_utility(name: str) -> None:
     """ValueError unless `name` is one of UTILITIES."""
     if name not in UTILITIES:
         raise ValueError(f"utility {name!r} is not one of {sorted(UTILITIES)}")
+
+
+# The EngineCore methods a client may call by name and wait for (EngineCoreClient.call):
+# they take arguments and answer; a ValueError refusing the arguments is the caller's.
+CALLS = frozenset({"sleep", "wake_up", "is_sleeping"})
+
+
+def check_call(name: str) -> None:
+    """ValueError unless `name` is one of CALLS."""
+    if name not in CALLS:
+        raise ValueError(f"call {name!r} is not one of {sorted(CALLS)}")
 
 
 def _num_lookahead_tokens(config: EngineConfig) -> int:
@@ -115,6 +129,19 @@ def _grammar_backend(config: EngineConfig, checkpoint: Checkpoint) -> XgrammarBa
     return XgrammarBackend(tokenizer, vocab_size)
 
 
+def _reasoning_end(config: EngineConfig, checkpoint: Checkpoint) -> IsReasoningEnd | None:
+    """--reasoning-parser's end-of-reasoning check, which holds grammars back until the
+    reasoning ends; None without one. Built at start: a tokenizer without the parser's
+    markers is an error then, not at the first structured request."""
+    from core.tokenizer import load_tokenizer
+
+    name = config.structured_outputs.reasoning_parser
+    if name is None:
+        return None
+    tokenizer = load_tokenizer(checkpoint, config.model.tokenizer)
+    return build_reasoning_parser(name, tokenizer).is_reasoning_end
+
+
 class EngineCore:
     def __init__(
         self,
@@ -132,7 +159,10 @@ class EngineCore:
         checkpoint = checkpoint or resolve_model(config.model.model)
         self.executor = _build_executor(config, platform, checkpoint)
         self.kv = self._init_kv_cache(platform)
-        self.grammars = StructuredOutputManager(partial(_grammar_backend, config, checkpoint))
+        self.grammars = StructuredOutputManager(
+            partial(_grammar_backend, config, checkpoint),
+            is_reasoning_end=_reasoning_end(config, checkpoint),
+        )
         self.scheduler = Scheduler(
             config,
             self.kv,
@@ -150,6 +180,8 @@ class EngineCore:
         self.lockstep = config.parallel.experts_span_engines
         # Lock-step: the tokens every engine scheduled in the last step (0: all were idle).
         self.tokens_across_dp: int | None = None
+        # Sleep mode: what of the workers is out of memory (core.worker.sleep_mode's tags).
+        self.sleeping: set[str] = set()
         self._seed_step_budget()
         self._call_hook("core_engine_started")
 
@@ -242,7 +274,7 @@ class EngineCore:
         pipeline parallelism a call may only start a step and return empty outputs; the
         step's tokens come with a later call. Token ids only: the frontend detokenizes.
         """
-        if not self.scheduler.has_unfinished_requests() and not self.lockstep:
+        if self.sleeping or not self.scheduler.has_unfinished_requests() and not self.lockstep:
             return EngineCoreOutputs()
         if self.batch_queue is not None:
             return self._step_with_batch_queue(self.batch_queue)
@@ -298,6 +330,42 @@ class EngineCore:
         """Run the maintenance call `name` (one of UTILITIES), as a client asks by name."""
         check_utility(name)
         getattr(self, name)()
+
+    def call(self, name: str, *args: Any) -> Any:
+        """Run the call `name` (one of CALLS) with `args`, as a client asks by name; its
+        answer."""
+        check_call(name)
+        return getattr(self, name)(*args)
+
+    # -- sleep mode (--enable-sleep-mode; the workers' side: core.worker.sleep_mode) ---------
+
+    def sleep(self, level: int = 1) -> None:
+        """Abort every request (vLLM's default "abort" mode), wait for the steps in flight,
+        forget the prefix cache, and have every worker free its KV cache and offload
+        (level 1) or drop (level 2) its weights. Until `wake_up` brings all of it back,
+        steps run nothing and new requests wait. ValueError (nothing sleeps) without
+        --enable-sleep-mode, for another level, or for a level 2 that would lose state."""
+        check_sleep(self.config, level)
+        self.abort_requests(list(self.scheduler.requests))
+        while self.batch_queue:  # their requests are gone: their outputs go nowhere
+            scheduler_output, wait = self.batch_queue.popleft()
+            self.scheduler.update_from_output(scheduler_output, wait())
+        if not self.reset_prefix_cache():
+            raise ValueError("sleep: KV transfers still hold cache blocks; try again later")
+        self.executor.collective_rpc("sleep", (level,))
+        self.sleeping = set(TAGS)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Bring back `tags` of what `sleep` freed ("weights", "kv_cache"; None: both);
+        requests run again once nothing sleeps. ValueError without --enable-sleep-mode or
+        for another tag."""
+        check_enabled(self.config)
+        woken = wake_tags(tags)
+        self.executor.collective_rpc("wake_up", (list(woken),))
+        self.sleeping -= set(woken)
+
+    def is_sleeping(self) -> bool:
+        return bool(self.sleeping)
 
     def shutdown(self) -> None:
         self.grammars.shutdown()

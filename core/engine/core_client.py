@@ -12,6 +12,7 @@ notebook's). A sync-shaped interface would instead need a thread to wait on the 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import shutil
@@ -29,7 +30,7 @@ import zmq
 import zmq.asyncio
 
 from core.engine import core_proc
-from core.engine.core import EngineCore, check_utility
+from core.engine.core import EngineCore, check_call, check_utility
 from core.engine.protocol import EngineCoreOutputs, EngineCoreRequest
 
 if TYPE_CHECKING:
@@ -82,6 +83,14 @@ class EngineCoreClient(ABC):
         before anything reaches the engine core."""
 
     @abstractmethod
+    async def call(self, name: str, *args: Any) -> Any:
+        """Run the engine core's call `name` (one of `core.engine.core.CALLS`, e.g. "sleep")
+        with `args` and return its answer once it ran. ValueError for any other name
+        (raised before anything reaches the engine core) and for arguments the engine core
+        refuses (it serves on). A process's answer comes back among its outputs: it is
+        taken while `get_outputs` is awaited (AsyncLLM's output loop always awaits it)."""
+
+    @abstractmethod
     async def get_outputs(self) -> EngineCoreOutputs:
         """The next outputs: in this process, one step's (empty when there is no work); from
         a process, the next it sends (waiting for them). EngineDeadError once it is dead."""
@@ -130,6 +139,9 @@ class InprocClient(EngineCoreClient):
     async def utility(self, name: str) -> None:
         self.core.call_utility(name)
 
+    async def call(self, name: str, *args: Any) -> Any:
+        return self.core.call(name, *args)
+
     async def get_outputs(self) -> EngineCoreOutputs:
         return self.core.step()
 
@@ -165,15 +177,32 @@ class SocketClient(EngineCoreClient):
         self.encoder = msgspec.msgpack.Encoder()
         self.outputs_decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
         self._last_heard = time.monotonic()
+        self._call_ids = itertools.count()
+        self._answers: dict[int, asyncio.Future] = {}  # call id -> its caller's answer
 
     def heartbeat_age(self) -> float:
         return time.monotonic() - self._last_heard
 
     async def _receive(self) -> tuple[bytes, bytes]:
-        """The next message from the engine core (heartbeats too), noting when it came."""
+        """The next message from the engine core (heartbeats too), noting when it came; a
+        call's REPLY goes to its caller and reads as a heartbeat."""
         kind, payload = await self.output.recv_multipart()
         self._last_heard = time.monotonic()
+        if kind == core_proc.REPLY:
+            self._take_reply(payload)
+            return core_proc.HEARTBEAT, b""
         return kind, payload
+
+    def _take_reply(self, payload: bytes) -> None:
+        """Hand a REPLY to the call waiting for it (none: its caller left)."""
+        call_id, value, refusal = msgspec.msgpack.decode(payload)
+        answer = self._answers.get(call_id)
+        if answer is None or answer.done():
+            return
+        if refusal is None:
+            answer.set_result(value)
+        else:
+            answer.set_exception(ValueError(refusal))
 
     @abstractmethod
     def _check_alive(self) -> None:
@@ -192,6 +221,18 @@ class SocketClient(EngineCoreClient):
         self._check_alive()
         await self.input.send_multipart([core_proc.UTILITY, self.encoder.encode(name)])
 
+    async def call(self, name: str, *args: Any) -> Any:
+        check_call(name)
+        self._check_alive()
+        call_id = next(self._call_ids)
+        answer = self._answers[call_id] = asyncio.get_running_loop().create_future()
+        try:
+            message = self.encoder.encode([call_id, name, list(args)])
+            await self.input.send_multipart([core_proc.CALL, message])
+            return await answer
+        finally:
+            self._answers.pop(call_id, None)
+
     async def start_wave(self, wave: int) -> None:
         """Lock-step engines: join wave `wave` (another engine started it)."""
         if self.dead_reason is None:
@@ -205,6 +246,9 @@ class SocketClient(EngineCoreClient):
 
     def _died(self, reason: str) -> EngineDeadError:
         self.dead_reason = self.dead_reason or reason
+        for answer in self._answers.values():  # no reply will come
+            if not answer.done():
+                answer.set_exception(EngineDeadError(reason))
         return EngineDeadError(reason)
 
 

@@ -52,6 +52,9 @@ HEARTBEAT, STOP = b"HEARTBEAT", b"STOP"
 HEARTBEAT_S = 1.0
 # Frontend -> lock-step engine core: join the wave numbered in the payload.
 START_WAVE = b"START_WAVE"
+# Frontend -> engine core: run [call id, name, args] (EngineCore.call); the engine core
+# answers REPLY [call id, answer, None], or [call id, None, why] when it refuses the call.
+CALL, REPLY = b"CALL", b"REPLY"
 
 
 def run_engine_core(config_json: str, model: str, input_addr: str, output_addr: str) -> None:
@@ -178,7 +181,10 @@ class _EngineCoreLoop:
 
     def _busy(self) -> bool:
         """Whether to step now: while there are requests, or in lock-step while the wave
-        runs (an engine that gets requests while idle starts the next one)."""
+        runs (an engine that gets requests while idle starts the next one); never while
+        asleep: requests wait in the scheduler, the loop blocks on its input socket."""
+        if self.core.is_sleeping():
+            return False
         if self.wave is None:
             return self.core.has_unfinished_requests()
         if not self.wave.running and self.core.has_unfinished_requests():
@@ -206,6 +212,8 @@ class _EngineCoreLoop:
             self.core.abort_requests(self.ids_decoder.decode(payload))
         elif kind == UTILITY:
             self._utility(msgspec.msgpack.decode(payload))
+        elif kind == CALL:
+            self._call(*msgspec.msgpack.decode(payload))
         elif kind == START_WAVE and self.wave is not None:
             self.wave.join(msgspec.msgpack.decode(payload))
         elif kind == STOP:
@@ -220,6 +228,13 @@ class _EngineCoreLoop:
                 request_id=request.request_id, new_token_ids=[], finish_reason=FinishReason.ERROR
             )
             self._send(EngineCoreOutputs(outputs=[failed]))
+
+    def _call(self, call_id: int, name: str, args: list) -> None:
+        try:
+            reply = [call_id, self.core.call(name, *args), None]
+        except ValueError as exc:  # refused: the caller's error; the engine serves on
+            reply = [call_id, None, str(exc)]
+        self.output.send_multipart([REPLY, self.encoder.encode(reply)])
 
     def _utility(self, name: str) -> None:
         try:

@@ -24,6 +24,7 @@ from core.engine.core_client import (
     MPClient,
     RemoteClient,
     SocketClient,
+    check_call,
     check_utility,
 )
 from core.engine.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
@@ -91,6 +92,12 @@ class DPClient(EngineCoreClient):
         check_utility(name)
         for engine in self.engines:
             await engine.utility(name)
+
+    async def call(self, name: str, *args: Any) -> Any:
+        """Every engine runs the call; the first one's answer (they are run alike)."""
+        check_call(name)
+        answers = await asyncio.gather(*(engine.call(name, *args) for engine in self.engines))
+        return answers[0]
 
     async def get_outputs(self) -> EngineCoreOutputs:
         """The next outputs of any engine; EngineDeadError as soon as one engine dies."""

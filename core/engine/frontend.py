@@ -28,6 +28,7 @@ from core.engine.protocol import EngineCoreOutputs
 from core.engine.stats import StatsListener
 from core.lora.request import LoRARequest
 from core.pooling.params import PoolingParams
+from core.reasoning import ReasoningParser, build_reasoning_parser
 from core.sampling_params import SamplingParams
 
 
@@ -48,6 +49,12 @@ class EngineFrontend:
         )
         self.client = client
         self._ids = itertools.count()
+        # Built before the engine core starts: a tokenizer without the parser's markers
+        # stops the start here, with the reason.
+        name = setup.config.structured_outputs.reasoning_parser
+        self.reasoning_parser: ReasoningParser | None = (
+            None if name is None else build_reasoning_parser(name, self.tokenizer)
+        )
 
     def new_request_id(self) -> str:
         """A fresh id: counted (logs read in order) and with a random part, so a client's

@@ -149,7 +149,7 @@ class _CompletionState:
         self.cumulative_logprob = 0.0
         self.finish_reason: FinishReason | None = None
         self.stop_reason: int | str | None = None
-        self.stats = RequestStats(request.arrival_time)
+        self.stats = RequestStats(request.arrival_time, params.max_tokens)
         # What earlier DELTA outputs carried.
         self._num_sent_tokens = 0
         self._num_sent_chars = 0
@@ -262,6 +262,13 @@ class _RequestState:
     @property
     def finished(self) -> bool:
         return all(c.finished for c in self.completions)
+
+    def observe_finished(
+        self, stats: IterationStats, completion: _CompletionState, reason: FinishReason
+    ) -> None:
+        """Count one sample that just finished; the last of them also carries n."""
+        n_param = len(self.completions) if self.finished else None
+        stats.observe_finished(completion.stats, reason, len(self.prompt_token_ids), n_param)
 
     def record(
         self,
@@ -386,7 +393,7 @@ class OutputProcessor:
             reason = completion.finish_reason
             if reason is not None:
                 del self._running[completion.request_id]
-                stats.observe_finished(completion.stats, reason, num_prompt_tokens)
+                state.observe_finished(stats, completion, reason)
         for request_id in engine_core_outputs.finished_requests:
             self._finish_aborted(request_id, updated, stats)
         for state in updated.values():
@@ -403,8 +410,7 @@ class OutputProcessor:
         if entry is not None:
             state, completion = entry
             completion.finish(FinishReason.ABORT, None)
-            num_prompt_tokens = len(state.prompt_token_ids)
-            stats.observe_finished(completion.stats, FinishReason.ABORT, num_prompt_tokens)
+            state.observe_finished(stats, completion, FinishReason.ABORT)
             updated[state.request_id] = state
 
     def _deliver(self, state: _RequestState, now: float, collected: list[RequestOutput]) -> None:
@@ -437,9 +443,7 @@ class OutputProcessor:
                     engine_request_ids.append(completion.request_id)
                     index = completion.stats.engine_index
                     update = stats.setdefault(index, IterationStats(index, timestamp=now))
-                    update.observe_finished(
-                        completion.stats, FinishReason.ABORT, len(state.prompt_token_ids)
-                    )
+                    state.observe_finished(update, completion, FinishReason.ABORT)
             self._deliver(state, now, [])
         if self._stats_listener is not None:
             for update in stats.values():

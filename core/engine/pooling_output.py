@@ -1,8 +1,9 @@
 """PoolingOutputProcessor: the OutputProcessor of a pooling runner (--runner pooling).
 
 A pooled request reaches the engine core as itself (no n > 1 fan-out) and comes back in
-one final EngineCoreOutput holding its vector; there is no text to detokenize and nothing
-to stream, so each request produces exactly one EmbeddingRequestOutput. It has the same
+one final EngineCoreOutput holding its pooled values; there is no text to detokenize and
+nothing to stream, so each request produces exactly one PoolingRequestOutput, of its task's
+kind (an EmbeddingRequestOutput for embed: core.pooling.tasks.task_output). It has the same
 methods as OutputProcessor, which the frontend uses for a generate runner, and feeds the
 stats listener the same way: one IterationStats per batch of engine-core outputs (a pooled
 request counts its prompt tokens when it finishes; it generates none).
@@ -22,7 +23,8 @@ from core.engine.protocol import (
     FinishReason,
 )
 from core.engine.stats import IterationStats, RequestStats, StatsListener
-from core.outputs import EmbeddingOutput, EmbeddingRequestOutput
+from core.outputs import PoolingRequestOutput
+from core.pooling.tasks import task_output
 
 __all__ = ["PoolingOutputProcessor"]
 
@@ -41,17 +43,19 @@ class _Pending:
     def num_prompt_tokens(self) -> int:
         return len(self.request.prompt_token_ids)
 
-    def output(self, embedding: list[float] | None) -> EmbeddingRequestOutput:
-        return EmbeddingRequestOutput(
-            request_id=self.request.request_id,
-            prompt=self.prompt,
-            prompt_token_ids=self.request.prompt_token_ids,
-            outputs=None if embedding is None else EmbeddingOutput(embedding),
+    def output(self, values: list[float] | None) -> PoolingRequestOutput:
+        params = self.request.pooling_params
+        return task_output(
+            (params and params.task) or "embed",
+            self.request.request_id,
+            self.prompt,
+            self.request.prompt_token_ids,
+            values,
         )
 
 
 class PoolingOutputProcessor:
-    """Turns the engine core's pooled vectors into EmbeddingRequestOutputs."""
+    """Turns the engine core's pooled values into PoolingRequestOutputs."""
 
     def __init__(self, stats_listener: StatsListener | None = None) -> None:
         self._stats_listener = stats_listener
@@ -122,11 +126,11 @@ class PoolingOutputProcessor:
     def has_unfinished_requests(self) -> bool:
         return bool(self._pending)
 
-    def _deliver(self, request_id: str, embedding: list[float] | None, collected: list) -> None:
+    def _deliver(self, request_id: str, values: list[float] | None, collected: list) -> None:
         pending = self._pending.pop(request_id, None)
         if pending is None:
             return
-        output = pending.output(embedding)
+        output = pending.output(values)
         if pending.queue is not None:
             pending.queue.put_nowait(output)
         else:

@@ -45,8 +45,10 @@ from core.plugins.hooks import get_hook_manager
 from core.plugins.registry import get_registry
 from core.pooling.params import PoolingParams
 from core.pooling.runner import CheckpointPooling
+from core.pooling.tasks import ModelTasks
 from core.quantization.selector import build_quantization_config
 from core.request import check_pooled_prompt, fit_max_tokens
+from core.sample.logits_processor_selector import logits_processor_classes
 from core.sampling_params import SamplingParams
 from core.tokenizer import load_generation_defaults, load_tokenizer
 
@@ -109,7 +111,7 @@ class EngineSetup:
         config = engine_args.create_engine_config(
             choice.platform,
             hooks,
-            model_max_len=arch.max_position_embeddings,
+            model_max_len=_context_length(model_cls, arch),
             usage=usage,
             stored_quantization=checkpoint.stored_quantization,
             pooling=CheckpointPooling.read(checkpoint, model_cls, engine_args.runner),
@@ -157,6 +159,9 @@ class InputProcessor:
         self.vocab_size = self._arch.vocab_size
         # What the model is served for (--runner): sampling tokens, or pooling prompts.
         self.runner = "generate" if self.config.pooler is None else "pooling"
+        # The pooling tasks it serves (core.pooling.tasks): none when it generates.
+        model_cls = resolve_model_class(self._arch.architectures)
+        self.pooling_tasks = ModelTasks.of(model_cls, checkpoint.hf_config, self.runner)
         self._matryoshka_dimensions = checkpoint.hf_config.get("matryoshka_dimensions")
         self.tokenizer = load_tokenizer(checkpoint, self.config.model.tokenizer)
         # --chat-template is a file or the template itself: read once, here.
@@ -174,6 +179,9 @@ class InputProcessor:
         # Built in the frontend only (the engine core never imports a processor), before
         # the engine core starts, so a wrong --io-processor-plugin stops the start early.
         self.io_processor: IOProcessor | None = load_io_processor(self.config, checkpoint.hf_config)
+        # The custom logits processors the workers will run: their validate_params checks
+        # each request here, and a wrong --logits-processors stops the start early.
+        self.logits_processor_classes = logits_processor_classes(self.config)
 
     def _generation_defaults(self, checkpoint: Checkpoint) -> dict[str, Any]:
         source = self.config.model.generation_config
@@ -203,10 +211,11 @@ class InputProcessor:
     ) -> PreparedRequest:
         """Tokenize and validate; ValueError naming the problem, nothing queued.
 
-        SamplingParams ask to generate, PoolingParams to embed, each only on a model served
-        by that runner (see `require_runner`). `multi_modal_data` ({"image": an image or a
-        list}) goes with a prompt holding one placeholder per item; each placeholder is
-        expanded to its item's embeddings.
+        SamplingParams ask to generate, PoolingParams to pool (their task, else the model's
+        default: core.pooling.tasks), each only on a model served by that runner and, for
+        a pooling task, only one the model serves (ValueError naming the task).
+        `multi_modal_data` ({"image": an image or a list}) goes with a prompt holding one
+        placeholder per item; each placeholder is expanded to its item's embeddings.
         """
         if isinstance(params, PoolingParams):
             if multi_modal_data:
@@ -225,8 +234,20 @@ class InputProcessor:
             _check_grammar(params)
         params = msgspec.structs.replace(params)  # the caller's object stays untouched
         params.verify(self.config.model.max_logprobs, self.vocab_size)
+        params.resolve_whole_vocabulary(self.vocab_size)
         params.resolve_bad_words(lambda word: self.tokenizer.encode(word, False))
+        self._check_logits_processor_args(params)
         return PreparedRequest(text, token_ids, params, features)
+
+    def _check_logits_processor_args(self, params: SamplingParams) -> None:
+        """Each custom logits processor's `validate_params`; its ValueError names extra_args."""
+        for cls in self.logits_processor_classes:
+            try:
+                cls.validate_params(params)
+            except ValueError as exc:
+                raise ValueError(
+                    f"extra_args refused by logits processor {cls.__qualname__}: {exc}"
+                ) from exc
 
     def _expand_items(
         self, token_ids: list[int], mm_data: Mapping[str, Any]
@@ -247,15 +268,53 @@ class InputProcessor:
         return processed.prompt_token_ids, processed.features
 
     def _prepare_pooled(self, prompt: str | list[int], params: PoolingParams) -> PreparedRequest:
-        self.require_runner("pooling")
+        params = self._pooling_params(params)
         text, token_ids = self._prompt_tokens(prompt)
+        return self._pooled(text, token_ids, params)
+
+    def _pooling_params(self, params: PoolingParams) -> PoolingParams:
+        """`params` with its task resolved (None: the model's default); ValueError naming
+        the task when the model does not serve it, or a field the task does not read."""
+        task = params.task or self.pooling_tasks.default
+        self.pooling_tasks.require(task)
+        if task == "score" and not self.pooling_tasks.cross_encoder:
+            raise ValueError(
+                "task 'score': an embedding model scores a text pair by the cosine of the two "
+                "texts' embeddings (LLM.score, /score), not one prompt"
+            )
+        return msgspec.structs.replace(params, task=task)  # the caller's object stays untouched
+
+    def _pooled(
+        self, text: str | None, token_ids: list[int], params: PoolingParams
+    ) -> PreparedRequest:
         check_pooled_prompt(len(token_ids), self.max_model_len)
         params.verify(self._arch.hidden_size, self._matryoshka_dimensions)
+        if params.second_text_start is not None and self._arch.type_vocab_size < 2:
+            raise ValueError(
+                f"second_text_start: {self._arch.architectures[0]} has one token type only"
+            )
         return PreparedRequest(text, token_ids, params)
+
+    def prepare_pair(
+        self, text: str, text_pair: str, params: PoolingParams | None = None
+    ) -> PreparedRequest:
+        """A text pair scored by a cross-encoder, encoded together as its tokenizer joins
+        pairs (the second text's token types ride in `second_text_start`, for an encoder
+        with token types); ValueError naming the problem, nothing queued."""
+        params = self._pooling_params(params or PoolingParams(task="score"))
+        if params.task != "score":
+            raise ValueError(f"task: a text pair is scored (task 'score'), not {params.task!r}")
+        if not self.pooling_tasks.cross_encoder:
+            raise ValueError("a text pair is encoded together only by a cross-encoder")
+        token_ids, type_ids = self.tokenizer.encode_pair(text, text_pair)
+        if self._arch.type_vocab_size >= 2 and any(type_ids):
+            params = msgspec.structs.replace(params, second_text_start=_second_text(type_ids))
+        return self._pooled(None, token_ids, params)
 
     def _prompt_tokens(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         """(text, token ids) of a prompt given as either; ValueError naming prompt when it is
-        empty, is not valid Unicode, or holds an id outside the vocabulary."""
+        empty, is not valid Unicode, or holds an id outside the vocabulary (after the field,
+        vLLM's words for the last two)."""
         if isinstance(prompt, str):
             check_text(prompt, "prompt")
             text: str | None = prompt
@@ -263,10 +322,10 @@ class InputProcessor:
         else:
             text, token_ids = None, list(prompt)
         if not token_ids:
-            raise ValueError("prompt must not be empty")
+            raise ValueError("prompt: The decoder prompt cannot be empty")
         bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
         if bad:
-            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary")
+            raise ValueError(f"prompt: Token id {bad[0]} is out of vocabulary")
         return text, token_ids
 
     def require_runner(self, runner: str) -> None:
@@ -401,6 +460,23 @@ class InputProcessor:
             lora_request=lora_request,
             mm_features=prepared.mm_features or None,
         )
+
+
+def _context_length(model_cls: type, arch: ArchConfig) -> int:
+    """The longest prompt `model_cls` serves: its own `max_model_len(arch)` where it has
+    one (RoBERTa's position table starts past its padding rows), else the config's."""
+    own = getattr(model_cls, "max_model_len", None)
+    return arch.max_position_embeddings if own is None else own(arch)
+
+
+def _second_text(type_ids: Sequence[int]) -> int:
+    """Where a pair's second text starts: its types are 0 up to there and 1 from there on
+    (as BERT's tokenizers give them); ValueError for any other pattern."""
+    start = list(type_ids).index(1)
+    if any(t != 0 for t in type_ids[:start]) or any(t != 1 for t in type_ids[start:]):
+        raise ValueError(f"text_pair: the tokenizer's token types {list(type_ids)} are not "
+                         "one segment of type 0 then one of type 1")  # fmt: skip
+    return start
 
 
 def _last_text(content: Any) -> str:

@@ -8,7 +8,11 @@ the engine (queued, prefill, decode) and the inter-token latencies are differenc
 engine core's monotonic timestamps (its events, each batch's timestamp), so no interval
 mixes two processes' clocks.
 
-One engine-core request is one sample: a request with n > 1 counts n times, as in vLLM.
+One engine-core request is one sample: a request with n > 1 counts n times, as in vLLM,
+except for its n itself, observed once per user request (on its last sample to finish).
+A request's preemptions are counted from its PREEMPTED events, which reach the frontend
+with its next output: the engine core sends none for a request the frontend aborted, so
+such a request counts the preemptions its outputs had reported.
 """
 
 from __future__ import annotations
@@ -42,6 +46,11 @@ class FinishedRequestStats:
     prefill_time: float | None  # first scheduled to first token (preemptions included)
     decode_time: float | None  # first token to last token
     inference_time: float | None  # first scheduled to last token
+    num_preemptions: int = 0
+    max_tokens_param: int | None = None  # its max_tokens; None: up to the context length
+    # The user request's n, on the stats of its last sample to finish; None on the others
+    # and on pooled requests, which have no n.
+    n_param: int | None = None
 
 
 @dataclass
@@ -49,8 +58,10 @@ class RequestStats:
     """The times of one engine-core request so far."""
 
     arrival_time: float  # frontend wall clock (EngineCoreRequest.arrival_time)
+    max_tokens: int | None = None  # its sampling params' (None: pooled, or no cap given)
     engine_index: int = 0  # the engine that sent its latest output
     num_generation_tokens: int = 0
+    num_preemptions: int = 0
     # Engine-core timestamps. A preempted request is scheduled again; the first admission
     # stays the start of its prefill, as in vLLM.
     queued_ts: float | None = None
@@ -64,9 +75,11 @@ class RequestStats:
                 self.queued_ts = event.timestamp
             elif event.type == EngineCoreEventType.SCHEDULED and self.scheduled_ts is None:
                 self.scheduled_ts = event.timestamp
+            elif event.type == EngineCoreEventType.PREEMPTED:
+                self.num_preemptions += 1
 
     def finished(
-        self, reason: FinishReason, num_prompt_tokens: int, now: float
+        self, reason: FinishReason, num_prompt_tokens: int, now: float, n_param: int | None
     ) -> FinishedRequestStats:
         return FinishedRequestStats(
             finish_reason=reason,
@@ -77,6 +90,9 @@ class RequestStats:
             prefill_time=_interval(self.scheduled_ts, self.first_token_ts),
             decode_time=_interval(self.first_token_ts, self.last_token_ts),
             inference_time=_interval(self.scheduled_ts, self.last_token_ts),
+            num_preemptions=self.num_preemptions,
+            max_tokens_param=self.max_tokens,
+            n_param=n_param,
         )
 
 
@@ -149,9 +165,16 @@ class IterationStats:
         request.last_token_ts = engine_timestamp
 
     def observe_finished(
-        self, request: RequestStats, reason: FinishReason, num_prompt_tokens: int
+        self,
+        request: RequestStats,
+        reason: FinishReason,
+        num_prompt_tokens: int,
+        n_param: int | None = None,
     ) -> None:
-        self.finished_requests.append(request.finished(reason, num_prompt_tokens, self.timestamp))
+        """`n_param`: the user request's n when `request` is its last sample to finish."""
+        self.finished_requests.append(
+            request.finished(reason, num_prompt_tokens, self.timestamp, n_param)
+        )
 
 
 StatsListener = Callable[[IterationStats], None]

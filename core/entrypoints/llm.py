@@ -1,6 +1,8 @@
 """LLM: the offline API — `LLM(model).generate(prompts, params)`, `.chat(messages)`,
-`.embed(prompts)` for a model served with `runner="pooling"`, and `.encode({"data": ...})`
-for a model with an IO processor (`io_processor_plugin=`).
+`.embed(prompts)`, `.classify(prompts)`, `.score(text_1, text_2)`, `.reward(prompts)` and
+`.encode(prompts, pooling_task=...)` for a model served with `runner="pooling"` that has
+the task (core.pooling.tasks), and `.encode({"data": ...})` for a model with an IO processor
+(`io_processor_plugin=`).
 
 A prompt of a model that takes images carries them as vLLM's do:
 `{"prompt": ..., "multi_modal_data": {"image": a PIL image or a list}}`, one placeholder
@@ -12,21 +14,34 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import msgspec
 from tqdm import tqdm
 
+from core.beam_search import BeamSearchOutput, BeamSearchParams, beam_search, check_beam_width
+from core.engine.core_client import run_inline
 from core.engine.llm_engine import LLMEngine
 from core.engine.processor import PreparedRequest
+from core.engine.stat_logger import StatLoggerFactory
 from core.engine_args import EngineArgs
 from core.entrypoints.chat_content import (
     ContentFormat,
     messages_for_template,
     parse_chat_content,
 )
+from core.entrypoints.scoring import plan_scores
 from core.io_processors import IOProcessor, Params, prompt_parts, require_io_processor
 from core.lora.request import LoRARequest
 from core.multimodal.media import MediaConnector
-from core.outputs import EmbeddingRequestOutput, IOProcessorRequestOutput, RequestOutput
-from core.pooling.params import PoolingParams
+from core.outputs import (
+    ClassificationRequestOutput,
+    EmbeddingRequestOutput,
+    IOProcessorRequestOutput,
+    PoolingRequestOutput,
+    RequestOutput,
+    ScoringRequestOutput,
+)
+from core.pooling.params import PoolingParams, PoolingTask
+from core.request import fit_max_tokens
 from core.sampling_params import SamplingParams
 
 # Text, token ids, or {"prompt"} or {"prompt_token_ids"} with an optional "multi_modal_data".
@@ -35,10 +50,17 @@ Message = dict[str, Any]
 
 
 class LLM:
-    """An engine in this process. Keyword arguments are EngineArgs fields (vLLM names)."""
+    """An engine in this process. Keyword arguments are EngineArgs fields (vLLM names);
+    `stat_loggers`: StatLoggerBase classes or factories (core.engine.stat_logger) fed the
+    engine's stats, besides the `core.stat_loggers` plugins."""
 
-    def __init__(self, model: str | None = None, **engine_args: Any) -> None:
-        self.engine = LLMEngine(EngineArgs(model=model, **engine_args))
+    def __init__(
+        self,
+        model: str | None = None,
+        stat_loggers: Sequence[StatLoggerFactory] = (),
+        **engine_args: Any,
+    ) -> None:
+        self.engine = LLMEngine(EngineArgs(model=model, **engine_args), stat_loggers)
         self._media = MediaConnector(self.engine.config.model.allowed_local_media_path)
 
     def get_tokenizer(self):
@@ -120,6 +142,60 @@ class LLM:
             return prompt_token_ids
         return {"prompt_token_ids": prompt_token_ids, "multi_modal_data": {"image": images}}
 
+    def beam_search(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: BeamSearchParams,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[BeamSearchOutput]:
+        """vLLM's beam search (core.beam_search): each prompt's `params.beam_width` best
+        sequences, best first, their tokens and text the prompt's and the generated ones.
+        Prompts are texts, token ids or {"prompt"} / {"prompt_token_ids"} dicts;
+        `lora_request` as `generate` takes it. Every prompt is checked before the first
+        step (ValueError naming the field); `use_tqdm` shows the steps."""
+        batch = _as_list(prompts)
+        loras = _loras_for(batch, lora_request)
+        for lora in loras:
+            if lora is not None:
+                self.engine.processor.check_lora(lora)
+        check_beam_width(params, self.engine.config.model.max_logprobs)
+        prompt_ids = [self._beam_prompt(prompt, params) for prompt in batch]
+        tokenizer = self.engine.tokenizer
+        with tqdm(total=params.max_tokens, desc="Beam search", disable=not use_tqdm) as bar:
+
+            async def step(beams: list[tuple[int, list[int]]], step_params: SamplingParams):
+                bar.update(1)  # never suspends: run_inline drives the search (core_client)
+                prepared = [self.engine.prepare(tokens, step_params) for _, tokens in beams]
+                return self._run(prepared, None, [loras[i] for i, _ in beams], use_tqdm=False)
+
+            search = beam_search(prompt_ids, params, step, tokenizer.eos_token_id, tokenizer.decode)
+            return run_inline(search)
+
+    def _beam_prompt(self, prompt: Prompt, params: BeamSearchParams) -> list[int]:
+        """The prompt's token ids, checked, with room for the longest beam."""
+        text_or_ids, multi_modal_data = _prompt_input(prompt)
+        if multi_modal_data:
+            raise ValueError("multi_modal_data: beam search takes text prompts only")
+        ids = self.engine.prepare(text_or_ids, SamplingParams(max_tokens=1)).prompt_token_ids
+        fit_max_tokens(params.max_tokens, len(ids), self.engine.processor.max_model_len, exact=True)
+        return ids
+
+    def sleep(self, level: int = 1) -> None:
+        """vLLM's sleep mode (needs enable_sleep_mode=True; core.worker.sleep_mode): free the
+        KV cache and offload (level 1: restored as they were) or drop (level 2: reloaded
+        from the checkpoint) the weights until `wake_up`; generating meanwhile is a
+        RuntimeError. ValueError without enable_sleep_mode or for another level."""
+        self.engine.sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Bring back `tags` ("weights", "kv_cache"; None: both) after `sleep`; the prefix
+        cache starts empty."""
+        self.engine.wake_up(tags)
+
+    def is_sleeping(self) -> bool:
+        return self.engine.is_sleeping()
+
     def embed(
         self,
         prompts: Prompt | Sequence[Prompt],
@@ -130,29 +206,40 @@ class LLM:
         `.outputs.embedding`. The model must be served with `runner="pooling"` (detected
         for embedding checkpoints), else ValueError. Every prompt is validated before any
         is queued."""
-        batch = _as_list(prompts)
-        params = _pooling_params_for(batch, pooling_params)
-        prepared = [self._prepare(p, pp) for p, pp in zip(batch, params, strict=True)]
-        return self._run(prepared, None, [None] * len(batch), use_tqdm, desc="Embedding")
+        return self._pool(prompts, pooling_params, "embed", use_tqdm)
 
     def encode(
         self,
-        requests: Mapping[str, Any] | Sequence[Mapping[str, Any]],
-        params: Params | None = None,
+        prompts: Prompt | Sequence[Prompt],
+        pooling_params: Params | Sequence[PoolingParams] | None = None,
         use_tqdm: bool = True,
-    ) -> list[IOProcessorRequestOutput]:
+        pooling_task: PoolingTask | None = None,
+    ) -> list[IOProcessorRequestOutput] | list[PoolingRequestOutput]:
         """Answer each request `{"data": ...}` with the model's IO processor (vLLM's
         `LLM.encode` with an IO processor plugin): its data parsed and turned into prompts,
-        the prompts generated (or pooled, under `runner="pooling"`) with `params` as the
-        processor's `validate_or_generate_params` leaves them, the outputs post-processed.
-        One output per request, in order, the answer at `.outputs`. ValueError when the
-        model has no IO processor, a request is not `{"data": ...}`, or the processor or
-        the engine refuses its data; every request is checked before any is queued."""
-        processor = require_io_processor(self.engine.processor.io_processor)
-        batch = [requests] if isinstance(requests, Mapping) else list(requests)
+        the prompts generated (or pooled, under `runner="pooling"`) with `pooling_params` as
+        the processor's `validate_or_generate_params` leaves them, the outputs
+        post-processed. One output per request, in order, the answer at `.outputs`.
+        ValueError when the model has no IO processor, a request is not `{"data": ...}`, or
+        the processor or the engine refuses its data; every request is checked before any
+        is queued.
+
+        With a `pooling_task` other than "plugin" (core.pooling.tasks), `prompts` are plain
+        prompts pooled for that task: one PoolingRequestOutput of the task's kind each."""
+        if pooling_task not in (None, "plugin"):
+            return self._pool(prompts, pooling_params, pooling_task, use_tqdm)
+        processor = self.engine.processor.io_processor
+        if pooling_task is None and processor is None and not _is_io_request(prompts):
+            tasks = self.engine.processor.pooling_tasks.supported
+            raise ValueError(
+                f"pooling_task is required for LLM.encode of plain prompts (this model "
+                f"serves {list(tasks)}), or {{'data': ...}} requests with an IO processor"
+            )
+        processor = require_io_processor(processor)
+        batch = [prompts] if isinstance(prompts, Mapping) else list(prompts)
         request_ids = [self.engine.new_request_id() for _ in batch]
         prepared = [
-            self._prepare_io(processor, request, params, request_id)
+            self._prepare_io(processor, request, pooling_params, request_id)
             for request, request_id in zip(batch, request_ids, strict=True)
         ]
         flat = [p for per_request in prepared for p in per_request]
@@ -165,6 +252,58 @@ class LLM:
                 IOProcessorRequestOutput(request_id, processor.post_process(mine, request_id))
             )
         return answers
+
+    # -- pooling tasks (core.pooling.tasks) ----------------------------------------------
+
+    def classify(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[ClassificationRequestOutput]:
+        """Each prompt's class probabilities at `.outputs.probs` (label i is the config's
+        id2label[i]), in the prompts' order. ValueError naming the task unless the model
+        classifies (a *ForSequenceClassification checkpoint)."""
+        return self._pool(prompts, pooling_params, "classify", use_tqdm)
+
+    def score(
+        self,
+        text_1: str | Sequence[str],
+        text_2: str | Sequence[str],
+        pooling_params: PoolingParams | None = None,
+        use_tqdm: bool = True,
+    ) -> list[ScoringRequestOutput]:
+        """One `.outputs.score` per pair of texts, 1:1, 1:N or N:N (core.entrypoints.
+        scoring): a cross-encoder's relevance, or the cosine of an embedding model's two
+        vectors. ValueError naming the task unless the model scores, or naming the input."""
+        plan = plan_scores(self.engine.processor, text_1, text_2, pooling_params)
+        loras = [None] * len(plan.prepared)
+        return plan.finish(self._run(plan.prepared, None, loras, use_tqdm, desc="Scoring"))
+
+    def reward(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[PoolingRequestOutput]:
+        """Each prompt's token-wise reward outputs (the token_classify task, as vLLM's
+        `LLM.reward`): `.outputs.data` [num_prompt_tokens, num_labels]. ValueError naming
+        the task unless the model has them (a decoder *ForSequenceClassification)."""
+        return self._pool(prompts, pooling_params, "token_classify", use_tqdm)
+
+    def _pool(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None,
+        task: PoolingTask,
+        use_tqdm: bool,
+    ) -> list[Any]:
+        """Every prompt pooled for `task`, validated before any is queued."""
+        batch = _as_list(prompts)
+        params = [_with_task(p, task) for p in _pooling_params_for(batch, pooling_params)]
+        prepared = [self._prepare(p, pp) for p, pp in zip(batch, params, strict=True)]
+        desc = "Embedding" if task == "embed" else "Pooling"
+        return self._run(prepared, None, [None] * len(batch), use_tqdm, desc=desc)
 
     def _prepare_io(
         self,
@@ -214,7 +353,7 @@ class LLM:
                 priority=priority[i] if priority else 0,
                 lora_request=loras[i],
             )
-        finished: dict[str, Any] = {}  # RequestOutputs, or EmbeddingRequestOutputs
+        finished: dict[str, Any] = {}  # RequestOutputs, or PoolingRequestOutputs
         with tqdm(total=len(ids), desc=desc, disable=not use_tqdm) as bar:
             while len(finished) < len(ids):
                 for output in self.engine.step():
@@ -232,6 +371,18 @@ def _pooling_params_for(
     if len(params) != len(batch):
         raise ValueError(f"pooling_params has {len(params)} entries for {len(batch)} prompts")
     return list(params)
+
+
+def _with_task(params: PoolingParams, task: PoolingTask) -> PoolingParams:
+    if params.task not in (None, task):
+        raise ValueError(f"pooling_params.task {params.task!r} cannot be run as task {task!r}")
+    return msgspec.structs.replace(params, task=task)
+
+
+def _is_io_request(prompts: Any) -> bool:
+    """Whether `prompts` are IO-processor requests ({"data": ...}, or a list of them)."""
+    first = prompts[0] if isinstance(prompts, list) and prompts else prompts
+    return isinstance(first, Mapping) and "data" in first
 
 
 def _loras_for(

@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar
 
-from core.outputs import EmbeddingRequestOutput, RequestOutput
+from core.outputs import PoolingRequestOutput, RequestOutput
 from core.pooling.params import PoolingParams
 from core.sampling_params import SamplingParams
 
@@ -45,8 +45,9 @@ Params = SamplingParams | PoolingParams
 """The parameters of the engine requests: SamplingParams under --runner generate,
 PoolingParams under --runner pooling."""
 
-EngineOutput = RequestOutput | EmbeddingRequestOutput
-"""One finished engine request: generated text, or a pooled vector."""
+EngineOutput = RequestOutput | PoolingRequestOutput
+"""One finished engine request: generated text, or a pooled output (an
+EmbeddingRequestOutput from an embedding model; core.pooling.tasks)."""
 
 
 class PromptDict(TypedDict, total=False):
@@ -120,7 +121,7 @@ class IOProcessor(ABC, Generic[InputT, OutputT]):
     ) -> OutputT:
         """The answer to the request, from the finished engine outputs of its prompts, in
         the order `pre_process` returned the prompts: RequestOutputs under `--runner
-        generate`, EmbeddingRequestOutputs under `--runner pooling`. A model may write
+        generate`, PoolingRequestOutputs under `--runner pooling`. A model may write
         anything: answer whatever it wrote (raising here is a bug, not the client's
         fault). `LLM.encode` returns the answer as it is."""
 

@@ -28,6 +28,7 @@ __all__ = [
     "MemoryProfile",
     "check_max_model_len_fits",
     "default_kv_cache_budget",
+    "kv_cache_capacity",
     "num_blocks_for_budget",
     "profiled_kv_cache_budget",
 ]
@@ -126,6 +127,14 @@ def check_max_model_len_fits(
             f"{num_usable * block_size} tokens, but max_model_len is {max_model_len}; "
             "raise --kv-cache-memory or lower --max-model-len"
         )
+
+
+def kv_cache_capacity(num_blocks: int, block_size: int, max_model_len: int) -> tuple[int, float]:
+    """What `num_blocks` block ids hold in every KV-cache group (vLLM's kv_cache_size_tokens
+    and kv_cache_max_concurrency): the tokens of their usable blocks, and how many requests
+    of `max_model_len` tokens fit at once, each taking cdiv(max_model_len, block_size)."""
+    num_usable = max(num_blocks - 1, 0)
+    return num_usable * block_size, num_usable / cdiv(max_model_len, block_size)
 
 
 def format_bytes(num_bytes: int) -> str:

@@ -414,6 +414,10 @@ class LlamaForCausalLM(nn.Module):
     - Optionally, for pooling (core.pooling.runner): `pooling_only` (no language-model
       head: the model only embeds), `bidirectional` (attention sees the whole prompt) and
       `default_pooling_type`; a decoder is causal, pooled from its last token.
+      `pooling_tasks` (core.pooling.tasks; embed when absent) with, for the classifier
+      tasks, `classify(hidden [N, hidden_size]) -> [N, num_labels]`, its head's logits
+      (core.models.decoder_classifier); an encoder may take `token_type_ids` ([T],
+      `takes_token_type_ids`) and say `max_model_len(config)` (core.models.bert).
     """
 
     stacked_params: ClassVar[tuple[StackedParam, ...]] = _STACKED_PARAMS

@@ -40,6 +40,9 @@ SPEC_PROPOSERS = "core.spec_proposers"
 TOOL_PARSERS = "core.tool_parsers"
 """The ToolParser class that extracts tool calls from generated text (`hermes`...)."""
 
+REASONING_PARSERS = "core.reasoning_parsers"
+"""The ReasoningParser class that tells a model's reasoning from its answer (`deepseek_r1`...)."""
+
 LORA = "core.lora"
 """The LoRAManager class (core.lora.interface) that serves `--enable-lora` ("default":
 the `core-lora` plugin's)."""
@@ -47,6 +50,14 @@ the `core-lora` plugin's)."""
 IO_PROCESSORS = "core.io_processors"
 """The IOProcessor class (core.io_processors.interface) named by `--io-processor-plugin` or
 the checkpoint's config.json `io_processor_plugin`; loaded in the frontend process only."""
+
+LOGITS_PROCESSORS = "core.logits_processors"
+"""A LogitsProcessor class (core.sample.logits_processor); every one installed runs in every
+engine that samples, its per-request arguments in SamplingParams.extra_args."""
+
+STAT_LOGGERS = "core.stat_loggers"
+"""A StatLoggerBase class (core.engine.stat_logger), or a `(config, engine_index)` factory of
+one; every one installed gets the stats of every engine, in the frontend process."""
 
 NOUNS: dict[str, str] = {
     PLATFORMS: "platform",
@@ -61,8 +72,11 @@ NOUNS: dict[str, str] = {
     HOOKS: "hooks module",
     SPEC_PROPOSERS: "speculative proposer",
     TOOL_PARSERS: "tool parser",
+    REASONING_PARSERS: "reasoning parser",
     LORA: "LoRA implementation",
     IO_PROCESSORS: "IO processor",
+    LOGITS_PROCESSORS: "logits processor",
+    STAT_LOGGERS: "stat logger",
 }
 """What one entry of each group is called in messages ("sampler 'x' is not installed")."""
 

@@ -1,4 +1,4 @@
-"""The pooler interface: one step's hidden states -> one vector per finished prompt.
+"""The pooler interface: one step's hidden states -> one output per finished prompt.
 
 A model runner with a Pooler (`--runner pooling`) samples nothing: each request whose
 prompt the step completes gets its pooled vector instead, and finishes. The reference
@@ -60,6 +60,8 @@ class Pooler(ABC):
         spans: PoolingSpans,
         params: Sequence[PoolingParams],  # [N]: request i's knobs
     ) -> list[torch.Tensor]:
-        """Request i's vector, float32 [params[i].dimensions or hidden_size]: the pooled
-        hidden states, cut to `dimensions`, then L2-normalized when `params[i].normalize`
-        (None: the pooler's own default) says so."""
+        """Request i's output, float32 and flat, as its task (`params[i].task`, see
+        core.pooling.tasks) asks: embed [params[i].dimensions or hidden_size], the pooled
+        hidden states cut to `dimensions`, then L2-normalized when `params[i].normalize`
+        (None: the pooler's own default) says so; classify and score [num_labels];
+        token_classify [num_span_tokens * num_labels], row-major."""

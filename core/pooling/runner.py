@@ -11,9 +11,10 @@ for BERT, LAST for the decoders) with normalization on, as vLLM embeds.
 What pooling changes in the engine (rules of core.config_rules): a pooled request samples
 nothing, so there is no speculative decoding; LoRA, pipeline stages and compilation are not
 built for it yet. CLS and MEAN pooling, and bidirectional attention, need every prompt token
-computed in the forward that pools it (`whole_prompt_reason`): for them prefix caching and
-chunked prefill are off (refused when asked for). LAST pooling over a causal decoder keeps
-both: the last token is always computed.
+computed in the forward that pools it (`whole_prompt_reason`), as does a model with a
+token-wise task (an output per prompt token): for them prefix caching and chunked prefill
+are off (refused when asked for). LAST pooling over a causal decoder keeps both: the last
+token is always computed.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Literal
 
 from core.config import EngineConfig, PoolerConfig
 from core.pooling.interface import PoolingType
+from core.pooling.params import TOKEN_WISE_TASKS
 from core.pooling.st_config import SentenceTransformersConfig, read_sentence_transformers_config
 
 if TYPE_CHECKING:
@@ -39,7 +41,8 @@ class CheckpointPooling:
 
     `model_cls` attributes read (all optional): `pooling_only` (no language-model head:
     the model can only be pooled), `bidirectional` (its attention sees the whole prompt:
-    an encoder) and `default_pooling_type` (a PoolingType name; LAST when absent).
+    an encoder), `default_pooling_type` (a PoolingType name; LAST when absent) and
+    `pooling_tasks` (core.pooling.tasks; embed when absent).
     """
 
     architecture: str
@@ -47,6 +50,7 @@ class CheckpointPooling:
     bidirectional: bool
     default_pooling_type: PoolingType
     sentence_transformers: SentenceTransformersConfig | None
+    pooling_tasks: tuple[str, ...] = ("embed",)
 
     @classmethod
     def read(
@@ -65,6 +69,7 @@ class CheckpointPooling:
             sentence_transformers=(
                 None if directory is None else read_sentence_transformers_config(directory)
             ),
+            pooling_tasks=tuple(getattr(model_cls, "pooling_tasks", ("embed",))),
         )
 
     @property
@@ -91,6 +96,9 @@ def whole_prompt_reason(config: EngineConfig, pooling: CheckpointPooling | None)
         return None
     if pooling.bidirectional:
         return f"{pooling.architecture}'s bidirectional attention"
+    token_wise = [task for task in pooling.pooling_tasks if task in TOKEN_WISE_TASKS]
+    if token_wise:
+        return f"{pooling.architecture}'s {token_wise[0]} task (an output per prompt token)"
     pooling_type = PoolingType(config.pooler.pooling_type)
     return f"{pooling_type.value} pooling" if pooling_type.needs_whole_prompt else None
 

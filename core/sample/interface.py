@@ -39,9 +39,12 @@ class Sampler(nn.Module, ABC):
     - Logprobs come from the raw logits (log_softmax in float32, snapshotted before any
       processing): they describe the model's distribution, not the penalized one.
     - Order (DESIGN.md section 5): float32 -> allowed / bad tokens -> non-argmax-invariant
-      processors (logit bias, min_tokens) -> penalties -> temperature -> argmax-invariant
-      processors (min_p) -> top-k / top-p -> sample. Penalties precede temperature so a
-      penalty means the same thing at every temperature.
+      processors (logit bias, min_tokens, then the custom ones:
+      `metadata.logits_processors.apply(logits, argmax_invariant=False)`) -> penalties ->
+      temperature -> argmax-invariant processors (min_p, then
+      `metadata.logits_processors.apply(logits, argmax_invariant=True)`, which may be
+      skipped when every row is greedy) -> top-k / top-p -> sample. Penalties precede
+      temperature so a penalty means the same thing at every temperature.
     - Rows with temperature < SAMPLING_EPS are greedy: the argmax of the logits after the
       processors and penalties.
     - Determinism: a seeded row draws its randomness only from its own generator in

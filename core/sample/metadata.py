@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from core.sample.penalties import pad_token_ids
 from core.sampling_params import SamplingParams, SamplingType
+
+if TYPE_CHECKING:
+    from core.sample.logits_processors import StepLogitsProcessors
 
 __all__ = ["SamplingMetadata"]
 
@@ -39,6 +43,10 @@ class SamplingMetadata:
     logit_bias:           row -> {token_id: bias}
     allowed_token_ids_mask: [B, V] bool, True where the row may emit the token, or None
     bad_words_token_ids:  row -> token-id sequences to ban
+    logits_processors:    the engine's custom processors (core.sample.logits_processor) for
+                          these rows, or None: `apply(logits, argmax_invariant=False)` beside
+                          logit bias and min_tokens, `apply(..., argmax_invariant=True)`
+                          beside min_p (skipped when all rows are greedy)
     """
 
     temperature: torch.Tensor
@@ -58,6 +66,7 @@ class SamplingMetadata:
     logit_bias: dict[int, dict[int, float]] = field(default_factory=dict)
     allowed_token_ids_mask: torch.Tensor | None = None
     bad_words_token_ids: dict[int, list[list[int]]] = field(default_factory=dict)
+    logits_processors: StepLogitsProcessors | None = None
 
     def __post_init__(self) -> None:
         if (self.presence_penalties is None) != (self.frequency_penalties is None):
@@ -76,11 +85,13 @@ class SamplingMetadata:
         generators: Mapping[int, torch.Generator] | None = None,
         eos_token_id: int | None = None,
         device: torch.device | str = "cpu",
+        logits_processors: StepLogitsProcessors | None = None,
     ) -> SamplingMetadata:
         """Build the metadata of a batch from scratch, row i from ``params[i]``.
 
         ``params`` must have passed ``SamplingParams.verify`` for this vocabulary.
         ``generators`` must hold one generator on ``device`` for every seeded random row.
+        ``logits_processors``: the custom processors of these rows (None: none).
         """
         _check_rows(params, output_token_ids, prompt_token_ids)
         generators = dict(generators or {})
@@ -113,6 +124,7 @@ class SamplingMetadata:
             bad_words_token_ids={
                 row: p.bad_words_token_ids for row, p in enumerate(params) if p.bad_words_token_ids
             },
+            logits_processors=logits_processors,
         )
 
 

@@ -88,6 +88,8 @@ class DefaultSampler(Sampler):
         logits = apply_temperature(logits, metadata.temperature)
         if metadata.min_p is not None:
             logits = apply_min_p(logits, metadata.min_p)
+        if metadata.logits_processors is not None:
+            logits = metadata.logits_processors.apply(logits, argmax_invariant=True)
         return apply_top_k_top_p(logits, metadata.top_k, metadata.top_p)
 
 
@@ -108,7 +110,8 @@ def random_sample(probs: torch.Tensor, generators: Mapping[int, torch.Generator]
 
 
 def _apply_token_constraints(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-    """Allowed and banned tokens, then the processors that may change the argmax."""
+    """Allowed and banned tokens, then the processors that may change the argmax (the
+    custom ones last)."""
     if md.allowed_token_ids_mask is not None:
         logits = apply_allowed_token_ids(logits, md.allowed_token_ids_mask)
     if md.bad_words_token_ids:
@@ -117,6 +120,8 @@ def _apply_token_constraints(logits: torch.Tensor, md: SamplingMetadata) -> torc
         logits = apply_logit_bias(logits, md.logit_bias)
     if md.min_tokens:
         logits = apply_min_tokens(logits, md.min_tokens, md.output_token_ids)
+    if md.logits_processors is not None:
+        logits = md.logits_processors.apply(logits, argmax_invariant=False)
     return logits
 
 

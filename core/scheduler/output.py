@@ -93,6 +93,9 @@ class SchedulerStats(msgspec.Struct, kw_only=True):
     prefix_cache_queries: int
     prefix_cache_hits: int
     num_preemptions: int
+    # Of num_waiting, those a transient constraint holds whatever room the batch has
+    # (core.scheduler.waiting_reasons); the others wait for capacity.
+    num_waiting_deferred: int = 0
     # With a KV connector: prompt tokens of the requests that asked it, and those it
     # supplied past the local prefix-cache hit (cumulative, as the local ones).
     external_prefix_cache_queries: int = 0

@@ -39,6 +39,7 @@ from core.scheduler.output import (
 from core.scheduler.remote_kv import RemoteKV
 from core.scheduler.request_queue import RequestQueue
 from core.scheduler.step_budget import StepLoad, drain_tokens, step_budget
+from core.scheduler.waiting_reasons import num_deferred
 from core.spec_decode.verification import num_accepted, num_drafts_within
 from core.structured_output.manager import StructuredOutputManager
 from core.worker.contract import (
@@ -128,7 +129,7 @@ class Scheduler:
         if constraint is not None:
             if self.grammars is None:
                 raise ValueError("structured outputs are not available in this engine")
-            self.grammars.submit(request.request_id, constraint)
+            self.grammars.submit(request.request_id, constraint, request.prompt_token_ids)
             request.status = RequestStatus.WAITING_FOR_GRAMMAR
         request.first_step_index = self.num_steps
         self.requests[request.request_id] = request
@@ -747,6 +748,9 @@ class Scheduler:
             prefix_cache_queries=cache.queries,
             prefix_cache_hits=cache.hits,
             num_preemptions=self.num_preemptions,
+            num_waiting_deferred=num_deferred(
+                self.waiting, self._running_adapters(), self.max_loras, self.grammars
+            ),
             **self._transfer_stats(),
             spec_decoding=self.spec_stats and self.spec_stats.snapshot(),
             expert_imbalance=self.expert_imbalance,

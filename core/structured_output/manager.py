@@ -10,6 +10,10 @@ that sample, and after the step feeds the sampled tokens to `accept_tokens`.
 The xgrammar backend (which imports xgrammar and transformers, and reads the whole
 vocabulary) is built on the first compile, in the pool, so an engine that never sees a
 structured request never pays for it.
+
+With a reasoning parser (`is_reasoning_end`), a grammar sees only the tokens after the
+model's reasoning (core.structured_output.reasoning_gate): until then its rows allow every
+token and it accepts nothing, and from the token after the end it applies as usual.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import TYPE_CHECKING
 from core.sampling_params import StructuredOutputsParams
 from core.spec_decode.verification import num_verified
 from core.structured_output.bitmask import pack_grammar_bitmask
+from core.structured_output.reasoning_gate import IsReasoningEnd, ReasoningGate
 from core.tokenizer import Tokenizer
 from core.worker.contract import GrammarBitmask
 
@@ -51,11 +56,15 @@ class StructuredOutputManager:
 
     Every method is called from the engine core's step loop (one thread); the compile
     threads only build the backend and the grammars and hand them over through futures.
-    `make_backend` builds the backend, once, on the first compile.
+    `make_backend` builds the backend, once, on the first compile; `is_reasoning_end`,
+    the reasoning parser's, holds each grammar back until the reasoning ends.
     """
 
     def __init__(
-        self, make_backend: Callable[[], XgrammarBackend], max_workers: int | None = None
+        self,
+        make_backend: Callable[[], XgrammarBackend],
+        max_workers: int | None = None,
+        is_reasoning_end: IsReasoningEnd | None = None,
     ) -> None:
         self._make_backend = make_backend
         self._backend: XgrammarBackend | None = None
@@ -64,6 +73,7 @@ class StructuredOutputManager:
         workers = max_workers or max(2, (os.cpu_count() or 2) // 2)
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="core-grammar")
         self._grammars: dict[str, Future[Grammar]] = {}
+        self._gate = None if is_reasoning_end is None else ReasoningGate(is_reasoning_end)
 
     @classmethod
     def from_tokenizer(
@@ -80,11 +90,19 @@ class StructuredOutputManager:
 
     # -- compile --------------------------------------------------------------------------
 
-    def submit(self, request_id: str, params: StructuredOutputsParams) -> None:
-        """Start compiling the request's grammar on the pool; returns at once."""
+    def submit(
+        self,
+        request_id: str,
+        params: StructuredOutputsParams,
+        prompt_token_ids: Sequence[int] = (),
+    ) -> None:
+        """Start compiling the request's grammar on the pool; returns at once. The prompt
+        says whether the reasoning, if any, is still open when the output starts."""
         if request_id in self._grammars:
             raise ValueError(f"request {request_id!r} already has a grammar")
         self._grammars[request_id] = self._pool.submit(self._compile, params)
+        if self._gate is not None:
+            self._gate.add(request_id, prompt_token_ids)
 
     def _compile(self, params: StructuredOutputsParams) -> Grammar:
         try:
@@ -139,27 +157,40 @@ class StructuredOutputManager:
         A request with n drafts gets n + 1 rows: the allowed tokens at each verified
         position, the grammar advanced over the drafts before it (and rolled back after,
         so the grammar stays where the accepted tokens left it). Drafts come from
-        `validate_tokens`, so the grammar accepts all of them.
+        `validate_tokens`, so the grammar accepts all of them. Positions still in the
+        reasoning allow every token; a request reasoning past all of them has no rows.
         """
-        req_ids = [r for r in request_ids if r in self._grammars]
+        drafts = drafts or {}
+        with_grammar = [r for r in request_ids if r in self._grammars]
+        starts = {r: self._grammar_start(r, drafts.get(r, ())) for r in with_grammar}
+        req_ids = [r for r in with_grammar if starts[r] is not None]
         if not req_ids:
             return None
-        drafts = drafts or {}
         rows = [r for r in req_ids for _ in range(num_verified(len(drafts.get(r, ()))))]
         bitmask = self._get_backend().allocate_bitmask(len(rows))  # [rows, W]
         row = 0
         for req_id in req_ids:
-            row = self._grammar(req_id).fill_bitmasks(bitmask, row, drafts.get(req_id, ()))
+            start, constrained = starts[req_id], drafts.get(req_id, ())[starts[req_id] :]
+            bitmask[row : row + start] = -1  # every bit set: any token
+            row = self._grammar(req_id).fill_bitmasks(bitmask, row + start, constrained)
         return pack_grammar_bitmask(rows, bitmask)
 
     def accept_tokens(self, request_id: str, token_ids: Sequence[int]) -> bool:
-        """Advance the request's grammar over sampled tokens; False if one is not allowed."""
-        return self._grammar(request_id).accept_tokens(token_ids)
+        """Advance the request's grammar over sampled tokens (those after its reasoning);
+        False if one is not allowed."""
+        start = 0 if self._gate is None else self._gate.advance(request_id, token_ids)
+        if start is None:
+            return True  # all reasoning: nothing for the grammar yet
+        return self._grammar(request_id).accept_tokens(token_ids[start:])
 
     def validate_tokens(self, request_id: str, token_ids: Sequence[int]) -> list[int]:
         """The longest prefix of `token_ids` the request's grammar allows from where it is
-        now; the grammar itself does not move."""
-        return self._grammar(request_id).validate_tokens(token_ids)
+        now (reasoning tokens are all allowed); the grammar itself does not move."""
+        start = self._grammar_start(request_id, token_ids)
+        if start is None:
+            return list(token_ids)
+        allowed = self._grammar(request_id).validate_tokens(token_ids[start:])
+        return [*token_ids[:start], *allowed]
 
     def is_terminated(self, request_id: str) -> bool:
         """True once the request's grammar is complete and has accepted a stop token."""
@@ -171,6 +202,8 @@ class StructuredOutputManager:
         future = self._grammars.pop(request_id, None)
         if future is not None:
             future.cancel()
+        if self._gate is not None:
+            self._gate.remove(request_id)
 
     def shutdown(self) -> None:
         """Stop the compile threads; compiles not yet started are cancelled."""
@@ -178,6 +211,11 @@ class StructuredOutputManager:
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._grammars
+
+    def _grammar_start(self, request_id: str, token_ids: Sequence[int]) -> int | None:
+        """Where the grammar takes over in the request's next `token_ids` (see
+        ReasoningGate.grammar_start); 0 without a reasoning parser."""
+        return 0 if self._gate is None else self._gate.grammar_start(request_id, token_ids)
 
     def _future(self, request_id: str) -> Future[Grammar]:
         future = self._grammars.get(request_id)

@@ -27,6 +27,7 @@ _QUANT_CONFIGS = pytest.StashKey["list[dict]"]()
 _SPEC_OPTIONS = pytest.StashKey["dict[str, str]"]()
 _KV_CONFIGS = pytest.StashKey["dict[str, str]"]()
 _IO_DATA = pytest.StashKey["dict[str, object]"]()
+_LOGITS_ARGS = pytest.StashKey["dict[str, object]"]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -39,8 +40,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         dest="core_conformance",
         help="run the conformance kit for one component instead of the collected tests: "
         "KIND is platform, attention, sampler, quantization, kv_connector, model, "
-        "spec_proposer, lora, io_processor, rejection_sampler or kernels (a core.general "
-        "entry point that registers kernels for core's ops); NAME an entry name of that "
+        "spec_proposer, lora, io_processor, logits_processor, rejection_sampler or kernels "
+        "(a core.general entry point that registers kernels for core's ops); NAME an entry "
+        "name of that "
         "kind's entry-point group (rejection_sampler has none) or an importable module.path:Attr "
         "reference (`python -m pytest` puts the current directory on sys.path); "
         "repeatable, or comma-separated",
@@ -84,6 +86,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "NAME refuses garbage",
     )
     group.addoption(
+        "--core-conformance-logits-args",
+        action="append",
+        default=[],
+        metavar="NAME=JSON",
+        dest="core_conformance_logits_args",
+        help="the extra_args (a JSON object) of a request that asks logits processor NAME to "
+        'act, e.g. ban={"banned_token_ids": [3]}; repeatable; without it the kit checks only '
+        "that NAME leaves the requests that do not ask alone",
+    )
+    group.addoption(
         "--core-conformance-device",
         default="cpu",
         metavar="DEVICE",
@@ -114,6 +126,9 @@ def pytest_configure(config: pytest.Config) -> None:
         )
         config.stash[_IO_DATA] = _parsed_json(
             "--core-conformance-io-data", config.getoption("core_conformance_io_data")
+        )
+        config.stash[_LOGITS_ARGS] = _parsed_json(
+            "--core-conformance-logits-args", config.getoption("core_conformance_logits_args")
         )
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from exc
@@ -212,6 +227,12 @@ def io_data_of(config: pytest.Config, name: str) -> object | None:
     """The --core-conformance-io-data of IO processor `name`; None when none was given (a
     JSON null is no data a processor takes: the kit checks that it refuses it)."""
     return config.stash.get(_IO_DATA, {}).get(name)
+
+
+def logits_args_of(config: pytest.Config, name: str) -> object | None:
+    """The --core-conformance-logits-args of logits processor `name`; None when none was
+    given."""
+    return config.stash.get(_LOGITS_ARGS, {}).get(name)
 
 
 def quant_configs_of(config: pytest.Config) -> list[dict]:

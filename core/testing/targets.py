@@ -20,6 +20,10 @@ KINDS: dict[str, tuple[str | None, str | None]] = {
     "spec_proposer": ("core.spec_proposers", "core.spec_decode.interface:Proposer"),
     "lora": ("core.lora", "core.lora.interface:LoRAManager"),
     "io_processor": ("core.io_processors", "core.io_processors.interface:IOProcessor"),
+    "logits_processor": (
+        "core.logits_processors",
+        "core.sample.logits_processor:LogitsProcessor",
+    ),
     # A general plugin's registration callable: the kit checks the kernels it registers.
     "kernels": ("core.general", None),
     # Core's own, behind an ABC so a platform can bring a fused kernel: no plugin group.

@@ -3,6 +3,8 @@
 Requests are added, removed and condensed step to step instead of rebuilt, so the
 per-step host work depends on the tokens scheduled, not on the total context length.
 Rows [0, num_reqs) are dense after `condense()`; the step's order is the row order.
+Every change is also noted in `changes`, which the runner hands to the custom logits
+processors once per step (they keep per-row state).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 from core.lora.request import LoRARequest
 from core.multimodal.inputs import MultiModalFeature
 from core.pooling.params import PoolingParams
+from core.sample.batch_update import BatchUpdateBuilder
 from core.sampling_params import SamplingParams
 from core.worker.block_table import BlockTable
 
@@ -60,6 +63,7 @@ class InputBatch:
         self.req_id_to_row: dict[str, int] = {}
         self._holes: list[int] = []  # free rows below the highest used one (a min-heap)
         self._end = 0  # one past the highest row ever used since the last condense
+        self.changes = BatchUpdateBuilder()  # the rows' changes since the last build
 
     @property
     def num_reqs(self) -> int:
@@ -84,11 +88,16 @@ class InputBatch:
         self.num_computed_tokens[row] = state.num_computed_tokens
         for table, block_ids in zip(self.block_tables, state.block_ids, strict=True):
             table.set_row(row, block_ids)
+        if state.sampling_params is not None:
+            self.changes.added(
+                row, state.sampling_params, state.prompt_token_ids, state.output_token_ids
+            )
 
     def remove(self, req_id: str) -> None:
         row = self.req_id_to_row.pop(req_id)
         self.rows[row] = None
         heapq.heappush(self._holes, row)
+        self.changes.removed(row)
 
     def condense(self) -> None:
         """Move the last rows into the holes so rows [0, num_reqs) are all in use."""
@@ -115,6 +124,7 @@ class InputBatch:
             table.move_row(src, dst)
         self.rows[dst], self.rows[src] = state, None
         self.req_id_to_row[state.req_id] = dst
+        self.changes.moved(src, dst)
 
     def append_token(self, row: int, token_id: int) -> None:
         state = self.rows[row]

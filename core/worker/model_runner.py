@@ -15,6 +15,10 @@ for the next step, looking at the batch with the accepted tokens appended.
 With LoRA (`lora` given), each step first gets slots for the batch's adapters; every
 forward context then carries each token's slot (`ForwardContext.lora_mapping`).
 
+With custom logits processors (`logits_processors` given), each step's changes of the batch
+reach them as one BatchUpdate once the batch is updated, and the sampler applies them
+(core.sample.logits_processors).
+
 With a pooler (`--runner pooling`) nothing is sampled and no logits are computed: each
 request whose prompt the step completes gets its pooled vector in
 `ModelRunnerOutput.pooler_output`, and is done.
@@ -57,6 +61,7 @@ from core.models.pipeline import IntermediateTensors
 from core.platforms.device_graph import CaptureGraph
 from core.pooling.interface import Pooler, PoolingSpans
 from core.sample.interface import Sampler
+from core.sample.logits_processors import LogitsProcessors, StepLogitsProcessors
 from core.sample.logprobs import compute_prompt_logprobs
 from core.sample.metadata import SamplingMetadata
 from core.sampling_params import SamplingParams
@@ -119,8 +124,11 @@ class ModelRunner:
         lora: LoRAManager | None = None,
         pin_memory: bool = False,
         pooler: Pooler | None = None,
+        logits_processors: LogitsProcessors | None = None,
     ) -> None:
         self.model = model
+        # The engine's custom logits processors; they hear every change of the batch.
+        self.logits_processors = logits_processors
         self.pooler = pooler
         self.pin_memory = pin_memory  # stage inputs in pinned host memory (Platform.pin_memory)
         # What runs the forward: the model, or its compiled form (`use_compiled`).
@@ -197,6 +205,9 @@ class ModelRunner:
             batch.add(state)
         self._update_cached(so)
         batch.condense()
+        changes = batch.changes.build(batch.num_reqs)
+        if self.logits_processors is not None:
+            self.logits_processors.update_state(changes)
 
     def _update_cached(self, so: SchedulerOutput) -> None:
         batch = self._require_batch()
@@ -450,8 +461,24 @@ class ModelRunner:
             if self.mm_inputs is not None:
                 return self._multimodal_forward(self.mm_inputs, inputs, input_ids, positions)
             if pp.world_size == 1:
-                return self._forward(input_ids, positions)
+                return self._forward(input_ids, positions, **self._token_types(inputs))
             return self._pipeline_stage(pp, input_ids, positions)
+
+    def _token_types(self, inputs: _StepInputs) -> dict[str, torch.Tensor]:
+        """`token_type_ids` [T] for an encoder that takes them (`takes_token_type_ids`)
+        when the step holds a scored pair with types: 1 from its second text on
+        (PoolingParams.second_text_start), else 0. Empty when there is none."""
+        if not getattr(self.model, "takes_token_type_ids", False):
+            return {}
+        batch = self._require_batch()
+        params = [batch.rows[row].pooling_params for row in inputs.req_rows]
+        starts = [p.second_text_start if p is not None else None for p in params]
+        if not any(starts):
+            return {}
+        no_pair = self.max_model_len  # past every position: type 0 throughout
+        bounds = np.array([no_pair if s is None else s for s in starts], dtype=np.int64)
+        per_token = np.repeat(bounds, np.diff(inputs.query_start_loc))  # [T]
+        return {"token_type_ids": self._tensor(inputs.positions >= per_token)}
 
     def _multimodal_forward(
         self,
@@ -650,7 +677,10 @@ class ModelRunner:
         bitmask = step.so.grammar_bitmask
         if bitmask is not None:  # structured output: forbidden tokens get -inf
             apply_grammar_bitmask(logits, [s.req_id for s in chosen], bitmask)
-        result = self.sampler(logits, self._metadata(chosen, [s.output_token_ids for s in chosen]))
+        metadata = self._metadata(
+            chosen, [s.output_token_ids for s in chosen], self._step_processors(rows)
+        )
+        result = self.sampler(logits, metadata)
         token_ids = result.sampled_token_ids.tolist()
         logprobs: dict[str, LogprobsLists] = {}
         for i, state in enumerate(chosen):
@@ -670,10 +700,17 @@ class ModelRunner:
         )
         return dict(zip(rows, emitted, strict=True)), logprobs
 
+    def _step_processors(self, rows: list[int]) -> StepLogitsProcessors | None:
+        """The custom logits processors of a step sampling batch `rows`, if any."""
+        if self.logits_processors is None:
+            return None
+        return self.logits_processors.of_step(rows, self._require_batch().num_reqs)
+
     def _metadata(
         self,
         states: list[CachedRequestState],
         output_token_ids: list[list[int]],
+        logits_processors: StepLogitsProcessors | None = None,
     ) -> SamplingMetadata:
         """Sampling metadata with row i from `states[i]` and `output_token_ids[i]`."""
         generators = {i: s.generator for i, s in enumerate(states) if s.generator is not None}
@@ -685,6 +722,7 @@ class ModelRunner:
             generators=generators,
             eos_token_id=self.eos_token_id,
             device=self.device,
+            logits_processors=logits_processors,
         )
 
     def _prompt_logprob_positions(

@@ -41,12 +41,14 @@ from core.pooling.pooler import build_pooler
 from core.quantization.interface import QuantizationConfig
 from core.quantization.selector import build_quantization_config, resolve_quantization
 from core.sample.interface import Sampler
+from core.sample.logits_processor_selector import build_logits_processors
 from core.sample.selector import build_sampler
 from core.spec_decode.interface import ProposerContext
 from core.spec_decode.rejection_sampler import StandardRejectionSampler
 from core.spec_decode.selector import proposer_class
 from core.worker.contract import ModelRunnerOutput, SchedulerOutput
 from core.worker.model_runner import ModelRunner
+from core.worker.sleep_mode import WorkerSleep
 from core.worker.speculator import Speculator
 
 logger = logging.getLogger(__name__)
@@ -106,6 +108,7 @@ class Worker:
         # Set by init_device on a memory-profiling platform.
         self.free_memory_at_start: int | None = None
         self._loaded: LoadedModel | None = None  # set by load_model
+        self._sleep: WorkerSleep | None = None  # set by load_model (--enable-sleep-mode)
 
     @property
     def loaded(self) -> LoadedModel:
@@ -160,6 +163,13 @@ class Worker:
         if self.config.parallel.experts_span_engines:
             runner.step_in_lockstep(get_dp_group())
         self._loaded = LoadedModel(model, lora, speculator, layers, backend, graph_mode, runner)
+        self._sleep = WorkerSleep(
+            model,
+            lambda: [layer.kv_cache for layer in layers],
+            lambda: self._build_model(checkpoint)[0],
+            self.device,
+            self.platform.pin_memory,
+        )
 
     def _build_model(
         self, checkpoint: Checkpoint, prefix: str = ""
@@ -299,7 +309,10 @@ class Worker:
             speculator=speculator,
             lora=lora,
             pin_memory=self.platform.pin_memory,
-            pooler=None if self.config.pooler is None else build_pooler(self.config.pooler),
+            pooler=None if self.config.pooler is None else build_pooler(self.config.pooler, model),
+            logits_processors=build_logits_processors(
+                self.config, self.device, self.platform.pin_memory
+            ),
         )
 
     def _choose_kernels(self, runner: ModelRunner) -> None:
@@ -461,6 +474,20 @@ class Worker:
         connector = None if self._loaded is None else self._loaded.runner.kv_connector
         if connector is not None:
             connector.shutdown()
+
+    def sleep(self, level: int) -> int:
+        """--enable-sleep-mode (core.worker.sleep_mode): free the KV cache and offload
+        (level 1) or drop (level 2) the weights until `wake_up`; the bytes freed. No step
+        may run in between. RuntimeError before load_model."""
+        if self._sleep is None:
+            raise RuntimeError("load_model must run first")
+        return self._sleep.sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Bring back `tags` of what `sleep` freed ("weights", "kv_cache"; None: both)."""
+        if self._sleep is None:
+            raise RuntimeError("load_model must run first")
+        self._sleep.wake_up(tags)
 
     def dummy_run(self, num_tokens: int) -> None:
         """A forward of `num_tokens` placeholder tokens (ModelRunner.dummy_run) on every rank

@@ -40,6 +40,9 @@ class ScriptedClient(EngineCoreClient):
     async def utility(self, name: str) -> None:
         pass
 
+    async def call(self, name: str, *args) -> None:
+        pass
+
     async def get_outputs(self) -> EngineCoreOutputs:
         await self._killed.wait()
         self.dead_reason = DEATH

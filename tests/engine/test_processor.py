@@ -80,13 +80,13 @@ def test_prepare_leaves_an_offline_max_tokens_for_the_engine_core_to_cap(process
 
 
 def test_prepare_errors_name_the_prompt(processor):
-    with pytest.raises(ValueError, match="^prompt must not be empty"):
+    with pytest.raises(ValueError, match="^prompt: The decoder prompt cannot be empty$"):
         processor.prepare("", SamplingParams())
     with pytest.raises(
         ValueError, match=r"^prompt contains a lone surrogate \(U\+D800 at character 3"
     ):
         processor.prepare("w1 \ud800", SamplingParams())
-    with pytest.raises(ValueError, match=f"^prompt token id {len(VOCAB)} is outside"):
+    with pytest.raises(ValueError, match=f"^prompt: Token id {len(VOCAB)} is out of vocabulary$"):
         processor.prepare([len(VOCAB)], SamplingParams())
 
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 from engine_output_helpers import make_request
 
+from core.config import EngineConfig, SchedulerConfig
 from core.engine.output_processor import OutputProcessor, RequestOutputKind
 from core.engine.protocol import (
     EngineCoreEvent,
@@ -19,6 +21,12 @@ from core.engine.protocol import (
     SchedulerStats,
 )
 from core.engine.stats import IterationStats
+from core.kv_cache.grouping import kv_cache_config_for_blocks
+from core.kv_cache.kv_cache_manager import KVCacheManager
+from core.kv_cache.spec import FullAttentionSpec
+from core.request import Request
+from core.scheduler.scheduler import Scheduler
+from core.worker.contract import ModelRunnerOutput
 
 QUEUED, SCHEDULED, PREEMPTED = (
     EngineCoreEventType.QUEUED,
@@ -150,3 +158,59 @@ def test_a_steps_kv_transfer_times_become_its_updates_observations(processor, up
     outputs.kv_transfer_times = [0.002, 0.03]
     processor.process_outputs(outputs)
     assert updates[-1].kv_transfer_times == [0.002, 0.03]
+
+
+def test_preemptions_are_counted_from_the_events_of_every_output(processor, updates):
+    add(processor, "r", [1, 2], max_tokens=3)
+    processor.process_outputs(batch(1.0, token("r", (QUEUED, 0.1), (SCHEDULED, 0.2))))
+    processor.process_outputs(batch(2.0, token("r", (PREEMPTED, 1.1), (SCHEDULED, 1.5))))
+    last = token("r", (PREEMPTED, 2.1), (SCHEDULED, 2.5), finish_reason=FinishReason.LENGTH)
+    processor.process_outputs(batch(3.0, last))
+    (done,) = updates[-1].finished_requests
+    assert done.num_preemptions == 2
+
+
+def test_every_sample_carries_max_tokens_and_the_last_to_finish_carries_n(processor, updates):
+    add(processor, "r", [1, 2, 3], n=2, max_tokens=5)
+    processor.process_outputs(batch(1.0, token("1_r", finish_reason=FinishReason.STOP)))
+    processor.process_outputs(batch(2.0, token("0_r", finish_reason=FinishReason.LENGTH)))
+    (first,), (last,) = (u.finished_requests for u in updates)
+    assert (first.max_tokens_param, first.n_param) == (5, None)
+    assert (last.max_tokens_param, last.n_param) == (5, 2)
+
+
+def test_an_aborted_request_observes_n_once_and_no_max_tokens_when_it_had_none(processor, updates):
+    add(processor, "r", [1, 2], n=3, max_tokens=None)
+    processor.process_outputs(batch(1.0, token("2_r", finish_reason=FinishReason.LENGTH)))
+    processor.abort_requests(["r"])
+    finished = [f for u in updates for f in u.finished_requests]
+    assert [f.n_param for f in finished] == [None, None, 3]
+    assert {f.max_tokens_param for f in finished} == {None}
+
+
+def test_a_preemption_the_scheduler_made_is_counted_once_for_its_request(processor, updates):
+    """Through the real scheduler: 8 usable blocks of 4 tokens cannot hold two requests
+    growing to 24 tokens, so the later one is preempted (as in the scheduler's tests)."""
+    spec = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=2, dtype=torch.float32)
+    kv = KVCacheManager(kv_cache_config_for_blocks({"layer.0": spec}, 9), 64)
+    config = EngineConfig(scheduler=SchedulerConfig(max_num_batched_tokens=64))
+    scheduler = Scheduler(config, kv, 64)
+    requests = {}
+    for req_id, first_token in (("first", 10), ("second", 40)):
+        request = make_request(req_id, list(range(first_token, first_token + 12)), max_tokens=12,
+                               detokenize=False, ignore_eos=True)  # fmt: skip
+        processor.add_request(request)
+        requests[req_id] = Request.from_engine_core_request(request, kv.block_hasher, 64)
+        scheduler.add_request(requests[req_id])
+    while scheduler.has_unfinished_requests():
+        so = scheduler.schedule()
+        req_ids = list(so.num_scheduled_tokens)
+        sampled = [[7] if r.num_computed_tokens == r.num_tokens else []
+                   for r in map(scheduler.requests.get, req_ids)]  # fmt: skip
+        run = ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled)
+        processor.process_outputs(scheduler.update_from_output(so, run))
+    finished = [f for u in updates for f in u.finished_requests]
+    assert [f.num_generation_tokens for f in finished] == [12, 12]
+    assert requests["first"].num_preemptions == 0 and requests["second"].num_preemptions >= 1
+    counted = sorted(f.num_preemptions for f in finished)
+    assert counted == [0, requests["second"].num_preemptions]

@@ -72,9 +72,9 @@ def test_stop_strings_cut_exactly_and_never_leak_in_streamed_deltas(llm):
 @pytest.mark.parametrize(
     ("prompt", "params", "message"),
     [
-        ("", GREEDY, "prompt must not be empty"),
+        ("", GREEDY, "prompt: The decoder prompt cannot be empty"),
         ("word " * 600, GREEDY, "max_model_len"),
-        ([10**7], GREEDY, "outside the vocabulary"),
+        ([10**7], GREEDY, "Token id 10000000 is out of vocabulary"),
         ("hi", {"logprobs": 10**6}, "logprobs"),
     ],
 )

@@ -72,6 +72,7 @@ def test_serve_help_shows_each_declared_default():
         "--uvicorn-log-level": "info",
         "--chat-template-content-format": "auto",
         "--max-request-body-bytes": "2097152",
+        "--max-sequences-per-request": "1024",
         "--shutdown-timeout": "10.0",
     }
 

@@ -307,7 +307,7 @@ class SlowGrammars:
         self.submitted: set[str] = set()
         self.failed: dict[str, str] = {}
 
-    def submit(self, request_id, params) -> None:
+    def submit(self, request_id, params, prompt_token_ids=()) -> None:
         self.submitted.add(request_id)
 
     def is_ready(self, request_id) -> bool:

@@ -152,6 +152,34 @@ def test_a_sloppy_io_processor_fails_naming_what_it_does_wrong(tmp_path):
     assert "PASSED test_io_processor.py::test_prompts_have_the_contracts_shapes" in done.stdout
 
 
+def test_the_reference_logits_processor_conforms(tmp_path):
+    name = "core.sample.logit_softcap:SoftcapLogitsProcessor"
+    done = run_pytest(
+        f"--core-conformance=logits_processor:{name}",
+        f'--core-conformance-logits-args={name}={{"logit_softcap": 1.5}}',
+        "-rA",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "failed" not in done.stdout and "skipped" not in done.stdout
+
+
+def test_a_logits_processor_that_loses_track_of_rows_fails_naming_them(tmp_path):
+    name = "toy_logits_processor:ForgetfulProcessor"
+    done = run_pytest(
+        f"--core-conformance=logits_processor:{name}",
+        f'--core-conformance-logits-args={name}={{"boost": 5.0}}',
+        "-rA",
+        cwd=tmp_path,
+    )
+    assert done.returncode == pytest.ExitCode.TESTS_FAILED, done.stdout + done.stderr
+    assert "FAILED test_logits_processor.py::test_leaves_the_requests_that_do_not_ask_alone" in (
+        done.stdout
+    )
+    assert "FAILED test_logits_processor.py::test_a_requests_effect_follows_it" in done.stdout
+    assert "PASSED test_logits_processor.py::test_takes_a_request_without_arguments" in done.stdout
+
+
 def test_io_data_that_is_not_json_is_a_usage_error(tmp_path):
     done = run_pytest(
         "--core-conformance=io_processor:passthrough",

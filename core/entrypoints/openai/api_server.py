@@ -14,6 +14,7 @@ from fastapi import APIRouter, FastAPI
 import core
 from core import envs
 from core.engine.async_llm import AsyncLLM
+from core.engine.stat_loggers import listener_of
 from core.engine_args import EngineArgs
 from core.entrypoints.openai.auth import require_api_key
 from core.entrypoints.openai.errors import install_error_handlers
@@ -27,17 +28,26 @@ from core.entrypoints.openai.lifecycle import (
 from core.entrypoints.openai.middleware import install_middleware
 from core.entrypoints.openai.offload import OffLoop
 from core.entrypoints.openai.request_logger import RequestLogger
+from core.entrypoints.openai.routers.classify import classify_router
 from core.entrypoints.openai.routers.embeddings import embeddings_router
 from core.entrypoints.openai.routers.generation import generation_router
 from core.entrypoints.openai.routers.lora_adapters import lora_adapter_router
 from core.entrypoints.openai.routers.models import models_router
 from core.entrypoints.openai.routers.pooling import pooling_router
 from core.entrypoints.openai.routers.probes import OPEN_PATHS, SCRAPED_PATHS, probes_router
+from core.entrypoints.openai.routers.responses import responses_router
+from core.entrypoints.openai.routers.score import score_router
+from core.entrypoints.openai.routers.sleep import sleep_router
 from core.entrypoints.openai.routers.tokens import tokens_router
+from core.entrypoints.openai.sagemaker import pooling_route
+from core.entrypoints.openai.server_load import LoadTracking, ServerLoad, load_router
 from core.entrypoints.openai.serving import Serving
+from core.entrypoints.openai.serving_classify import ServingClassification
 from core.entrypoints.openai.serving_embeddings import ServingEmbeddings
 from core.entrypoints.openai.serving_models import LoRAModulePath, ServedModels
 from core.entrypoints.openai.serving_pooling import ServingPooling
+from core.entrypoints.openai.serving_responses import ServingResponses
+from core.entrypoints.openai.serving_score import ServingScores
 from core.entrypoints.openai.stats_logger import StatsLogger
 from core.entrypoints.openai.tool_calls import ToolCalling
 from core.metrics import EngineMetrics
@@ -72,6 +82,9 @@ def build_app(
         tool_calling,
         trust_request_chat_template=frontend.trust_request_chat_template,
         content_format=frontend.chat_template_content_format,
+        force_include_usage=frontend.enable_force_include_usage,
+        prompt_tokens_details=frontend.enable_prompt_tokens_details,
+        max_sequences_per_request=frontend.max_sequences_per_request,
     )
     # The app knows --root-path (not uvicorn, which would prefix it to every path): a
     # request reaches its route with the prefix (no proxy in front) or without (a proxy
@@ -86,13 +99,24 @@ def build_app(
     if api_key:
         extra = SCRAPED_PATHS if frontend.metrics_without_api_key else frozenset()
         require_api_key(app, api_key, OPEN_PATHS | extra)
-    install_middleware(app, frontend)  # outermost: CORS answers preflights without a key
+    # Outermost: CORS answers preflights without a key.
+    install_middleware(app, frontend, pooling_route(engine.processor.pooling_tasks.supported))
     app.include_router(probes_router(engine, metrics))
     app.include_router(models_router(models))
     app.include_router(generation_router(serving))
+    app.include_router(responses_router(ServingResponses(serving)))
     app.include_router(embeddings_router(ServingEmbeddings(engine, models, offload)))
     app.include_router(pooling_router(ServingPooling(engine, models, offload)))
-    app.include_router(tokens_router(engine, serving, offload))
+    app.include_router(score_router(ServingScores(engine, models, offload)))
+    app.include_router(classify_router(ServingClassification(engine, models, offload)))
+    app.include_router(
+        tokens_router(engine, serving, offload, frontend.enable_tokenizer_info_endpoint)
+    )
+    load = ServerLoad()
+    app.include_router(load_router(load))
+    if frontend.enable_server_load_tracking:
+        app.add_middleware(LoadTracking, load=load)
+    app.include_router(sleep_router(engine))
     if models.lora_enabled and envs.allow_runtime_lora_updating():
         app.include_router(lora_adapter_router(models, offload))
     _mount_endpoint_plugins(app)
@@ -107,7 +131,7 @@ def _listen_to_stats(
     metrics = EngineMetrics(models.base_model_name, engine.processor.config, engine.num_gpu_blocks)
     engine.stats_listeners.append(metrics.record)
     if not frontend.disable_log_stats:
-        engine.stats_listeners.append(StatsLogger().record)
+        engine.stats_listeners.append(listener_of(StatsLogger()))
     return metrics
 
 

@@ -11,14 +11,14 @@ from core.engine.output_processor import RequestOutputKind
 from core.engine.processor import PreparedRequest
 from core.entrypoints.openai.errors import OpenAIError
 from core.lora.request import LoRARequest
-from core.outputs import EmbeddingRequestOutput, RequestOutput
+from core.outputs import PoolingRequestOutput, RequestOutput
 
 __all__ = ["final_outputs"]
 
 
 async def final_outputs(
     engine: AsyncLLM, prepared: list[PreparedRequest], lora: LoRARequest | None = None
-) -> list[RequestOutput | EmbeddingRequestOutput]:
+) -> list[RequestOutput | PoolingRequestOutput]:
     """The requests' final outputs, in order. The first failure is raised and cancels
     (aborts) the rest; a request the engine aborted (a stopping server) is a 503."""
     base = engine.new_request_id()
@@ -35,7 +35,7 @@ async def final_outputs(
 
 async def _final_output(
     engine: AsyncLLM, request_id: str, prepared: PreparedRequest, lora: LoRARequest | None
-) -> RequestOutput | EmbeddingRequestOutput:
+) -> RequestOutput | PoolingRequestOutput:
     final = None
     async for output in engine.generate(
         request_id, prepared, RequestOutputKind.FINAL_ONLY, lora_request=lora
@@ -46,7 +46,7 @@ async def _final_output(
     return final
 
 
-def _aborted(output: RequestOutput | EmbeddingRequestOutput) -> bool:
+def _aborted(output: RequestOutput | PoolingRequestOutput) -> bool:
     """Whether the engine gave up on the request before it finished."""
     if isinstance(output, RequestOutput):
         return any(c.finish_reason == "abort" for c in output.outputs)

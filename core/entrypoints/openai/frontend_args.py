@@ -51,6 +51,25 @@ class FrontendArgs:
         None, "prompt characters and token ids a logged request shows (unset: all)", type=int
     )
     disable_log_stats: bool = flag(False, "no periodic log line of the engine's load", is_flag=True)
+    enable_tokenizer_info_endpoint: bool = flag(
+        False,
+        "serve GET /tokenizer_info (the tokenizer's configuration, chat template included)",
+        is_flag=True,
+    )
+    enable_server_load_tracking: bool = flag(
+        False, "count the requests being served, for GET /load (0 without it)", is_flag=True
+    )
+    enable_force_include_usage: bool = flag(
+        False,
+        "send the usage chunk at the end of every stream, asked for (stream_options."
+        "include_usage) or not",
+        is_flag=True,
+    )
+    enable_prompt_tokens_details: bool = flag(
+        False,
+        "usage.prompt_tokens_details.cached_tokens: the prompt tokens the prefix cache served",
+        is_flag=True,
+    )
     trust_request_chat_template: bool = flag(
         False,
         "render a chat_template sent with a request (without it: refused with a 400)",
@@ -66,6 +85,13 @@ class FrontendArgs:
     # are bounded: 2 MiB holds OpenAI's largest embedding batch or a 128k-token prompt.
     max_request_body_bytes: int = flag(
         2 * 1024 * 1024, "largest request body accepted, in bytes; a larger one is a 413", type=int
+    )
+    # Generous for any client (OpenAI's largest n is 128: eight times that in one batch),
+    # finite for a hostile one (core.entrypoints.openai.sequence_limit).
+    max_sequences_per_request: int = flag(
+        1024,
+        "most sequences one generation request may create (its prompts x n); more is a 400",
+        type=int,
     )
     # vLLM's default, 0, aborts open requests at once.
     shutdown_timeout: float = flag(
@@ -110,6 +136,10 @@ class FrontendArgs:
                 )
         if self.max_request_body_bytes <= 0:
             raise ValueError(f"--max-request-body-bytes {self.max_request_body_bytes}: must be > 0")
+        if self.max_sequences_per_request < 1:
+            raise ValueError(
+                f"--max-sequences-per-request {self.max_sequences_per_request}: must be >= 1"
+            )
         if self.root_path and not self.root_path.startswith("/"):
             raise ValueError(f"--root-path {self.root_path!r}: must start with '/'")
         if not self.shutdown_timeout >= 0:  # NaN too

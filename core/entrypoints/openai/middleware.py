@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from core.entrypoints.openai.errors import OpenAIError, error_response
 from core.entrypoints.openai.frontend_args import FrontendArgs
 from core.entrypoints.openai.offload import request_body_bytes
+from core.entrypoints.openai.sagemaker import SageMakerRoutes
 
 __all__ = [
     "REQUEST_ID_HEADER",
@@ -147,10 +148,12 @@ async def _cancel_on_disconnect(
         handling.cancel()
 
 
-def install_middleware(app: FastAPI, frontend: FrontendArgs) -> None:
-    """The body limit, CORS as the frontend options say, the X-Request-Id echo, and the
-    cancellation of requests whose client left."""
+def install_middleware(app: FastAPI, frontend: FrontendArgs, pooling_route: str) -> None:
+    """The body limit, CORS as the frontend options say, the X-Request-Id echo, the
+    cancellation of requests whose client left, and SageMaker's /ping and /invocations
+    (`pooling_route`: where an /invocations body with `input` goes)."""
     app.add_middleware(CancelOnDisconnect)
+    app.add_middleware(SageMakerRoutes, pooling=pooling_route)  # inside the body limit
     app.add_middleware(BodySizeLimit, max_bytes=frontend.max_request_body_bytes)
     app.add_middleware(RequestIdEcho)
     app.add_middleware(

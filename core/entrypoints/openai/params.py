@@ -21,6 +21,7 @@ from typing import Any
 
 from core.entrypoints.openai.errors import OpenAIError
 from core.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from core.input_checks import first_few
 from core.request import fit_max_tokens
 from core.sampling_params import SamplingParams, StructuredOutputsParams
 
@@ -68,15 +69,20 @@ def completion_sampling_params(
 ) -> SamplingParams:
     """SamplingParams of one prompt of a /v1/completions request.
 
-    ``echo`` with ``logprobs`` also asks for prompt logprobs, so the echoed prompt carries
-    them as OpenAI's does. Raises OpenAIError (400) naming the offending field.
+    ``echo`` with ``logprobs`` also asks for prompt logprobs (unless ``prompt_logprobs``
+    says how many), so the echoed prompt carries them as OpenAI's does. Raises OpenAIError
+    (400) naming the offending field.
     """
     explicit = "max_tokens" in req.model_fields_set
     max_tokens = _max_tokens(
         req.max_tokens, "max_tokens", explicit, defaults, max_model_len, prompt_len, "prompt"
     )
-    chosen = {"max_tokens": max_tokens, "logprobs": req.logprobs}
-    if req.echo and req.logprobs is not None:
+    chosen = {
+        "max_tokens": max_tokens,
+        "logprobs": req.logprobs,
+        "prompt_logprobs": req.prompt_logprobs,
+    }
+    if req.echo and req.logprobs is not None and req.prompt_logprobs is None:
         chosen["prompt_logprobs"] = req.logprobs
     return _build(req, chosen, defaults, renames={})
 
@@ -99,6 +105,7 @@ def chat_sampling_params(
     chosen = {
         "max_tokens": max_tokens,
         "logprobs": (req.top_logprobs or 0) if req.logprobs else None,
+        "prompt_logprobs": req.prompt_logprobs,
     }
     return _build(req, chosen, defaults, renames={"max_tokens": name, "logprobs": "top_logprobs"})
 
@@ -132,8 +139,7 @@ def _build(
     values.update(chosen)
     values["logit_bias"] = _logit_bias(req.logit_bias)
     values["structured_outputs"] = _structured_outputs(req)
-    if req.kv_transfer_params is not None:
-        values["extra_args"] = {"kv_transfer_params": req.kv_transfer_params}
+    values["extra_args"] = _extra_args(req)
     kwargs = {**(defaults or {}), **{k: v for k, v in values.items() if v is not None}}
     try:
         return SamplingParams(**kwargs)
@@ -141,16 +147,30 @@ def _build(
         raise field_error(str(exc), renames) from exc
 
 
+def _extra_args(req: CompletionRequest | ChatCompletionRequest) -> dict[str, Any] | None:
+    """SamplingParams.extra_args: vLLM's ``vllm_xargs`` (what custom logits processors
+    read), and the KV connector's ``kv_transfer_params``, which only its own field sets."""
+    extra = dict(req.vllm_xargs or {})
+    if "kv_transfer_params" in extra:
+        raise _bad_request(
+            "vllm_xargs must not hold kv_transfer_params; send the kv_transfer_params field",
+            "vllm_xargs",
+        )
+    if req.kv_transfer_params is not None:
+        extra["kv_transfer_params"] = req.kv_transfer_params
+    return extra or None
+
+
 def _logit_bias(logit_bias: dict[str, float] | None) -> dict[int, float] | None:
     if logit_bias is None:
         return None
-    for key in logit_bias:
-        if not _TOKEN_ID_KEY.fullmatch(key):
-            shown = repr(key) if len(key) <= 40 else f"{key[:40]!r}..."
-            raise _bad_request(
-                f"logit_bias keys must be token ids (non-negative integers), got {shown}",
-                "logit_bias",
-            )
+    bad = [key for key in logit_bias if not _TOKEN_ID_KEY.fullmatch(key)]
+    if bad:  # vLLM's words; its int() also takes "-1" and " 3", which no token id is spelt as
+        raise _bad_request(
+            "logit_bias contains key(s) that cannot be converted to integer token IDs: "
+            + first_few(bad),
+            "logit_bias",
+        )
     return {int(key): bias for key, bias in logit_bias.items()}
 
 
@@ -190,7 +210,7 @@ def field_error(message: str, renames: Mapping[str, str]) -> OpenAIError:
     the message say the request's own name for it (``renames``: e.g. prompt -> messages).
     A message that starts with neither a SamplingParams field nor a renamed one gets no
     ``param``."""
-    field = re.match(r"[a-z_]+", message)
+    field = re.match(r"[a-z_][a-z0-9_]*", message)
     name = field.group(0) if field else None
     if name not in SamplingParams.__struct_fields__ and name not in renames:
         return _bad_request(message, None)

@@ -1,8 +1,11 @@
 """Request and response bodies of the OpenAI-compatible API.
 
 Requests follow OpenAI's field names plus vLLM's extra sampling fields. Unknown fields
-are ignored (clients send fields this server does not know, as they do to OpenAI), but a
-known field of the wrong type is rejected: request models are strict, so ``"16"`` is not
+are ignored with a logged warning (clients send fields this server does not know, as they
+do to OpenAI), a field of vLLM's or OpenAI's protocol that core does not implement is
+refused unless sent with its "off" value (each model's ``unsupported_fields``; the policy
+is ``request_fields``, run for every request model), and a known field of the wrong type
+is rejected: request models are strict, so ``"16"`` is not
 a ``max_tokens`` and ``true`` is not an ``n``. Range checks that SamplingParams already
 makes (temperature, top_p, penalties, ...) are left to it (see ``params``); only OpenAI's
 own limits (``logprobs`` and ``top_logprobs`` in [0, 20]) and rules between fields are
@@ -21,19 +24,29 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Discriminator,
     Field,
+    ModelWrapValidatorHandler,
     Tag,
     ValidationInfo,
     field_validator,
     model_validator,
 )
 
+from core.entrypoints.openai.request_fields import (
+    CHAT_UNSUPPORTED,
+    COMPLETION_UNSUPPORTED,
+    STREAM_OPTIONS_UNSUPPORTED,
+    Unsupported,
+    refuse_unsupported,
+    warn_unknown,
+)
 from core.input_checks import check_json_data
 
 # OpenAI's cap on logprobs (completions) and top_logprobs (chat).
@@ -45,6 +58,16 @@ TokenId = Annotated[int, Field(ge=0)]
 
 class _Request(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
+    # Known fields this server does not implement: refused unless "off" (request_fields).
+    unsupported_fields: ClassVar[Mapping[str, Unsupported]] = {}
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _honoured_or_refused(cls, data: Any, handler: ModelWrapValidatorHandler) -> Any:
+        refuse_unsupported(cls, data)
+        validated = handler(data)
+        warn_unknown(cls, data)
+        return validated
 
     @field_validator("*")
     @classmethod
@@ -70,6 +93,7 @@ def _now() -> Any:
 
 
 class StreamOptions(_Request):
+    unsupported_fields = STREAM_OPTIONS_UNSUPPORTED
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM: usage on every chunk
 
@@ -236,9 +260,13 @@ class ToolCallParam(_Request):
 
 class ChatMessageParam(_Request):
     """One message of a chat request: text, and images for a model that takes them. Other
-    content part types (audio, image_embeds) are rejected with an error naming the part."""
+    content part types (audio, image_embeds) are rejected with an error naming the part.
 
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    Any role is taken, as vLLM takes it: chat templates know roles OpenAI does not
+    ("ipython", "observation", "function_response"...), and the template decides what
+    each means. Only the roles core reads have rules of their own (assistant, tool)."""
+
+    role: str = Field(min_length=1)
     content: MessageContent = None
     name: str | None = None
     tool_call_id: str | None = None  # a tool message: the call it answers
@@ -300,6 +328,7 @@ class _SamplingRequest(_Request):
     logit_bias: dict[str, float] | None = None
     seed: int | None = None
     user: str | None = None
+    safety_identifier: str | None = None  # OpenAI's successor of `user`
     response_format: ResponseFormat | None = None
     # vLLM extras
     top_k: int | None = None
@@ -325,6 +354,14 @@ class _SamplingRequest(_Request):
     # vLLM's prefill/decode disaggregation: what the server's KV connector is asked to do
     # (do_remote_decode on a prefill engine; a prefill's answer on a decode engine).
     kv_transfer_params: dict[str, Any] | None = None
+    # vLLM's: logprobs of each prompt token with its top k (-1: the whole vocabulary)
+    prompt_logprobs: int | None = Field(default=None, ge=-1)
+    # vLLM's: arguments of custom extensions (logits processors), as SamplingParams.extra_args
+    vllm_xargs: dict[str, str | int | float | list[str | int | float]] | None = None
+    # vLLM's beam search: the n best of n beams, ranked with the length penalty
+    # (core.entrypoints.openai.beam_search maps the request)
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
 
     @field_validator("stream_options")
     @classmethod
@@ -335,11 +372,20 @@ class _SamplingRequest(_Request):
             raise ValueError("stream_options is only allowed when stream is true")
         return options
 
+    @field_validator("prompt_logprobs")
+    @classmethod
+    def _prompt_logprobs_not_streamed(cls, k: int | None, info: ValidationInfo) -> int | None:
+        # As vLLM: a stream has no place for them (a response carries them whole).
+        if k is not None and info.data.get("stream"):
+            raise ValueError("prompt_logprobs are not available when stream is true")
+        return k
+
 
 class CompletionRequest(_SamplingRequest):
     """POST /v1/completions. ``prompt`` is one text, a batch of texts, one token-id list
     or a batch of token-id lists; each prompt of a batch gets its own ``n`` choices."""
 
+    unsupported_fields = COMPLETION_UNSUPPORTED
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16  # explicit null: up to the context length
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
@@ -415,6 +461,7 @@ class ChatCompletionRequest(_ChatTemplateRequest, _SamplingRequest):
     """POST /v1/chat/completions. ``max_completion_tokens`` wins over the deprecated
     ``max_tokens``; unset, generation may run up to the context length."""
 
+    unsupported_fields = CHAT_UNSUPPORTED
     messages: list[ChatMessageParam] = Field(min_length=1)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
@@ -424,6 +471,13 @@ class ChatCompletionRequest(_ChatTemplateRequest, _SamplingRequest):
     tools: list[ChatCompletionToolParam] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = True
+
+    @field_validator("echo")
+    @classmethod
+    def _no_chat_echo(cls, echo: bool | None) -> bool | None:
+        if echo:
+            raise ValueError("echo is not supported: chat does not echo the last message")
+        return echo
 
     @field_validator("top_logprobs")
     @classmethod
@@ -440,6 +494,7 @@ class TokenizeRequest(_ChatTemplateRequest):
     model: str | None = None
     prompt: str | None = None
     add_special_tokens: bool | None = None
+    return_token_strs: bool = False  # vLLM's: each token's string beside its id
 
     @model_validator(mode="after")
     def _prompt_or_messages(self) -> TokenizeRequest:
@@ -472,10 +527,15 @@ class UnloadLoRAAdapterRequest(_Request):
 # --- responses -----------------------------------------------------------------------------
 
 
+class PromptTokensDetails(_Response):
+    cached_tokens: int = 0
+
+
 class UsageInfo(_Response):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None  # --enable-prompt-tokens-details
 
 
 class CompletionLogProbs(_Response):
@@ -483,6 +543,18 @@ class CompletionLogProbs(_Response):
     token_logprobs: list[float | None] = Field(default_factory=list)
     tokens: list[str] = Field(default_factory=list)
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+
+
+class PromptLogprob(_Response):
+    """vLLM's Logprob: one token's entry at a prompt position."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# vLLM's prompt_logprobs: per prompt position {token id: entry}, None for the first token.
+PromptLogprobs = list[dict[int, PromptLogprob] | None]
 
 
 class CompletionResponseChoice(_Response):
@@ -493,6 +565,7 @@ class CompletionResponseChoice(_Response):
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # a whole choice's, when computed
 
 
 class CompletionResponse(_Response):
@@ -557,12 +630,14 @@ class ChatMessage(_Response):
     role: str = "assistant"
     content: str | None = None
     tool_calls: list[ToolCall] | None = None
+    reasoning_content: str | None = None  # --reasoning-parser: the thinking, apart from content
 
 
 class DeltaMessage(_Response):
     role: str | None = None
     content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
+    reasoning_content: str | None = None
 
 
 class ChatCompletionResponseChoice(_Response):
@@ -589,6 +664,7 @@ class ChatCompletionResponse(_Response):
     choices: list[ChatCompletionResponseChoice]
     usage: UsageInfo
     kv_transfer_params: dict[str, Any] | None = None  # the KV connector's, when it has any
+    prompt_logprobs: PromptLogprobs | None = None  # when the request asked for them
 
 
 class ChatCompletionStreamResponse(_Response):
@@ -623,6 +699,7 @@ class TokenizeResponse(_Response):
     tokens: list[int]
     count: int
     max_model_len: int
+    token_strs: list[str] | None = None
 
 
 class DetokenizeResponse(_Response):

@@ -18,20 +18,26 @@ from core.entrypoints.openai.protocol import _Request
 TokenId = Annotated[int, Field(ge=0)]
 
 
-class EmbeddingRequest(_Request):
+class InputRequest(_Request):
+    """A request of one pooled output per prompt of `input` (/v1/embeddings, /classify,
+    /pooling)."""
+
     model: str | None = None
     # A text, texts, a prompt's token ids, or several prompts' token ids.
     input: str | list[str] | list[TokenId] | list[list[TokenId]]
-    dimensions: int | None = None  # Matryoshka: keep the first n values
-    encoding_format: Literal["float", "base64"] = "float"
     user: str | None = None
 
     def prompts(self) -> list[str | list[int]]:
-        """One prompt per embedding to return, in order."""
+        """One prompt per output to return, in order."""
         given = self.input
         if isinstance(given, str) or given and isinstance(given[0], int):
             return [given]  # type: ignore[list-item]
         return list(given)  # type: ignore[arg-type]
+
+
+class EmbeddingRequest(InputRequest):
+    dimensions: int | None = None  # Matryoshka: keep the first n values
+    encoding_format: Literal["float", "base64"] = "float"
 
 
 class Embedding(BaseModel):

@@ -15,12 +15,16 @@ from core.entrypoints.openai.protocol import (
     CompletionLogProbs,
     CompletionResponseChoice,
     DeltaMessage,
+    PromptLogprob,
+    PromptLogprobs,
     UsageInfo,
 )
+from core.entrypoints.openai.reasoning import split_delta, split_output
 from core.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 
 if TYPE_CHECKING:
     from core.entrypoints.openai.tool_calls import ToolPlan, ToolStream
+    from core.reasoning import ReasoningParser, ReasoningStream
 
 # JSON has no -inf: OpenAI reports "very unlikely" with this value instead.
 _MIN_LOGPROB = -9999.0
@@ -95,6 +99,28 @@ def chat_logprobs(
     return ChatCompletionLogProbs(content=content)
 
 
+def prompt_logprobs(
+    request_output: RequestOutput, decode_token: DecodeToken
+) -> PromptLogprobs | None:
+    """vLLM's ``prompt_logprobs`` of a whole output: per prompt position its entries (the
+    prompt token's and the top k), None at the first position; None when not computed."""
+    if request_output.prompt_logprobs is None:
+        return None
+    return [
+        None
+        if position is None
+        else {
+            token_id: PromptLogprob(
+                logprob=_clamped(entry.logprob),
+                rank=entry.rank,
+                decoded_token=_token_text(token_id, position, decode_token),
+            )
+            for token_id, entry in position.items()
+        }
+        for position in request_output.prompt_logprobs
+    ]
+
+
 def completion_choice(
     request_output: RequestOutput,
     output: CompletionOutput,
@@ -103,11 +129,13 @@ def completion_choice(
     index: int | None = None,
     echo_text: str | None = None,
     text_offset: int = 0,
+    whole: bool = False,
 ) -> CompletionResponseChoice:
     """A completion choice from one sample (whole, or a streamed delta). ``echo_text``
     (the prompt's text) is prepended when echoing; then logprobs, if the request asked
     for them, cover the prompt tokens first. ``text_offset``: characters already sent
-    in earlier chunks. ``index`` defaults to the sample's index."""
+    in earlier chunks. ``index`` defaults to the sample's index. A ``whole`` choice
+    carries the prompt logprobs the engine computed, as vLLM's does."""
     text = output.text
     token_ids, positions = list(output.token_ids), list(output.logprobs or [])
     if echo_text is not None:
@@ -126,6 +154,7 @@ def completion_choice(
         logprobs=logprobs,
         finish_reason=output.finish_reason,
         stop_reason=output.stop_reason,
+        prompt_logprobs=prompt_logprobs(request_output, decode_token) if whole else None,
     )
 
 
@@ -134,13 +163,20 @@ def chat_choice(
     decode_token: DecodeToken,
     num_top_logprobs: int = 0,
     tools: ToolPlan | None = None,
+    reasoning: ReasoningParser | None = None,
 ) -> ChatCompletionResponseChoice:
     """A whole chat choice from one sample: the assistant's message, its tool calls read
-    out of the text when `tools` (the request's ToolPlan) says so."""
+    out of the text when `tools` (the request's ToolPlan) says so. With `reasoning` (the
+    server's parser) the reasoning is split off first, and the rest is read as content."""
+    reasoning_text = None
+    if reasoning is not None:
+        reasoning_text, output = split_output(reasoning, output)
     if tools is None:
         message, finish_reason = ChatMessage(content=output.text), output.finish_reason
     else:
         message, finish_reason = tools.message(output)
+    if reasoning is not None:
+        message.reasoning_content, message.content = reasoning_text, message.content or None
     return ChatCompletionResponseChoice(
         index=output.index,
         message=message,
@@ -156,19 +192,26 @@ def chat_stream_choice(
     num_top_logprobs: int = 0,
     role: str | None = None,
     tools: ToolStream | None = None,
+    reasoning: ReasoningStream | None = None,
 ) -> ChatCompletionStreamChoice | None:
     """A streamed chat choice from one sample's delta; ``role`` goes in the first chunk.
-    With `tools` (the sample's ToolStream) the text goes through its parser, which may hold
-    some back: None when the delta then has nothing to send."""
+    With `reasoning` (the sample's ReasoningStream) the reasoning is split off first; with
+    `tools` (the sample's ToolStream) the content goes through its parser. Either may hold
+    some text back: None when the delta then has nothing to send."""
+    reasoning_text = None
+    if reasoning is not None:
+        reasoning_text, output = split_delta(reasoning, output)
     if tools is None:
-        delta = DeltaMessage(role=role, content=output.text)
+        content = output.text if reasoning is None else output.text or None
+        delta = DeltaMessage(role=role, content=content)
         finish_reason = output.finish_reason
     else:
         delta, finish_reason = tools.step(output)
         delta.role = role
-        held = delta.content is None and not delta.tool_calls
-        if held and not (role or finish_reason or output.logprobs):
-            return None
+    delta.reasoning_content = reasoning_text
+    held = delta.content is None and not delta.tool_calls and reasoning_text is None
+    if held and not (role or finish_reason or output.logprobs):
+        return None
     return ChatCompletionStreamChoice(
         index=output.index,
         delta=delta,

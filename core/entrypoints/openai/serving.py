@@ -32,12 +32,14 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from http import HTTPStatus
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from core.beam_search import BeamSearchParams
 from core.engine.async_llm import AsyncLLM
 from core.engine.core_client import EngineDeadError
 from core.engine.processor import ChatRenderError, PreparedRequest
@@ -49,30 +51,35 @@ from core.entrypoints.chat_content import (
 )
 from core.entrypoints.openai import protocol as p
 from core.entrypoints.openai import responses as r
+from core.entrypoints.openai.beam_search import beam_search_params
 from core.entrypoints.openai.errors import OpenAIError, as_openai_error
+from core.entrypoints.openai.frontend_args import FrontendArgs
 from core.entrypoints.openai.offload import OffLoop
 from core.entrypoints.openai.params import (
     chat_sampling_params,
     completion_sampling_params,
     field_error,
 )
+from core.entrypoints.openai.reasoning import output_reasoning_parser, reasoning_sampling_params
 from core.entrypoints.openai.request_logger import RequestLogger
 from core.entrypoints.openai.request_options import (
     EngineRequestOptions,
     engine_request_options,
 )
+from core.entrypoints.openai.sequence_limit import check_sequence_limit
 from core.entrypoints.openai.serving_models import ServedModels
 from core.entrypoints.openai.tool_calls import ToolCalling, ToolPlan, ToolStream
 from core.lora.request import LoRARequest
 from core.multimodal.media import MediaConnector
 from core.multimodal.processing import process_prompt
 from core.outputs import CompletionOutput, RequestOutput
+from core.reasoning import ReasoningParser, ReasoningStream
 from core.request import FinishReason
 from core.sampling_params import SamplingParams
 
 
 @dataclass
-class _Tracked:
+class TrackedRequest:
     """One prompt's engine request, accumulated from its deltas."""
 
     prompt_index: int
@@ -85,6 +92,7 @@ class _Tracked:
     prompt_logprobs: list | None = None
     num_cached_tokens: int = 0
     kv_transfer_params: dict[str, Any] | None = None  # the KV connector's, once finished
+    beam_search: BeamSearchParams | None = None  # use_beam_search's; None: sampled
 
 
 class Serving:
@@ -97,13 +105,19 @@ class Serving:
         tool_calling: ToolCalling = ToolCalling(),
         trust_request_chat_template: bool = False,
         content_format: ContentFormat = "auto",
+        force_include_usage: bool = False,
+        prompt_tokens_details: bool = False,
+        max_sequences_per_request: int = FrontendArgs.max_sequences_per_request,
     ):
         """`offload`: where requests are tokenized and rendered; `request_logger`: logs
         each engine request's inputs (--enable-log-requests); `tool_calling`: the
         --enable-auto-tool-choice / --tool-call-parser settings;
         `trust_request_chat_template`: accept a request's own chat_template;
-        `content_format`: --chat-template-content-format. ValueError naming
-        --allowed-local-media-path when that is not a directory."""
+        `content_format`: --chat-template-content-format; `force_include_usage`,
+        `prompt_tokens_details`: --enable-force-include-usage,
+        --enable-prompt-tokens-details; `max_sequences_per_request`: its flag (see
+        sequence_limit). ValueError naming --allowed-local-media-path when that is not a
+        directory."""
         self.engine = engine
         self.models = models
         self.offload = offload
@@ -111,10 +125,15 @@ class Serving:
         self.tool_calling = tool_calling
         self.trust_request_chat_template = trust_request_chat_template
         self.content_format = content_format
+        self.force_include_usage = force_include_usage
+        self.prompt_tokens_details = prompt_tokens_details
+        self.max_sequences_per_request = max_sequences_per_request
         self.media = MediaConnector(engine.processor.config.model.allowed_local_media_path)
         # Built here: on a request it would be built on the event loop (it reads the
         # checkpoint's preprocessor config).
         self.mm_processor = engine.processor.mm_processor
+        # --reasoning-parser's (None: outputs are all content).
+        self.reasoning_parser = engine.reasoning_parser
 
     # -- shared ---------------------------------------------------------------------------
 
@@ -148,20 +167,25 @@ class Serving:
     def decode_token(self, token_id: int) -> str:
         return self.engine.tokenizer.decode([token_id])
 
-    async def _deltas(
-        self, requests: list[_Tracked], raw: Request
-    ) -> AsyncIterator[tuple[_Tracked, RequestOutput]]:
-        """Deltas of every request, interleaved; aborts all if the client goes away."""
+    async def deltas(
+        self, requests: list[TrackedRequest], raw: Request | None
+    ) -> AsyncIterator[tuple[TrackedRequest, RequestOutput]]:
+        """Deltas of every request, interleaved; aborts all if the client goes away, or
+        when the consumer stops (cancelled). `raw` None: no client waits on them (a
+        Responses API background response), nothing is watched."""
         queue: asyncio.Queue = asyncio.Queue()
         options = requests[0].options
         base = options.request_id or self.engine.new_request_id()
 
-        async def pump(tracked: _Tracked) -> None:
+        async def pump(tracked: TrackedRequest) -> None:
             request_id = f"{base}-{tracked.prompt_index}"
             if self.request_logger is not None:
                 self.request_logger.log_inputs(request_id, tracked.prepared, tracked.lora_request)
             try:
-                outputs = self.engine.generate(
+                run = self.engine.generate if tracked.beam_search is None else partial(
+                    self.engine.beam_search, params=tracked.beam_search
+                )  # fmt: skip
+                outputs = run(
                     request_id,
                     tracked.prepared,
                     priority=options.priority,
@@ -182,7 +206,7 @@ class Serving:
                     tracked, item = await asyncio.wait_for(queue.get(), timeout=1.0)
                 except TimeoutError:
                     tracked, item = None, None
-                if time.monotonic() - last_check >= 1.0:
+                if raw is not None and time.monotonic() - last_check >= 1.0:
                     last_check = time.monotonic()
                     if await raw.is_disconnected():
                         return  # the finally below aborts every request
@@ -198,20 +222,21 @@ class Serving:
             for task in tasks:  # cancelling a pump aborts its engine request
                 task.cancel()
 
-    async def _run_to_end(self, requests: list[_Tracked], raw: Request) -> None:
+    async def _run_to_end(self, requests: list[TrackedRequest], raw: Request) -> None:
         """Run a non-streaming request's engine requests to their end; a 503 when the
-        server aborted one (its shutdown deadline)."""
-        async for _ in self._deltas(requests, raw):
+        server aborted one (its shutdown deadline, or a POST /sleep)."""
+        async for _ in self.deltas(requests, raw):
             pass
         finish_reasons = {s.finish_reason for t in requests for s in t.samples.values()}
         if str(FinishReason.ABORT) in finish_reasons:
             raise OpenAIError(
                 HTTPStatus.SERVICE_UNAVAILABLE,
-                "the server aborted the request before it finished (it is shutting down)",
+                "the server aborted the request before it finished (it is shutting down or "
+                "going to sleep)",
                 code="aborted",
             )
 
-    def _record(self, tracked: _Tracked, output: RequestOutput) -> None:
+    def _record(self, tracked: TrackedRequest, output: RequestOutput) -> None:
         tracked.num_tokens += sum(len(o.token_ids) for o in output.outputs)
         for delta in output.outputs:
             _accumulate(tracked.samples, delta)
@@ -221,7 +246,7 @@ class Serving:
         if output.kv_transfer_params is not None:
             tracked.kv_transfer_params = output.kv_transfer_params
 
-    def _final_output(self, tracked: _Tracked) -> RequestOutput:
+    def _final_output(self, tracked: TrackedRequest) -> RequestOutput:
         return RequestOutput(
             request_id="",
             prompt=tracked.prepared.prompt,
@@ -233,11 +258,18 @@ class Serving:
             kv_transfer_params=tracked.kv_transfer_params,
         )
 
-    def _usage(self, requests: list[_Tracked]) -> p.UsageInfo:
+    def _usage(self, requests: list[TrackedRequest]) -> p.UsageInfo:
         prompt = sum(len(t.prepared.prompt_token_ids) for t in requests)
         completion = sum(t.num_tokens for t in requests)
+        details = None
+        if self.prompt_tokens_details:
+            cached = sum(t.num_cached_tokens for t in requests)
+            details = p.PromptTokensDetails(cached_tokens=cached)
         return p.UsageInfo(
-            prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            total_tokens=prompt + completion,
+            prompt_tokens_details=details,
         )
 
     def _stream(self, chunks: AsyncIterator[str]) -> StreamingResponse:
@@ -254,6 +286,7 @@ class Serving:
         self.engine.check_healthy()  # a 503 before a stream's 200, as without streaming
         lora = self.check_model(req.model)
         self.engine.processor.require_runner("generate")  # a 400 on an embedding model
+        check_sequence_limit(len(req.prompts()), req.n or 1, self.max_sequences_per_request)
         options = self._options(req, raw)
         requests = await self.offload.run(self._completion_requests, req, lora, options)
         n = requests[0].prepared.params.n
@@ -269,6 +302,7 @@ class Serving:
                 self.decode_token,
                 index=t.prompt_index * n + sample.index,
                 echo_text=self._echo_text(t) if req.echo else None,
+                whole=True,
             )
             for t in requests
             for sample in self._final_output(t).outputs
@@ -283,7 +317,7 @@ class Serving:
 
     def _completion_requests(
         self, req: p.CompletionRequest, lora: LoRARequest | None, options: EngineRequestOptions
-    ) -> list[_Tracked]:
+    ) -> list[TrackedRequest]:
         """One engine request per prompt, tokenized and validated (on the OffLoop)."""
         requests = []
         for i, prompt in enumerate(req.prompts()):
@@ -297,21 +331,23 @@ class Serving:
                 self.engine.processor.generation_defaults,
             )  # fmt: skip
             prepared = self._prepare(prompt, params, "prompt")
-            requests.append(_Tracked(i, prepared, lora, options))
+            max_logprobs = self.engine.processor.config.model.max_logprobs
+            search = beam_search_params(req, params, max_logprobs)
+            requests.append(TrackedRequest(i, prepared, lora, options, beam_search=search))
         return requests
 
-    def _echo_text(self, tracked: _Tracked) -> str:
+    def _echo_text(self, tracked: TrackedRequest) -> str:
         prepared = tracked.prepared
         return prepared.prompt or self.engine.tokenizer.decode(prepared.prompt_token_ids)
 
     def _completion_choices(
         self, req: p.CompletionRequest, n: int
-    ) -> Callable[[_Tracked, RequestOutput], list[p.CompletionResponseChoice]]:
+    ) -> Callable[[TrackedRequest, RequestOutput], list[p.CompletionResponseChoice]]:
         """Turns each delta into stream choices; the prompt is echoed once per sample and
         logprob text offsets continue where the previous chunk stopped."""
         offsets: dict[tuple[int, int], int] = {}
 
-        def choices(tracked: _Tracked, output: RequestOutput) -> list:
+        def choices(tracked: TrackedRequest, output: RequestOutput) -> list:
             made = []
             for sample in output.outputs:
                 key = (tracked.prompt_index, sample.index)
@@ -333,24 +369,30 @@ class Serving:
     async def _event_stream(
         self,
         req: p.CompletionRequest | p.ChatCompletionRequest,
-        requests: list[_Tracked],
+        requests: list[TrackedRequest],
         raw: Request,
         response_cls: type[p.CompletionStreamResponse] | type[p.ChatCompletionStreamResponse],
-        choices_of: Callable[[_Tracked, RequestOutput], list],
+        choices_of: Callable[[TrackedRequest, RequestOutput], list],
     ) -> AsyncIterator[str]:
-        """SSE chunks of one response id, the usage chunk if asked, then [DONE]."""
+        """SSE chunks of one response id (each with the usage so far when
+        stream_options.continuous_usage_stats asks, as vLLM's), the usage chunk if asked,
+        then [DONE]."""
         prefix = "cmpl" if response_cls is p.CompletionStreamResponse else "chatcmpl"
         header = {
             "id": f"{prefix}-{uuid.uuid4().hex}",
             "created": int(time.time()),
             "model": self.models.model_name(requests[0].lora_request),
         }
+        continuous = req.stream_options is not None and req.stream_options.continuous_usage_stats
         try:
-            async for tracked, output in self._deltas(requests, raw):
-                choices = choices_of(tracked, output)
-                if choices:  # a tool parser may hold a whole delta back
-                    yield self._sse(response_cls(**header, choices=choices))
-            if req.stream_options is not None and req.stream_options.include_usage:
+            async for tracked, output in self.deltas(requests, raw):
+                # One choice a chunk, as OpenAI sends them (a delta of n samples is n chunks);
+                # a tool parser may hold a whole delta back (no choice, no chunk).
+                for choice in choices_of(tracked, output):
+                    usage = self._usage(requests) if continuous else None
+                    yield self._sse(response_cls(**header, choices=[choice], usage=usage))
+            asked = req.stream_options is not None and req.stream_options.include_usage
+            if asked or self.force_include_usage:
                 yield self._sse(response_cls(**header, choices=[], usage=self._usage(requests)))
         except (OpenAIError, EngineDeadError, ValueError) as exc:
             yield self._sse(as_openai_error(exc).body())
@@ -441,36 +483,42 @@ class Serving:
         self.engine.check_healthy()  # a 503 before a stream's 200, as without streaming
         lora = self.check_model(req.model)
         self.engine.processor.require_runner("generate")  # a 400 on an embedding model
+        check_sequence_limit(1, req.n or 1, self.max_sequences_per_request)
         options = self._options(req, raw)
         content, images = await self.chat_content(req)
         tracked, tools = await self.offload.run(
-            self._chat_request, req, content, images, lora, options
+            self.chat_request, req, content, images, lora, options
         )
         requests = [tracked]
         num_top = req.top_logprobs or 0
+        prompt_ids = tracked.prepared.prompt_token_ids
+        reasoning = output_reasoning_parser(self.reasoning_parser, prompt_ids)
         if req.stream:
-            choices = self._chat_choices(num_top, tools)
+            choices = self._chat_choices(num_top, tools, reasoning)
             stream = self._event_stream(req, requests, raw, p.ChatCompletionStreamResponse, choices)
             return self._stream(stream)
         await self._run_to_end(requests, raw)
         final = self._final_output(requests[0])
-        choices = [r.chat_choice(o, self.decode_token, num_top, tools) for o in final.outputs]
+        choices = [
+            r.chat_choice(o, self.decode_token, num_top, tools, reasoning) for o in final.outputs
+        ]
         response = p.ChatCompletionResponse(
             model=self.models.model_name(lora),
             choices=choices,
             usage=self._usage(requests),
             kv_transfer_params=requests[0].kv_transfer_params,
+            prompt_logprobs=r.prompt_logprobs(final, self.decode_token),
         )
         return JSONResponse(response.model_dump(exclude_none=True))
 
-    def _chat_request(
+    def chat_request(
         self,
         req: p.ChatCompletionRequest,
         content: ChatContent,
         images: list[Any],
         lora: LoRARequest | None,
         options: EngineRequestOptions,
-    ) -> tuple[_Tracked, ToolPlan]:
+    ) -> tuple[TrackedRequest, ToolPlan]:
         """The conversation rendered, tokenized and validated with its images (on the
         OffLoop), and how its output is read for tool calls."""
         tools = self.tool_calling.plan(req, self.engine.tokenizer)
@@ -480,28 +528,37 @@ class Serving:
             self.engine.processor.generation_defaults,
         )  # fmt: skip
         params = tools.sampling_params(params)
+        params = reasoning_sampling_params(self.reasoning_parser, params)
         multi_modal_data = {"image": images} if images else None
         prepared = self._prepare(prompt_ids, params, "messages", multi_modal_data)
-        return _Tracked(0, prepared, lora, options), tools
+        max_logprobs = self.engine.processor.config.model.max_logprobs
+        search = beam_search_params(req, params, max_logprobs)
+        return TrackedRequest(0, prepared, lora, options, beam_search=search), tools
 
     def _chat_choices(
-        self, num_top: int, tools: ToolPlan
-    ) -> Callable[[_Tracked, RequestOutput], list[p.ChatCompletionStreamChoice]]:
+        self, num_top: int, tools: ToolPlan, reasoning: ReasoningParser | None = None
+    ) -> Callable[[TrackedRequest, RequestOutput], list[p.ChatCompletionStreamChoice]]:
         """Turns each delta into stream choices; a sample's first chunk names the role.
-        Each sample's text goes through its own ToolStream when the plan parses output."""
+        Each sample's text goes through its own ReasoningStream with a `reasoning` parser,
+        and its content through its own ToolStream when the plan parses output."""
         started: set[int] = set()
         streams: dict[int, ToolStream | None] = {}
+        reasonings: dict[int, ReasoningStream | None] = {}
 
-        def choices(_: _Tracked, output: RequestOutput) -> list:
+        def choices(_: TrackedRequest, output: RequestOutput) -> list:
             made = []
             for sample in output.outputs:
                 role = None if sample.index in started else "assistant"
                 started.add(sample.index)
                 if sample.index not in streams:
                     streams[sample.index] = tools.stream()
+                    reasonings[sample.index] = (
+                        None if reasoning is None else ReasoningStream(reasoning)
+                    )
                 choice = r.chat_stream_choice(
-                    sample, self.decode_token, num_top, role=role, tools=streams[sample.index]
-                )
+                    sample, self.decode_token, num_top, role=role, tools=streams[sample.index],
+                    reasoning=reasonings[sample.index],
+                )  # fmt: skip
                 if choice is not None:
                     made.append(choice)
             return made
@@ -511,8 +568,10 @@ class Serving:
 
 def _input_error(exc: ValueError, prompt_field: str) -> OpenAIError:
     """A 400 for the InputProcessor's ValueError, naming the request's field: `prompt_field`
-    is what the request calls the prompt, which holds its images too."""
-    return field_error(str(exc), {"prompt": prompt_field, "multi_modal_data": prompt_field})
+    is what the request calls the prompt, which holds its images too; a logits processor's
+    arguments (extra_args) come from vllm_xargs."""
+    renames = {"prompt": prompt_field, "multi_modal_data": prompt_field, "extra_args": "vllm_xargs"}
+    return field_error(str(exc), renames)
 
 
 # The field a chat content or media error starts with: `messages[0].content[1].image_url`.

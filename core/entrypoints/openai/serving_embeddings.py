@@ -8,18 +8,13 @@ float32 bytes (`encoding_format`, what the openai client asks for by default).
 
 from __future__ import annotations
 
-import base64
-from http import HTTPStatus
+from functools import partial
 
-import numpy as np
 from fastapi.responses import JSONResponse
 
 from core.engine.async_llm import AsyncLLM
-from core.engine.processor import PreparedRequest
-from core.entrypoints.openai.errors import OpenAIError
 from core.entrypoints.openai.final_outputs import final_outputs
 from core.entrypoints.openai.offload import OffLoop
-from core.entrypoints.openai.params import field_error
 from core.entrypoints.openai.protocol_embeddings import (
     Embedding,
     EmbeddingRequest,
@@ -27,12 +22,9 @@ from core.entrypoints.openai.protocol_embeddings import (
     EmbeddingUsage,
 )
 from core.entrypoints.openai.serving_models import ServedModels
-from core.pooling.params import PoolingParams
+from core.entrypoints.openai.serving_pooled import encode_floats, prepare_inputs, require_task
 
 __all__ = ["ServingEmbeddings"]
-
-# The request's names for the fields the engine's validation names.
-_RENAMES = {"prompt": "input", "dimensions": "dimensions"}
 
 
 class ServingEmbeddings:
@@ -44,14 +36,12 @@ class ServingEmbeddings:
 
     async def create(self, req: EmbeddingRequest) -> JSONResponse:
         lora = self.models.lora_request(req.model)  # a 404 for a model not served here
-        try:
-            self.engine.processor.require_runner("pooling")
-        except ValueError as exc:
-            raise OpenAIError(HTTPStatus.BAD_REQUEST, str(exc), param="model") from exc
-        prepared = await self.offload.run(self._prepare, req)
+        require_task(self.engine, "embed")
+        prepare = partial(prepare_inputs, task="embed", dimensions=req.dimensions)
+        prepared = await self.offload.run(prepare, self.engine, req.prompts())
         vectors = [o.outputs.embedding for o in await final_outputs(self.engine, prepared)]
         data = [
-            Embedding(embedding=_encode(vector, req.encoding_format), index=i)
+            Embedding(embedding=encode_floats(vector, req.encoding_format), index=i)
             for i, vector in enumerate(vectors)
         ]
         num_tokens = sum(len(request.prompt_token_ids) for request in prepared)
@@ -61,19 +51,3 @@ class ServingEmbeddings:
             usage=EmbeddingUsage(prompt_tokens=num_tokens, total_tokens=num_tokens),
         )
         return JSONResponse(response.model_dump())
-
-    def _prepare(self, req: EmbeddingRequest) -> list[PreparedRequest]:
-        prompts = req.prompts()
-        if not prompts:
-            raise OpenAIError(HTTPStatus.BAD_REQUEST, "input must not be empty", param="input")
-        try:
-            params = PoolingParams(dimensions=req.dimensions)
-            return [self.engine.processor.prepare(prompt, params) for prompt in prompts]
-        except ValueError as exc:
-            raise field_error(str(exc), _RENAMES) from exc
-
-
-def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
-    if encoding_format == "float":
-        return vector
-    return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")

@@ -1,4 +1,6 @@
-"""POST /pooling: a request's raw `data` answered by the model's IO processor.
+"""POST /pooling: a request's raw `data` answered by the model's IO processor, or (a request
+with `input`, `ServingPooling.pool`) each input pooled for a task of the model (core.
+pooling.tasks), its output as the response's `data` (vLLM's plain pooling).
 
 The processor (core.io_processors, named by --io-processor-plugin or config.json) parses the
 data and turns it into prompts; each prompt is one engine request (generated under
@@ -12,6 +14,7 @@ contract (a prompt of the wrong shape, an answer JSON cannot carry) is a 500, lo
 from __future__ import annotations
 
 import uuid
+from functools import partial
 from http import HTTPStatus
 
 from fastapi.responses import JSONResponse
@@ -21,14 +24,32 @@ from core.engine.processor import PreparedRequest
 from core.entrypoints.openai.errors import OpenAIError
 from core.entrypoints.openai.final_outputs import final_outputs
 from core.entrypoints.openai.offload import OffLoop
-from core.entrypoints.openai.protocol_pooling import IOProcessorRequest, IOProcessorResponse
+from core.entrypoints.openai.protocol_pooling import (
+    IOProcessorRequest,
+    IOProcessorResponse,
+    PoolingRequest,
+    PoolingResponse,
+    PoolingResponseData,
+)
 from core.entrypoints.openai.serving_models import ServedModels
+from core.entrypoints.openai.serving_pooled import (
+    encode_floats,
+    prepare_inputs,
+    require_task,
+    usage,
+)
 from core.io_processors import (
     IOProcessor,
     Params,
     PromptParts,
     prompt_parts,
     require_io_processor,
+)
+from core.outputs import (
+    ClassificationOutput,
+    EmbeddingOutput,
+    PoolingRequestOutput,
+    ScoringOutput,
 )
 
 __all__ = ["ServingPooling"]
@@ -59,6 +80,29 @@ class ServingPooling:
         )
         return JSONResponse(response.model_dump())
 
+    async def pool(self, req: PoolingRequest) -> JSONResponse:
+        """Each input of `req` pooled for its task; a 400 naming the task when the model
+        does not serve it, or naming `input` or the parameter at fault."""
+        lora = self.models.lora_request(req.model)
+        task = require_task(self.engine, req.task, "task" if req.task else "model")
+        prepare = partial(
+            prepare_inputs,
+            task=task,
+            dimensions=req.dimensions,
+            normalize=req.normalize,
+            use_activation=req.use_activation,
+        )
+        prepared = await self.offload.run(prepare, self.engine, req.prompts())
+        outputs = await final_outputs(self.engine, prepared)
+        data = [
+            PoolingResponseData(index=i, data=encode_floats(_values(o), req.encoding_format))
+            for i, o in enumerate(outputs)
+        ]
+        response = PoolingResponse(
+            model=self.models.model_name(lora), data=data, usage=usage(outputs)
+        )
+        return JSONResponse(response.model_dump())
+
     def _prepare(self, prompts: list[PromptParts], params: Params) -> list[PreparedRequest]:
         try:
             return [
@@ -74,6 +118,18 @@ def _parse(processor: IOProcessor, data: object) -> tuple[object, Params]:
         return processor.parse_request(data), processor.validate_or_generate_params()
     except ValueError as exc:
         raise _data_error(exc) from exc
+
+
+def _values(output: PoolingRequestOutput) -> list[float] | list[list[float]]:
+    """A pooled output's values as JSON carries them (a score: a one-value list)."""
+    result = output.outputs
+    if isinstance(result, EmbeddingOutput):
+        return result.embedding
+    if isinstance(result, ClassificationOutput):
+        return result.probs
+    if isinstance(result, ScoringOutput):
+        return [result.score]
+    return result.data.tolist()
 
 
 def _data_error(exc: ValueError) -> OpenAIError:

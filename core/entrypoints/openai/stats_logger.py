@@ -1,7 +1,7 @@
 """StatsLogger: the server's periodic log line of the engine's load, as vLLM's (turned off
-with --disable-log-stats).
+with --disable-log-stats), and the reference StatLoggerBase (core.engine.stat_logger).
 
-It listens to the IterationStats of every engine step (AsyncLLM.stats_listeners) and logs
+It records the IterationStats of every engine step (all engines': one logger) and logs
 at most one line per interval: prompt and generation throughput since the previous line,
 running and waiting requests, KV-cache usage, and the prefix-cache hit rate and
 preemptions since the previous line (SchedulerStats' counts are cumulative). Stats only
@@ -13,9 +13,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from core.engine.protocol import SchedulerStats
+from core.engine.stat_logger import StatLoggerBase
 from core.engine.stats import IterationStats
+
+if TYPE_CHECKING:
+    from core.config import EngineConfig
 
 __all__ = ["LOG_STATS_INTERVAL_S", "StatsLogger"]
 
@@ -24,9 +29,11 @@ logger = logging.getLogger(__name__)
 LOG_STATS_INTERVAL_S = 10.0  # vLLM's default interval
 
 
-class StatsLogger:
+class StatsLogger(StatLoggerBase):
     def __init__(
         self,
+        config: EngineConfig | None = None,
+        engine_index: int = 0,
         interval_s: float = LOG_STATS_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -38,12 +45,23 @@ class StatsLogger:
         self._logged: SchedulerStats | None = None  # the engine's state at the last line
         self._latest: SchedulerStats | None = None
 
-    def record(self, stats: IterationStats) -> None:
-        """A stats listener: count the step's tokens; log once the interval has passed."""
-        self._num_prompt_tokens += stats.num_prompt_tokens
-        self._num_generation_tokens += stats.num_generation_tokens
-        if stats.scheduler_stats is not None:
-            self._latest = stats.scheduler_stats
+    def log_engine_initialized(self) -> None:
+        """Nothing: `core serve` says when it is ready."""
+
+    def record(
+        self,
+        scheduler_stats: SchedulerStats | None,
+        iteration_stats: IterationStats | None,
+        engine_idx: int = 0,
+    ) -> None:
+        """Count the step's tokens; log once the interval has passed (so an idle engine,
+        whose stats do not come, logs nothing: `log` has nothing to do)."""
+        if iteration_stats is None:
+            return
+        self._num_prompt_tokens += iteration_stats.num_prompt_tokens
+        self._num_generation_tokens += iteration_stats.num_generation_tokens
+        if scheduler_stats is not None:
+            self._latest = scheduler_stats
         now = self._clock()
         latest = self._latest
         if latest is None or now - self._since < self.interval_s:

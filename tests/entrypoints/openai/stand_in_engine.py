@@ -12,6 +12,7 @@ class StandInEngine:
     def __init__(self, processor: InputProcessor) -> None:
         self.processor = processor
         self.tokenizer = processor.tokenizer
+        self.reasoning_parser = None
         self.stats_listeners: list = []
         self.num_gpu_blocks = None
         self.is_healthy = True

@@ -2,8 +2,10 @@
 collisions in chat_template_kwargs, lone surrogates in any text (streaming requests
 included, before the stream starts), deep nesting in any JSON field, numbers the engine
 cannot carry; nothing logged as an error, and the server serves the next request. Also the
-max_tokens defaults, bounded by the context. Over a real InputProcessor (tiny checkpoint)
-and a stand-in engine that records what reaches it."""
+max_tokens defaults, bounded by the context; chat roles core does not read (taken, as
+vLLM's); errors that name every bad value, in vLLM's words where vLLM has the same error;
+and the bound on the sequences one request may create. Over a real InputProcessor (tiny
+checkpoint) and a stand-in engine that records what reaches it."""
 
 from __future__ import annotations
 
@@ -85,6 +87,9 @@ def completion(**fields) -> dict:
 
 def user_says(content) -> dict:
     return chat(messages=[{"role": "user", "content": content}])
+
+
+CALL = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 
 
 def tool(**function) -> dict:
@@ -180,6 +185,23 @@ CASES = [
     (COMPLETIONS, completion(top_k=2**64 + 5), "top_k"),
     (COMPLETIONS, completion(priority=2**64), "priority"),
     (COMPLETIONS, completion(logit_bias={"1" * 5000: 1}), "logit_bias"),
+    # any role reaches the chat template, but not as an empty or non-text one, and the roles
+    # core reads keep their rules
+    (CHAT, chat(messages=[{"role": "", "content": "w1"}]), "messages[0].role"),
+    (CHAT, chat(messages=[{"role": 7, "content": "w1"}]), "messages[0].role"),
+    (CHAT, chat(messages=[{"role": LONE, "content": "w1"}]), "messages[0].role"),
+    (CHAT, chat(messages=[{"role": "ipython"}]), "messages[0]"),
+    (CHAT, chat(messages=[{"role": "tool", "content": "w1"}]), "messages[0]"),
+    (
+        CHAT,
+        chat(messages=[{"role": "ipython", "content": "w1", "tool_calls": [CALL]}]),
+        "messages[0]",
+    ),
+    (
+        CHAT,
+        chat(messages=[{"role": "ipython", "content": [{"type": "audio_url", "audio_url": {}}]}]),
+        "messages[0].content[0]",
+    ),
 ]
 
 
@@ -251,6 +273,115 @@ def test_an_explicit_max_tokens_past_the_context_is_a_400_naming_it(client, rout
     assert response.json()["error"]["param"] == param
 
 
+# --- chat roles -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("role", ["ipython", "observation", "function_response", "tool_response"])
+def test_a_role_core_does_not_read_is_accepted_as_vllm_does(client, role):
+    messages = [{"role": role, "content": "w3"}, *USER]
+    assert post(client, CHAT, chat(messages=messages)).status_code == 200
+
+
+def test_a_custom_role_reaches_the_chat_template_as_it_was_sent(engine, client):
+    # The template writes "<role>: <content></s>"; a role the vocabulary spells shows up.
+    assert post(client, CHAT, chat(messages=[{"role": "w9", "content": "w3"}])).status_code == 200
+    assert engine.prepared[-1].prompt_token_ids[:3] == [VOCAB["w9"], VOCAB[":"], VOCAB["w3"]]
+
+
+# --- errors that name every bad value, and vLLM's words ---------------------------------------
+
+
+def error_of(client, route: str, body: dict) -> dict:
+    response = post(client, route, body)
+    assert response.status_code == 400, response.text
+    return response.json()["error"]
+
+
+def test_every_logit_bias_key_that_is_no_token_id_is_named_up_to_five(client):
+    bias = {"a": 1, "5": 1, "-1": 1, "1.5": 1}
+    error = error_of(client, COMPLETIONS, completion(logit_bias=bias))
+    assert error["param"] == "logit_bias"
+    assert error["message"] == (
+        "logit_bias contains key(s) that cannot be converted to integer token IDs: "
+        "['a', '-1', '1.5']"
+    )
+    many = {f"x{i}": 1 for i in range(12)}
+    error = error_of(client, COMPLETIONS, completion(logit_bias=many))
+    assert error["message"].endswith(": ['x0', 'x1', 'x2', 'x3', 'x4'] and 7 more")
+
+
+def test_every_out_of_vocabulary_logit_bias_id_is_named_in_vllm_words(client):
+    size = len(VOCAB)
+    bias = {"5": 1, str(size): 1, str(size + 7): 1}
+    error = error_of(client, CHAT, chat(logit_bias=bias))
+    assert error["param"] == "logit_bias"
+    assert error["message"] == (
+        f"logit_bias: token_id(s) [{size}, {size + 7}] in logit_bias contain out-of-vocab "
+        f"token ids. Vocabulary size: {size}"
+    )
+    many = {str(size + i): 1 for i in range(8)}
+    message = error_of(client, COMPLETIONS, completion(logit_bias=many))["message"]
+    assert f"[{size}, {size + 1}, {size + 2}, {size + 3}, {size + 4}] and 3 more in" in message
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        ([VOCAB["w1"], len(VOCAB) + 3], f"prompt: Token id {len(VOCAB) + 3} is out of vocabulary"),
+        ([[VOCAB["w1"]], [len(VOCAB)]], f"prompt: Token id {len(VOCAB)} is out of vocabulary"),
+        ("", "prompt: The decoder prompt cannot be empty"),
+    ],
+)
+def test_prompt_errors_are_in_vllm_words(client, prompt, message):
+    error = error_of(client, COMPLETIONS, completion(prompt=prompt))
+    assert (error["param"], error["message"]) == ("prompt", message)
+
+
+# --- what one request may create --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        # 2.4 KB that would queue 51,200 sequences
+        (completion(prompt=["w1"] * 400, n=128), "n"),
+        (completion(prompt=["w1"] * 1025), "prompt"),
+        (completion(prompt=[[VOCAB["w1"]]] * 1025, n=2), "prompt"),
+    ],
+)
+def test_a_request_past_the_sequence_limit_is_refused_before_the_engine(
+    engine, client, body, param, stream
+):
+    reached = len(engine.prepared)
+    error = error_of(client, COMPLETIONS, {**body, "stream": stream})
+    assert error["param"] == param
+    assert "--max-sequences-per-request" in error["message"]
+    assert len(engine.prepared) == reached
+
+
+def test_the_sequence_limit_counts_prompts_times_n_up_to_the_flag(engine):
+    frontend = FrontendArgs(disable_log_stats=True, max_sequences_per_request=4)
+    client = TestClient(build_app(engine, frontend=frontend), raise_server_exceptions=False)
+    assert post(client, CHAT, chat(n=4)).status_code == 200
+    assert post(client, COMPLETIONS, completion(prompt=["w1", "w2"], n=2)).status_code == 200
+    reached = len(engine.prepared)
+    assert error_of(client, CHAT, chat(n=5))["message"] == (
+        "n is 5, more than the 4 sequences one request may create (--max-sequences-per-request)"
+    )
+    assert error_of(client, COMPLETIONS, completion(prompt=["w1"] * 3, n=2))["message"] == (
+        "n is 2 for each of 3 prompts (6), more than the 4 sequences one request may "
+        "create (--max-sequences-per-request)"
+    )
+    error = error_of(client, COMPLETIONS, completion(prompt=["w1"] * 5))
+    assert (error["param"], error["message"]) == (
+        "prompt",
+        "prompt holds 5 prompts, more than the 4 sequences one request may create "
+        "(--max-sequences-per-request)",
+    )
+    assert len(engine.prepared) == reached
+
+
 # --- the real server ------------------------------------------------------------------------
 
 
@@ -264,6 +395,7 @@ def test_the_real_server_answers_the_worst_inputs_with_400s_and_stays_healthy(de
         (COMPLETIONS, completion(stop=[LONE]), "stop"),
         (CHAT, deep_chat('"chat_template_kwargs": {"x": {}}'), "chat_template_kwargs"),
         (CHAT, deep_chat('"chat_template_kwargs": {"x": {}}', 5000), None),
+        (COMPLETIONS, completion(prompt=["Hi"] * 400, n=128), "n"),  # 51,200 sequences
     ]
     with httpx.Client(base_url=server.url, timeout=60) as http:
         for route, body, param in worst:
@@ -272,4 +404,6 @@ def test_the_real_server_answers_the_worst_inputs_with_400s_and_stays_healthy(de
             assert response.json()["error"]["param"] == param
         assert http.get("/health").status_code == 200
         assert http.post(COMPLETIONS, json={"prompt": "Hi", "max_tokens": 2}).status_code == 200
+        ipython = chat(messages=[{"role": "ipython", "content": "42"}, *USER], max_tokens=2)
+        assert http.post(CHAT, json=ipython).status_code == 200
     assert b"Traceback" not in server.log.read_bytes()[logged_before:]

@@ -93,10 +93,10 @@ def test_dimensions_return_shorter_unit_vectors(client):
     ("body", "param", "message"),
     [
         ({"input": []}, "input", "input must not be empty"),
-        ({"input": ""}, "input", "input must not be empty"),
+        ({"input": ""}, "input", "input: The decoder prompt cannot be empty"),
         ({"input": "w1", "dimensions": 33}, "dimensions", "embedding size 32"),
         ({"input": "w1", "dimensions": 0}, "dimensions", "dimensions must be an integer >= 1"),
-        ({"input": [[3, 10_000]]}, "input", "token id 10000 is outside the vocabulary"),
+        ({"input": [[3, 10_000]]}, "input", "input: Token id 10000 is out of vocabulary"),
         ({"input": "w1", "encoding_format": "int8"}, "encoding_format", ""),
     ],
 )

@@ -139,10 +139,15 @@ def test_health_answers_while_a_large_prompt_is_tokenized(trusting):
 @pytest.mark.parametrize("num_tokens", [0, 1, 2**15, 2**15 + 1, 70_000])
 def test_the_tokenize_response_written_in_pieces_is_the_models_json(num_tokens):
     tokens = [(i * 7919) % 50_000 for i in range(num_tokens)]
-    response = _tokenize_response(tokens, 4096)
+    response = _tokenize_response(tokens, 4096, None)
     parsed = TokenizeResponse.model_validate_json(response.body)
     assert parsed == TokenizeResponse(tokens=tokens, count=num_tokens, max_model_len=4096)
     assert response.media_type == "application/json"
+    strs = [f'w"{i}\\é' for i in tokens]  # quotes, backslashes and non-ASCII survive
+    with_strs = TokenizeResponse.model_validate_json(_tokenize_response(tokens, 4096, strs).body)
+    assert with_strs == TokenizeResponse(
+        tokens=tokens, count=num_tokens, max_model_len=4096, token_strs=strs
+    )
 
 
 def test_a_body_over_the_limit_is_a_413_before_it_is_parsed(trusting):

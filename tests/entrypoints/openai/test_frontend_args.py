@@ -33,6 +33,12 @@ def test_the_body_limit_must_be_positive(size):
         FrontendArgs(max_request_body_bytes=size)
 
 
+@pytest.mark.parametrize("limit", [0, -5])
+def test_the_sequence_limit_must_be_positive(limit):
+    with pytest.raises(ValueError, match=f"--max-sequences-per-request {limit}: must be >= 1"):
+        FrontendArgs(max_sequences_per_request=limit)
+
+
 def test_cli_lists_flatten_json_lists_and_plain_values_in_order():
     args = FrontendArgs.from_cli(
         {"allowed_origins": ('["https://a", "https://b"]', "https://c"), "allowed_headers": ()}

@@ -11,6 +11,7 @@ split a prompt over two steps.
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import dataclass
 
 import httpx
@@ -36,12 +37,16 @@ COUNTERS = [
     "prompt_tokens_total", "generation_tokens_total", "request_success_total",
     "prefix_cache_queries_total", "prefix_cache_hits_total", "num_preemptions_total",
 ]  # fmt: skip
-GAUGES = ["num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"]
+GAUGES = [
+    "num_requests_running", "num_requests_waiting", "num_requests_waiting_by_reason",
+    "kv_cache_usage_perc",
+]  # fmt: skip
 HISTOGRAMS = [
     "time_to_first_token_seconds", "inter_token_latency_seconds",
     "e2e_request_latency_seconds", "request_queue_time_seconds",
     "request_prefill_time_seconds", "request_decode_time_seconds",
     "request_inference_time_seconds", "iteration_tokens_total",
+    "request_num_preemptions", "request_params_n", "request_params_max_tokens",
 ]  # fmt: skip
 PER_REQUEST = [name for name in HISTOGRAMS if name.startswith(("request_", "e2e_", "time_"))]
 
@@ -51,6 +56,7 @@ class Scrape:
     prefix: str
     model: str
     num_gpu_blocks: int
+    max_model_len: int
     samples: list  # prometheus_client Samples
 
     def series(self, name: str) -> list:
@@ -80,7 +86,8 @@ async def run_workload(prefix: str, model_dir) -> Scrape:
     finally:
         engine.shutdown()
     samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
-    return Scrape(prefix, model, engine.num_gpu_blocks, samples)
+    max_model_len = engine.processor.config.model.max_model_len
+    return Scrape(prefix, model, engine.num_gpu_blocks, max_model_len, samples)
 
 
 @pytest.fixture(scope="module", params=["vllm", "core"])
@@ -105,6 +112,14 @@ def test_token_counters_add_up_to_the_prompts_and_outputs(scrape):
     assert scrape.value("generation_tokens_total") == NUM_GENERATED
     assert scrape.value("request_prompt_tokens_sum") == NUM_PROMPT
     assert scrape.value("request_generation_tokens_sum") == NUM_GENERATED
+
+
+def test_request_params_are_what_the_requests_asked_and_none_was_preempted(scrape):
+    # Each request generated exactly its max_tokens (ignore_eos), with n = 1.
+    assert scrape.value("request_params_max_tokens_sum") == NUM_GENERATED
+    assert scrape.value("request_params_n_sum") == NUM_REQUESTS
+    assert scrape.value("request_params_n_bucket", le="1.0") == NUM_REQUESTS
+    assert scrape.value("request_num_preemptions_sum") == 0
 
 
 def test_every_request_succeeds_once_with_its_finish_reason(scrape):
@@ -135,6 +150,8 @@ def test_prefix_cache_counts_every_prompt_token_and_the_repeated_blocks(scrape):
 def test_an_idle_engine_shows_nothing_running_or_waiting(scrape):
     assert scrape.value("num_requests_running") == 0
     assert scrape.value("num_requests_waiting") == 0
+    for reason in ("capacity", "deferred"):
+        assert scrape.value("num_requests_waiting_by_reason", reason=reason) == 0
 
 
 def test_cache_config_info_shows_the_block_size_and_the_engines_blocks(scrape):
@@ -142,3 +159,8 @@ def test_cache_config_info_shows_the_block_size_and_the_engines_blocks(scrape):
     assert labels["block_size"] == str(BLOCK_SIZE)
     assert labels["num_gpu_blocks"] == str(scrape.num_gpu_blocks)
     assert scrape.value("cache_config_info") == 1
+    # Block 0 holds no tokens; a request of max_model_len takes ceil(len / block) blocks.
+    usable = scrape.num_gpu_blocks - 1
+    assert labels["kv_cache_size_tokens"] == str(usable * BLOCK_SIZE)
+    per_request = math.ceil(scrape.max_model_len / BLOCK_SIZE)
+    assert float(labels["kv_cache_max_concurrency"]) == pytest.approx(usable / per_request)

@@ -17,7 +17,7 @@ def app_with(frontend: FrontendArgs) -> FastAPI:
     async def models() -> dict:
         return {"data": []}
 
-    install_middleware(app, frontend)
+    install_middleware(app, frontend, "/v1/embeddings")
     return app
 
 

@@ -27,7 +27,7 @@ def refusal(processor, monkeypatch, error: ChatRenderError, **request) -> OpenAI
         raise error
 
     monkeypatch.setattr(processor, "render_chat", refuse)
-    engine = SimpleNamespace(processor=processor)
+    engine = SimpleNamespace(processor=processor, reasoning_parser=None)
     serving = Serving(engine, models=None, offload=None, trust_request_chat_template=True)
     req = p.ChatCompletionRequest(messages=USER, **request)
     with pytest.raises(OpenAIError) as raised:

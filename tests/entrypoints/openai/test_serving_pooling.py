@@ -73,8 +73,8 @@ def test_the_answer_keeps_the_order_of_the_prompts(client):
     ("data", "message"),
     [
         ("w1", 'data must be {"ids": [prompt, ...]}'),
-        ({"ids": [[5], [1000]]}, "prompt token id 1000 is outside the vocabulary"),
-        ({"ids": [[5], ""]}, "prompt must not be empty"),
+        ({"ids": [[5], [1000]]}, "prompt: Token id 1000 is out of vocabulary"),
+        ({"ids": [[5], ""]}, "prompt: The decoder prompt cannot be empty"),
     ],
 )
 def test_refused_data_is_a_400_naming_data_and_nothing_runs(client, engine, data, message):

@@ -16,7 +16,7 @@ from core.metrics import EngineMetrics
 __all__ = ["OPEN_PATHS", "SCRAPED_PATHS", "probes_router"]
 
 # Answered without the API key: a supervisor or load balancer has none.
-OPEN_PATHS = frozenset({"/health", "/version"})
+OPEN_PATHS = frozenset({"/health", "/version"})  # SageMaker's /ping becomes /health
 # What --metrics-without-api-key opens too.
 SCRAPED_PATHS = frozenset({"/metrics"})
 

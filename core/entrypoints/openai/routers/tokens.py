@@ -1,4 +1,5 @@
-"""vLLM's /tokenize (a prompt, or messages through the chat template) and /detokenize.
+"""vLLM's /tokenize (a prompt, or messages through the chat template), /detokenize and
+/tokenizer_info.
 
 Messages with images count as the engine would see them: each image's placeholder expanded
 to the positions its embeddings take, so `count` is what the request costs of the context.
@@ -6,6 +7,8 @@ to the positions its embeddings take, so `count` is what the request costs of th
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -25,10 +28,21 @@ __all__ = ["tokens_router"]
 _IDS_PER_PIECE = 1 << 15
 
 
-def tokens_router(engine: AsyncLLM, serving: Serving, offload: OffLoop) -> APIRouter:
-    """The two routes over `engine`'s tokenizer; `serving` checks the request's model and
-    renders messages; tokenizing and decoding run on `offload`."""
+def tokens_router(
+    engine: AsyncLLM, serving: Serving, offload: OffLoop, tokenizer_info: bool = False
+) -> APIRouter:
+    """The routes over `engine`'s tokenizer; `serving` checks the request's model and
+    renders messages; tokenizing and decoding run on `offload`. `tokenizer_info`
+    (--enable-tokenizer-info-endpoint): GET /tokenizer_info too, vLLM's tokenizer_config.json
+    equivalent (off by default: it shows the chat template)."""
     router = APIRouter()
+
+    if tokenizer_info:
+
+        @router.get("/tokenizer_info")
+        async def get_tokenizer_info() -> JSONResponse:
+            config = engine.tokenizer.config()
+            return JSONResponse({**config, "model_max_length": engine.processor.max_model_len})
 
     def tokenized(req: p.TokenizeRequest, chat: tuple[ChatContent, list[Any]] | None) -> Response:
         if chat is None:
@@ -38,7 +52,8 @@ def tokens_router(engine: AsyncLLM, serving: Serving, offload: OffLoop) -> APIRo
             tokens = serving.render_chat(req, content)
             if images:
                 tokens = serving.expand_images(tokens, images)
-        return _tokenize_response(tokens, engine.processor.max_model_len)
+        strs = engine.tokenizer.convert_ids_to_tokens(tokens) if req.return_token_strs else None
+        return _tokenize_response(tokens, engine.processor.max_model_len, strs)
 
     @router.post("/tokenize")
     async def tokenize(req: p.TokenizeRequest) -> Response:
@@ -62,13 +77,22 @@ def tokens_router(engine: AsyncLLM, serving: Serving, offload: OffLoop) -> APIRo
     return router
 
 
-def _tokenize_response(tokens: list[int], max_model_len: int) -> Response:
-    """p.TokenizeResponse's JSON, written in pieces: one json.dumps of a million token ids
-    holds the GIL for a tenth of a second even on the OffLoop's thread, and the event loop
-    waits for it; between pieces of _IDS_PER_PIECE ids it gets its turn."""
-    ids = ",".join(
-        ",".join(map(str, tokens[i : i + _IDS_PER_PIECE]))
-        for i in range(0, len(tokens), _IDS_PER_PIECE)
+def _tokenize_response(
+    tokens: list[int], max_model_len: int, token_strs: list[str] | None
+) -> Response:
+    """p.TokenizeResponse's JSON (with `token_strs` when asked), written in pieces: one
+    json.dumps of a million token ids holds the GIL for a tenth of a second even on the
+    OffLoop's thread, and the event loop waits for it; between pieces of _IDS_PER_PIECE
+    items it gets its turn."""
+    ids = _joined(tokens, str)
+    body = f'{{"tokens":[{ids}],"count":{len(tokens)},"max_model_len":{max_model_len}'
+    if token_strs is not None:
+        body += f',"token_strs":[{_joined(token_strs, json.dumps)}]'
+    return Response(body + "}", media_type="application/json")
+
+
+def _joined(items: list, encode: Callable[[Any], str]) -> str:
+    return ",".join(
+        ",".join(map(encode, items[i : i + _IDS_PER_PIECE]))
+        for i in range(0, len(items), _IDS_PER_PIECE)
     )
-    body = f'{{"tokens":[{ids}],"count":{len(tokens)},"max_model_len":{max_model_len}}}'
-    return Response(body, media_type="application/json")
