@@ -171,6 +171,11 @@ class SocketClient(EngineCoreClient):
         super().__init__()
         self.ctx = zmq.asyncio.Context()
         self.input = self.ctx.socket(zmq.PUSH)
+        # No high-water mark: a burst of adds and aborts (thousands, when a client that sent
+        # thousands of inputs leaves) made sends wait for room, and a waiting send was seen
+        # never to wake, hanging every later request. What queues here is bounded by the
+        # requests in flight, which the server bounds.
+        self.input.setsockopt(zmq.SNDHWM, 0)
         self.input.bind(input_addr)
         self.output = self.ctx.socket(zmq.PULL)
         self.output.bind(output_addr)
