@@ -100,6 +100,9 @@ class ModelConfig(_Config):
     # Sleep mode (vLLM's): LLM.sleep / POST /sleep free the KV cache and offload or drop the
     # weights until woken (core.worker.sleep_mode).
     enable_sleep_mode: bool = False
+    # Every kernel reduces in an order fixed by the model's shapes, never by the batch
+    # (core.batch_invariant): a request's tokens and logprobs do not depend on what else runs.
+    batch_invariant: bool = False
     # Whether the checkpoint's model takes images: read from it at start, not a flag.
     multimodal: bool = False
 

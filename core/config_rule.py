@@ -65,6 +65,7 @@ KV_TRANSFER = "--kv-transfer-config"
 MULTIMODAL = "a multimodal model (images in)"
 ASYNC_SCHEDULING = "--async-scheduling"
 SLEEP_MODE = "--enable-sleep-mode"
+BATCH_INVARIANT = "--batch-invariant"
 
 _ENABLED: dict[str, Callable[[EngineConfig], bool]] = {
     LORA: lambda config: config.lora is not None,
@@ -76,6 +77,7 @@ _ENABLED: dict[str, Callable[[EngineConfig], bool]] = {
     MULTIMODAL: lambda config: config.model.multimodal,
     ASYNC_SCHEDULING: lambda config: config.scheduler.async_scheduling,
     SLEEP_MODE: lambda config: config.model.enable_sleep_mode,
+    BATCH_INVARIANT: lambda config: config.model.batch_invariant,
 }
 
 

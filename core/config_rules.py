@@ -22,6 +22,7 @@ from collections.abc import Callable
 from core.config import CUDAGraphMode, EngineConfig
 from core.config_rule import (
     ASYNC_SCHEDULING,
+    BATCH_INVARIANT,
     COMPILED,
     EXPERTS_ACROSS_ENGINES,
     KV_TRANSFER,
@@ -539,6 +540,21 @@ _not_built("sleep-mode-speculative", SLEEP_MODE, SPECULATIVE, "drop one of them"
 _not_built(
     "sleep-mode-experts-across-engines", SLEEP_MODE, EXPERTS_ACROSS_ENGINES, "drop one of them",
     _SLEEP_MESSAGE,
+)  # fmt: skip
+
+# -- batch-invariant mode --------------------------------------------------------------------
+
+# torch.compile fuses the model's ops into kernels of its own, whose reduction orders are
+# inductor's choice per shape (core.batch_invariant).
+_eager_only("batch-invariant-eager", BATCH_INVARIANT, _UNCOMPILED_MESSAGE)
+_BATCH_INVARIANT_MESSAGE = (
+    "{flag} with batch-invariant mode (--batch-invariant) is not built yet: its kernels sum "
+    "over the rows of a batch in an order that depends on the batch; {remedy}"
+)
+# core-lora's shrink and expand multiply a step's rows together, by slot.
+_not_built(
+    "batch-invariant-lora", BATCH_INVARIANT, LORA, "serve without one of them",
+    _BATCH_INVARIANT_MESSAGE,
 )  # fmt: skip
 
 RULES: tuple[Rule, ...] = tuple(_RULES)

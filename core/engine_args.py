@@ -16,6 +16,7 @@ import click
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from core import envs
 from core.config import (
     LOAD_FORMATS,
     EngineConfig,
@@ -113,6 +114,13 @@ class EngineArgs:
         "model", "enable_sleep_mode", "--enable-sleep-mode",
         "allow sleep (LLM.sleep, POST /sleep): free the KV cache and offload or drop the "
         "weights until woken",
+        is_flag=True, default=None,
+    )  # fmt: skip
+    batch_invariant: bool | None = _option(
+        "model", "batch_invariant", "--batch-invariant",
+        "every kernel reduces in an order fixed by the model's shapes, so a request's tokens "
+        "and logprobs do not depend on its batch, chunks, prefix-cache hits or speculation "
+        "(slower; also CORE_BATCH_INVARIANT=1)",
         is_flag=True, default=None,
     )  # fmt: skip
     block_size: int | None = _option(
@@ -392,6 +400,8 @@ def _derive_defaults(
     nobody chose it, in dependency order: the quantization method, the runner, what the
     -O level turns on, the defaults that yield to explicit choices (config_rules), the
     model's limits and token budgets, the executor, the graph capture sizes, LoRA's."""
+    if envs.batch_invariant() and not config.model.is_user_set("batch_invariant"):
+        config.model.set_default("batch_invariant", True)
     if stored_quantization is not None:
         _resolve_quantization(config, platform, stored_quantization)
     if facts.pooling is not None:

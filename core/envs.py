@@ -111,6 +111,16 @@ def engine_heartbeat_timeout() -> float:
     return _positive("CORE_ENGINE_HEARTBEAT_TIMEOUT_S", float, 10.0)
 
 
+BATCH_INVARIANT_ENV = "CORE_BATCH_INVARIANT"
+
+
+def batch_invariant() -> bool:
+    """CORE_BATCH_INVARIANT=1 (or true): start engines in batch-invariant mode where
+    --batch-invariant / LLM(batch_invariant=...) does not say (vLLM's
+    VLLM_BATCH_INVARIANT; core.batch_invariant)."""
+    return os.environ.get("CORE_BATCH_INVARIANT", "").strip().lower() in ("1", "true")
+
+
 def _positive(name: str, cast: type[_Number], default: _Number) -> _Number:
     """The number in `name`, or `default` when it is unset or empty; ValueError naming the
     variable for text that is not a finite number > 0."""

@@ -16,6 +16,11 @@ any of these measures again. CORE_KERNEL_CHOICE forces candidates ("linear=onedn
 "quant_linear/bfloat16=dequantized"): a forced candidate serves every problem of that op
 (and format) it takes, measured or not. A candidate whose `available()` is False (the CPU
 or torch lacks what it needs) is never timed nor chosen, nor may it be forced.
+
+In batch-invariant mode (core.batch_invariant) only candidates that declare
+`batch_invariant` are live, and one of them serves every row count of a problem (two
+kernels at two row counts would sum a row in two orders): the forced one, else the first
+registered. Nothing is timed.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from typing import Any
 
 import torch
 
-from core import envs, measurement_cache
+from core import batch_invariant, envs, measurement_cache
 
 logger = logging.getLogger(__name__)
 
@@ -85,11 +90,17 @@ class KernelCandidate(ABC):
     says whether this machine can run it at all and is never False for a candidate that
     was chosen (it is read once, before timing). `copy_bytes` is the memory the candidate
     keeps beside the weight (a prepacked or dequantized copy), for `core info`.
+
+    `batch_invariant` declares that while core.batch_invariant.enabled(), each output row
+    is computed from that row of the activation alone, in an order fixed by the problem's
+    shape: bit-identical whatever the row count, the row's position and the thread count
+    (the conformance kit checks it). Only such candidates serve that mode.
     """
 
     op: str
     name: str
     provider: str  # the distribution that ships it (its version keys the cache)
+    batch_invariant: bool = False
 
     def available(self) -> bool:
         return True
@@ -158,6 +169,7 @@ class KernelChoices:
     chosen: dict[Problem, list[KernelCandidate]] = field(default_factory=dict)
     choices: dict[Problem, Choice] = field(default_factory=dict)
     _recorded: dict[Problem, tuple] | None = None  # first call's arguments, while recording
+    _invariant: bool = False  # the batch-invariant mode `chosen` was made in
 
     # -- registration (kernel packages, from their core.general entry points) ----------
 
@@ -180,6 +192,10 @@ class KernelChoices:
     def kernel(self, problem: Problem, rows: int, args: tuple) -> KernelCandidate:
         """The candidate that serves `problem` with `rows` rows (`args`: the call's
         arguments, kept while recording). The op must have a registered candidate."""
+        if self._invariant != batch_invariant.enabled():
+            self._invariant = batch_invariant.enabled()
+            self.chosen.clear()
+            self.choices.clear()
         chosen = self.chosen.get(problem)
         if self._recorded is not None:
             self._recorded.setdefault(problem, args)
@@ -207,7 +223,10 @@ class KernelChoices:
     ) -> dict[Problem, Choice]:
         """Choose the kernel of every row bucket up to `max_rows` of each recorded problem:
         the forced candidate, else the cached choice, else the fastest by `timer` (default:
-        the best of a few calls on the model's real weights). Saves what it measured."""
+        the best of a few calls on the model's real weights). Saves what it measured.
+        In batch-invariant mode: the problems' unmeasured choices, timing nothing."""
+        if batch_invariant.enabled():
+            return self._invariant_choices(recorded)
         path = measurement_cache.cache_path(CACHE_FILE_NAME)
         entries = measurement_cache.load_entries(path)
         measured: dict[str, object] = {}
@@ -225,6 +244,14 @@ class KernelChoices:
             self._adopt(problem, choice, live)
         if measured:
             measurement_cache.save_entries(path, {**entries, **measured})
+        return {p: c for p, c in self.choices.items() if p in recorded}
+
+    def _invariant_choices(self, recorded: dict[Problem, tuple]) -> dict[Problem, Choice]:
+        """Batch-invariant mode's choice of each problem: one kernel for every row count."""
+        for problem, args in recorded.items():
+            kernel = self.kernel(problem, 1, args)
+            reason = "batch-invariant mode: one kernel for every row count"
+            self.choices[problem] = Choice([kernel.name] * len(ROW_BUCKETS), [], reason)
         return {p: c for p, c in self.choices.items() if p in recorded}
 
     def _measure_one(
@@ -276,14 +303,18 @@ class KernelChoices:
         """The forced candidate, else the op's first registered one that takes it."""
         live = self._live(problem)
         if not live:
-            raise ValueError(f"no available kernel of {problem.op} takes {problem.label()}")
+            mode = " in batch-invariant mode" if batch_invariant.enabled() else ""
+            raise ValueError(f"no available kernel of {problem.op} takes {problem.label()}{mode}")
         chosen = [self._forced(problem, live) or live[0]] * len(ROW_BUCKETS)
         self.chosen[problem] = chosen
         return chosen
 
     def _live(self, problem: Problem) -> list[KernelCandidate]:
+        invariant = batch_invariant.enabled()
         return [
-            c for c in self.candidates.get(problem.op, ()) if c.available() and c.takes(problem)
+            c
+            for c in self.candidates.get(problem.op, ())
+            if c.available() and c.takes(problem) and (c.batch_invariant or not invariant)
         ]
 
     def _forced(self, problem: Problem, live: list[KernelCandidate]) -> KernelCandidate | None:
@@ -299,6 +330,12 @@ class KernelChoices:
             )
         if not known[name].available():
             raise ValueError(f"{envs.KERNEL_CHOICE_ENV}: {name} cannot run on this machine")
+        if batch_invariant.enabled() and not known[name].batch_invariant:
+            raise ValueError(
+                f"{envs.KERNEL_CHOICE_ENV}: {name} does not serve batch-invariant mode "
+                f"(--batch-invariant); {problem.op}'s kernels that do: "
+                f"{', '.join(c.name for c in known.values() if c.batch_invariant) or 'none'}"
+            )
         return known[name] if known[name] in live else None
 
 
@@ -366,9 +403,7 @@ def table_lines(choices: KernelChoices) -> list[str]:
     and the timings that made the choice (microseconds per call at each bucket's first
     row count)."""
     lines = [f"kernel choices (core.kernel_choice; forced with {envs.KERNEL_CHOICE_ENV}):"]
-    for op, found in sorted(choices.candidates.items()):
-        names = ", ".join(c.name + ("" if c.available() else " (not on this CPU)") for c in found)
-        lines.append(f"  {op}: {names}")
+    lines += [f"  {op}: {_names(found)}" for op, found in sorted(choices.candidates.items())]
     path = measurement_cache.cache_path(CACHE_FILE_NAME)
     prefix = machine_key() + " | "
     entries = measurement_cache.load_entries(path)
@@ -406,6 +441,24 @@ def _spans(choice: Choice) -> list[str]:
         spans.append(f"rows {ROW_BUCKETS[start]}{last}: {name}{cost} (us: {times})")
         start = i
     return spans
+
+
+def invariant_lines(choices: KernelChoices) -> list[str]:
+    """`core info`'s kernels of batch-invariant mode: each op's candidates that declare
+    `batch_invariant`. In the mode `kernel` takes the forced one, else the first that runs
+    here and takes the problem, and raises where none does: the op's reference does not
+    stand in for a missing candidate."""
+    lines = ["  kernels that serve it (the first that runs here and takes a problem, "
+             f"unless {envs.KERNEL_CHOICE_ENV} forces another):"]  # fmt: skip
+    for op, found in sorted(choices.candidates.items()):
+        serving = [c for c in found if c.batch_invariant]
+        names = _names(serving) or "none declares it (a call in the mode fails, naming the op)"
+        lines.append(f"    {op}: {names}")
+    return lines
+
+
+def _names(candidates: list[KernelCandidate]) -> str:
+    return ", ".join(c.name + ("" if c.available() else " (not on this CPU)") for c in candidates)
 
 
 KERNEL_CHOICES = KernelChoices()

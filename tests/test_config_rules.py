@@ -244,6 +244,14 @@ REFUSED: dict[str, tuple[Case, tuple[str, ...]]] = {
         Case({"enable_sleep_mode": True, **EXPERTS_ACROSS_ENGINES}),
         ("--enable-expert-parallel with --data-parallel-size > 1", "--enable-sleep-mode"),
     ),
+    "batch-invariant-eager": (
+        Case({"optimization_level": 1, "batch_invariant": True}, GraphPlatform),
+        ("-O1", "--batch-invariant", "use -O0 or --enforce-eager"),
+    ),
+    "batch-invariant-lora": (
+        Case({"batch_invariant": True, "enable_lora": True}),
+        ("--enable-lora", "--batch-invariant", "serve without one of them"),
+    ),
 }
 
 
@@ -295,6 +303,7 @@ YIELDED: dict[str, tuple[Case, Callable[[EngineConfig], bool]]] = {
     "pipeline-eager": (Case({"pipeline_parallel_size": 2}, GraphPlatform), _eager),
     "experts-across-engines-eager": (Case(EXPERTS_ACROSS_ENGINES, GraphPlatform), _eager),
     "sleep-mode-eager": (Case({"enable_sleep_mode": True}, GraphPlatform), _eager),
+    "batch-invariant-eager": (Case({"batch_invariant": True}, GraphPlatform), _eager),
 }
 
 
@@ -393,3 +402,20 @@ def test_engines_sharing_experts_refuse_the_ray_executor(monkeypatch):
     case = Case({**EXPERTS_ACROSS_ENGINES, "distributed_executor_backend": "ray"})
     with pytest.raises(ValueError, match="ray is not available with --enable-expert-parallel"):
         case.build()
+
+
+def test_core_batch_invariant_starts_engines_in_the_mode_unless_the_flag_says(monkeypatch):
+    monkeypatch.setenv("CORE_BATCH_INVARIANT", "1")
+    assert Case({}).build().model.batch_invariant is True
+    assert Case({"batch_invariant": False}).build().model.batch_invariant is False
+    monkeypatch.delenv("CORE_BATCH_INVARIANT")
+    assert Case({}).build().model.batch_invariant is False
+
+
+def test_batch_invariant_mode_is_refused_on_a_platform_whose_kernels_do_not_serve_it():
+    class PlainPlatform(CpuPlatform):
+        name = "plain"
+        batch_invariant = False
+
+    with pytest.raises(ValueError, match=r"--batch-invariant: the plain platform's kernels"):
+        Case({"batch_invariant": True}, PlainPlatform).build()

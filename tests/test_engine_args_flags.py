@@ -81,6 +81,7 @@ CASES = {
         ("--io-processor-plugin", "my_plugin"), sets="config.model.io_processor_plugin"
     ),
     "enable_sleep_mode": Case(("--enable-sleep-mode",), sets="config.model.enable_sleep_mode"),
+    "batch_invariant": Case(("--batch-invariant",), sets="config.model.batch_invariant"),
     "kv_cache_memory_bytes": Case(
         ("--kv-cache-memory-bytes", "1000000"), sets="config.cache.kv_cache_memory_bytes"
     ),

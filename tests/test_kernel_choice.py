@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from core import kernel_choice
+from core import batch_invariant, kernel_choice
 from core.kernel_choice import ROW_BUCKETS, KernelCandidate, KernelChoices, OpTiming, Problem
 
 PROBLEM = Problem("matmul", "float32", (8, 4))
@@ -201,3 +201,48 @@ def test_core_info_lists_the_candidates_and_the_cached_choices():
     assert "rows 1-31: gemv (us:" in text  # no copy
     assert "rows 32+: gemm, a 1.5 MiB copy (us:" in text
     assert "32: gemm 23, gemv 32" in text  # microseconds, fastest first
+
+
+@pytest.fixture
+def invariant_mode():
+    batch_invariant.set_enabled(True)
+    yield
+    batch_invariant.set_enabled(False)
+
+
+def _invariant(name: str) -> Fake:
+    fake = Fake(name)
+    fake.batch_invariant = True
+    return fake
+
+
+@pytest.mark.usefixtures("invariant_mode")
+def test_in_batch_invariant_mode_one_declared_kernel_serves_every_row_count_untimed():
+    choices = make_choices(Fake("fast"), _invariant("rowwise"), _invariant("other"))
+    timer = Timer(fast=lambda rows: 1e-6, rowwise=lambda rows: 1.0, other=lambda rows: 0.5)
+    measured = choices.measure(record(choices), max_rows=512, timer=timer)
+    assert timer.calls == []
+    assert measured[PROBLEM].names == ["rowwise"] * len(ROW_BUCKETS)
+    assert {choices.kernel(PROBLEM, rows, ()).name for rows in (1, 7, 64, 4096)} == {"rowwise"}
+
+
+def test_leaving_batch_invariant_mode_restores_the_measured_choices(invariant_mode):
+    choices = make_choices(Fake("fast"), _invariant("rowwise"))
+    assert choices.kernel(PROBLEM, 1, ()).name == "rowwise"
+    batch_invariant.set_enabled(False)
+    assert choices.kernel(PROBLEM, 1, ()).name == "fast"
+
+
+@pytest.mark.usefixtures("invariant_mode")
+def test_in_batch_invariant_mode_forcing_an_undeclared_kernel_is_refused(monkeypatch):
+    choices = make_choices(Fake("fast"), _invariant("rowwise"))
+    monkeypatch.setenv("CORE_KERNEL_CHOICE", "matmul=fast")
+    with pytest.raises(ValueError, match="fast does not serve batch-invariant mode.*: rowwise"):
+        choices.kernel(PROBLEM, 1, ())
+
+
+@pytest.mark.usefixtures("invariant_mode")
+def test_in_batch_invariant_mode_an_op_without_a_declared_kernel_fails_naming_it():
+    choices = make_choices(Fake("fast"))
+    with pytest.raises(ValueError, match="no available kernel of matmul .* in batch-invariant"):
+        choices.kernel(PROBLEM, 1, ())

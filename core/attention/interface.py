@@ -37,15 +37,18 @@ class AttentionRequirements:
     logits_soft_cap: bool = False
     # The layers are multi-head latent attention (MLA): `head_size` is the latent's size.
     use_mla: bool = False
+    # The engine runs in batch-invariant mode (core.batch_invariant).
+    batch_invariant: bool = False
 
     def __str__(self) -> str:
         dtype = str(self.dtype).removeprefix("torch.")
         soft_cap = ", logit soft-capping" if self.logits_soft_cap else ""
         mla = " (multi-head latent)" if self.use_mla else ""
+        invariant = ", batch-invariant" if self.batch_invariant else ""
         return (
             f"{dtype}, head size {self.head_size}, block size {self.block_size}, "
             f"KV-cache dtype {self.kv_cache_dtype}, {self.attn_type.value} attention{mla}"
-            f"{soft_cap}"
+            f"{soft_cap}{invariant}"
         )
 
 
@@ -66,6 +69,10 @@ class AttentionCapabilities:
     # Serves multi-head latent attention layers, and only those: its impl is an
     # MLA impl (see `MLADims`) and its KV cache holds one latent per token.
     mla: bool = False
+    # In batch-invariant mode (core.batch_invariant) every query row, decode or prefill
+    # chunk, alone or batched, attends through one per-row computation over its keys in
+    # position order, bit for bit the same wherever the row is. Off unless declared.
+    batch_invariant: bool = False
 
     def check(self, req: AttentionRequirements) -> str | None:
         """None when every requirement is met, else the first unmet one, in words."""
@@ -84,6 +91,8 @@ class AttentionCapabilities:
         if req.use_mla != self.mla:
             served = "only" if self.mla else "no"
             return f"serves {served} multi-head latent attention (MLA) layers"
+        if req.batch_invariant and not self.batch_invariant:
+            return "batch-invariant mode (--batch-invariant) not supported"
         return None
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from core import batch_invariant
 from core.ops.registry import CORE_OPS
 from core.ops.samples import Conformance, OpSample, Tolerance, randn
 
@@ -75,7 +76,16 @@ def fp8_linear_reference(
     scales: torch.Tensor,  # float32 [N, ceil(K / block_k)]
     block_k: int,
 ) -> torch.Tensor:  # [T, N], x.dtype
-    """x W^T, W dequantized TILE_ROWS rows at a time, float32 sums rounded once."""
+    """x W^T, W dequantized TILE_ROWS rows at a time, float32 sums rounded once (row by
+    row in batch-invariant mode)."""
+    if batch_invariant.enabled():
+        return batch_invariant.rowwise(_fp8_linear, (x,), weight, scales, block_k)
+    return _fp8_linear(x, weight, scales, block_k)
+
+
+def _fp8_linear(
+    x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, block_k: int
+) -> torch.Tensor:
     out = x.new_empty((x.shape[0], weight.shape[0]))
     x32 = x.float()
     for start in range(0, weight.shape[0], TILE_ROWS):

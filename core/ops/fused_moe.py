@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from core import batch_invariant
 from core.ops.registry import CORE_OPS
 from core.ops.samples import Conformance, OpSample, Tolerance, randn
 
@@ -36,7 +37,21 @@ def fused_moe_reference(
     topk_weights: torch.Tensor,  # [T, K], any float dtype
     topk_ids: torch.Tensor,  # [T, K], integer; outside 0..E-1: no expert
 ) -> torch.Tensor:  # [T, H]
+    """Each token through its routed experts (one token at a time in batch-invariant
+    mode: an expert's matmul otherwise multiplies all of its tokens together)."""
     check_fused_moe_args(hidden, w13, w2, topk_weights, topk_ids)
+    if batch_invariant.enabled():
+        return batch_invariant.rowwise(_fused_moe, (hidden, topk_weights, topk_ids), w13, w2)
+    return _fused_moe(hidden, topk_weights, topk_ids, w13, w2)
+
+
+def _fused_moe(
+    hidden: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+) -> torch.Tensor:
     out = torch.zeros_like(hidden)
     num_experts = w13.shape[0]
     flat_ids = topk_ids.reshape(-1).long()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import torch
 
+from core import batch_invariant
 from core.ops.registry import CORE_OPS
 from core.ops.samples import Conformance, OpSample, Tolerance, randn
 
@@ -62,7 +63,14 @@ def int8_linear_reference(
     weight: torch.Tensor,  # int8 [N, K]
     weight_scale: torch.Tensor,  # float32 [N]
 ) -> torch.Tensor:  # [T, N], x.dtype
-    """Exact integer sums (float64), scaled and rounded once to x's dtype."""
+    """Exact integer sums (float64), scaled and rounded once to x's dtype (row by row in
+    batch-invariant mode)."""
+    if batch_invariant.enabled():
+        return batch_invariant.rowwise(_int8_linear, (x,), weight, weight_scale)
+    return _int8_linear(x, weight, weight_scale)
+
+
+def _int8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
     xq, x_scale = quantize_per_token(x)
     xq64 = xq.double()
     out = x.new_empty((x.shape[0], weight.shape[0]))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from core import batch_invariant
 from core.ops.registry import CORE_OPS
 from core.ops.samples import Conformance, OpSample, Tolerance, randn
 
@@ -23,7 +24,13 @@ def linear_reference(
     weight: torch.Tensor,  # [N, K]
     bias: torch.Tensor | None = None,  # [N]
 ) -> torch.Tensor:  # [..., N]
-    """x @ weight.T + bias."""
+    """x @ weight.T + bias (row by row in batch-invariant mode)."""
+    if batch_invariant.enabled():
+        return batch_invariant.rowwise(_linear, (x,), weight, bias)
+    return _linear(x, weight, bias)
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     # The row count last: a compiled float32 forward then has no size-1 branch to trace.
     if x.dtype in _MV_DTYPES and x.device.type == "cpu" and x.dim() == 2 and x.shape[0] == 1:
         if bias is None:

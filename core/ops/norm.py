@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from core import batch_invariant
 from core.ops.registry import CORE_OPS
 from core.ops.samples import Conformance, OpSample, Tolerance, randn
 
@@ -29,7 +30,14 @@ def rms_norm_reference(
     weight: torch.Tensor,  # [hidden]
     eps: float,
 ) -> torch.Tensor:  # [..., hidden]
-    """weight * (x / sqrt(mean(x^2) + eps)) over the last dimension."""
+    """weight * (x / sqrt(mean(x^2) + eps)) over the last dimension (row by row in
+    batch-invariant mode)."""
+    if batch_invariant.enabled():
+        return batch_invariant.rowwise(_rms_norm, (x,), weight, eps)
+    return _rms_norm(x, weight, eps)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x32 = x.float()
     variance = x32.pow(2).mean(-1, keepdim=True)  # [..., 1]
     return weight * (x32 * torch.rsqrt(variance + eps)).to(x.dtype)

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import torch
 
+from core import batch_invariant
 from core.ops.registry import CORE_OPS
 from core.ops.samples import Conformance, OpSample, Tolerance, randn
 
@@ -140,8 +141,15 @@ def quant_linear_reference(
     mins: torch.Tensor,
     bits: int,
 ) -> torch.Tensor:  # [T, N], x.dtype
-    """x W^T, dequantized W, float32 products and sums, rounded once to x's dtype."""
+    """x W^T, dequantized W, float32 products and sums, rounded once to x's dtype (row by
+    row in batch-invariant mode)."""
     weight = dequantize(qweight, scales, mins, bits)
+    if batch_invariant.enabled():
+        return batch_invariant.rowwise(_times_transposed, (x,), weight)
+    return _times_transposed(x, weight)
+
+
+def _times_transposed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return (x.float() @ weight.T).to(x.dtype)
 
 

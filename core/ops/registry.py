@@ -116,7 +116,7 @@ class OpRegistry:
         provider already serving it. An undeclared op or unknown device type also raises
         ValueError.
         """
-        op = self._op(op_name)
+        op = self.get(op_name)
         current = op.providers.get(device_type)
         if current is not None:
             if current == provider and op.kernels[device_type] is fn:
@@ -157,13 +157,14 @@ class OpRegistry:
 
     def provider(self, op_name: str, device_type: str) -> str | None:
         """Who serves `op_name` on `device_type` tensors; None when the reference does."""
-        return self._op(op_name).providers.get(device_type)
+        return self.get(op_name).providers.get(device_type)
 
     def _record(self, op: KernelOp, device_type: str) -> None:
         if self._recorded is not None:
             self._recorded[op.name, device_type] = op
 
-    def _op(self, op_name: str) -> KernelOp:
+    def get(self, op_name: str) -> KernelOp:
+        """The declared op `op_name`; ValueError naming the declared ones otherwise."""
         op = self._ops.get(op_name)
         if op is None:
             declared = ", ".join(sorted(self._ops)) or "none"

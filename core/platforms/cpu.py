@@ -45,6 +45,7 @@ class CpuPlatform(Platform):
     # budget (DESIGN.md section 6; benchmarks/compile.py).
     supported_optimization_levels = (0, 1)
     default_optimization_level = 0
+    batch_invariant = True  # its kernels and core's references (core.batch_invariant)
 
     @property
     def default_dtype(self) -> torch.dtype:

@@ -99,6 +99,9 @@ class Platform(ABC):
     # `capture_graph`).
     supported_optimization_levels: ClassVar[tuple[int, ...]] = (0,)
     default_optimization_level: ClassVar[int] = 0
+    # Whether its kernels serve batch-invariant mode (core.batch_invariant): a platform
+    # says so once every op its kernels serve keeps a row's sums independent of the batch.
+    batch_invariant: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -188,6 +191,11 @@ class Platform(ABC):
         if method not in (None, QUANTIZATION_NONE) and method not in self.supported_quantization:
             raise ValueError(
                 f"--quantization {method} is not supported on the {self.name} platform"
+            )
+        if config.model.batch_invariant and not self.batch_invariant:
+            raise ValueError(
+                f"--batch-invariant: the {self.name} platform's kernels do not serve "
+                "batch-invariant mode (the CPU platform's do)"
             )
         self._check_compilation(config.compilation)
         self._check_device_count(config.parallel)

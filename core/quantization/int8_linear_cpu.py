@@ -88,6 +88,8 @@ def _int8pack_runs() -> bool:
 
 class IntMm(KernelCandidate):
     op, name, provider = OP, "int_mm", PROVIDER
+    # Integer sums are exact in any order, and x is quantized per row: batch-invariant.
+    batch_invariant = True
 
     def available(self) -> bool:
         return _int_mm_runs()

@@ -118,9 +118,12 @@ class BatchPlan:
 
     SPARE_BLOCKS = 3
 
-    def __init__(self, case: AttentionCase, generator: torch.Generator) -> None:
+    def __init__(
+        self, case: AttentionCase, generator: torch.Generator, schedule: Schedule | None = None
+    ) -> None:
+        """`schedule`: the steps to run, instead of the one the case names."""
         self.case = case
-        self.schedule = SCHEDULES[case.schedule](case.block_size)
+        self.schedule = schedule or SCHEDULES[case.schedule](case.block_size)
         final = _final_lengths(self.schedule)
         needed = sum(-(-length // case.block_size) for length in final.values())
         self.num_blocks = needed + self.SPARE_BLOCKS + 1

@@ -147,7 +147,7 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     by_kind = config.stash.get(_TARGETS, None)
     if by_kind is None or collection_path.parent != KIT_DIR or collection_path.is_dir():
         return None
-    return collection_path.name not in {_module_name(kind) for kind in by_kind}
+    return collection_path.name not in {name for kind in by_kind for name in _module_names(kind)}
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Module | None:
@@ -186,8 +186,15 @@ def _parsed_json(flag: str, items: list[str]) -> dict[str, object]:
     return parsed
 
 
-def _module_name(kind: str) -> str:
-    return f"test_{kind}.py"
+# Kit modules that check more than one kind, beside each kind's own test_KIND.py.
+_SHARED_MODULES = {
+    "kernels": ("test_batch_invariance.py",),
+    "attention": ("test_batch_invariance.py",),
+}
+
+
+def _module_names(kind: str) -> tuple[str, ...]:
+    return (f"test_{kind}.py", *_SHARED_MODULES.get(kind, ()))
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from core import batch_invariant
 from core.attention.interface import (
     AttentionBackend,
     AttentionMetadataBuilder,
@@ -138,6 +139,8 @@ class Worker:
         if self.platform.memory_profiling:
             self.free_memory_at_start = self.platform.memory_info().available_bytes
         torch.manual_seed(self.config.model.seed)
+        # Before any kernel is chosen or run: the ops read the mode at each call.
+        batch_invariant.set_enabled(self.config.model.batch_invariant)
 
     # -- 2. model -------------------------------------------------------------------------
 
@@ -239,6 +242,7 @@ class Worker:
             attn_type=layers[0].attn_type,
             use_mla=layers[0].use_mla,
             logits_soft_cap=any(layer.logits_soft_cap is not None for layer in layers),
+            batch_invariant=self.config.model.batch_invariant,
         )
         choice = select_attention_backend(self.platform, req, components.attention_backend)
         for layer in layers:

@@ -7,6 +7,9 @@ are the tensors themselves when contiguous but copies of strided views, so a fus
 query and key are never written. `register_nothing` registers no kernel at all.
 `register_silu_choices` serves core::silu_and_mul through two kernel-choice candidates,
 `exact` and `halved` (which halves its output): the one measured fastest would serve.
+`register_silu_invariance` serves it through `exact`, which does not declare
+batch-invariant mode, and two that do: `rowwise` (the same elementwise kernel, invariant)
+and `batch-dependent`, whose output moves by a last bit per extra row in the batch.
 """
 
 from __future__ import annotations
@@ -65,4 +68,26 @@ def register_silu_choices() -> None:
     KERNEL_CHOICES.declare_op("silu_and_mul", OpTiming(lambda problem, args, rows: args))
     KERNEL_CHOICES.register(_Exact())
     KERNEL_CHOICES.register(_Halved())
+    register_impl("silu_and_mul", "cpu", _silu_by_choice, PROVIDER)
+
+
+class _Rowwise(_Exact):
+    name, batch_invariant = "rowwise", True
+
+
+class _BatchDependent(_Exact):
+    """Declares the mode, yet its output moves by a last bit per extra row of the batch."""
+
+    name, batch_invariant = "batch-dependent", True
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        out = _silu_and_mul(x)
+        return out * (1 + torch.finfo(out.dtype).eps * (x.shape[0] - 1))
+
+
+def register_silu_invariance() -> None:
+    KERNEL_CHOICES.declare_op("silu_and_mul", OpTiming(lambda problem, args, rows: args))
+    KERNEL_CHOICES.register(_Exact())
+    KERNEL_CHOICES.register(_Rowwise())
+    KERNEL_CHOICES.register(_BatchDependent())
     register_impl("silu_and_mul", "cpu", _silu_by_choice, PROVIDER)

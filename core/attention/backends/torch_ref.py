@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from core import batch_invariant
 from core.attention.backends.mla_ref import TorchRefMLABackend
 from core.attention.interface import AttentionCapabilities, AttentionImpl, AttentionType
 from core.attention.kv_cache_dtype import FP8_KV_CACHE_DTYPES, dequantize_kv, quantize_kv
@@ -67,6 +68,9 @@ class TorchRefImpl(AttentionImpl):
     - `scale` multiplies q.k before the softmax; the result is in the query's dtype.
     - With `logits_soft_cap` c set, each score s = scale * q.k becomes c * tanh(s / c)
       before masking and the softmax (Gemma 2's attention).
+
+    In batch-invariant mode (core.batch_invariant) a decoder layer's rows go to
+    `forward_rows` instead of the hooks.
     """
 
     def forward(
@@ -79,6 +83,8 @@ class TorchRefImpl(AttentionImpl):
     ) -> torch.Tensor:  # [T, Hq, D]
         num_tokens = len(attn_metadata.slot_mapping)
         key, value = self._store_kv(kv_cache, key[:num_tokens], value[:num_tokens], attn_metadata)
+        if batch_invariant.enabled() and self.attn_type is AttentionType.DECODER:
+            return self._forward_each_row(query, kv_cache, attn_metadata)
         decode = attn_metadata.decode
         if (
             not attn_metadata.prefills
@@ -186,6 +192,61 @@ class TorchRefImpl(AttentionImpl):
             visible &= decode.key_positions >= seq_lens - self.sliding_window
         out = self._attend(query[:, :, None, :], k, v, visible[:, None, None, :])  # [B, Hq, 1, D]
         return out[:, :, 0]
+
+    def _forward_each_row(
+        self,
+        query: torch.Tensor,  # [T, Hq, D]
+        kv_cache: torch.Tensor,
+        attn_metadata: PagedAttentionMetadata,
+    ) -> torch.Tensor:  # [T, Hq, D]
+        """The step's rows through `forward_rows`: a prefill chunk's row at position p as
+        a decode row whose context ends at p."""
+        output = torch.empty_like(query)
+        for chunk in attn_metadata.prefills:
+            q_len = chunk.end - chunk.start
+            seq_lens = torch.arange(chunk.seq_len - q_len + 1, chunk.seq_len + 1)
+            table = chunk.block_ids[None].expand(q_len, -1)  # the chunk's blocks, every row
+            rows = slice(chunk.start, chunk.end)
+            output[rows] = self.forward_rows(query[rows], kv_cache, table, seq_lens)
+        decode = attn_metadata.decode
+        if decode is not None:
+            rows = decode.token_index if decode.token_rows is None else decode.token_rows
+            output[rows] = self.forward_rows(
+                query[rows], kv_cache, decode.block_table, decode.seq_lens
+            )
+        return output
+
+    def forward_rows(
+        self,
+        query: torch.Tensor,  # [R, Hq, D]
+        kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, Hkv, D]
+        block_table: torch.Tensor,  # [R, >= the blocks of each row's context]
+        seq_lens: torch.Tensor,  # [R]: row i attends to the keys at positions < seq_lens[i]
+    ) -> torch.Tensor:  # [R, Hq, D]
+        """Batch-invariant mode's attention (core.batch_invariant), where `forward` sends
+        every row of a decoder layer's step instead of the two hooks: row i's one query over
+        the keys at positions [max(0, seq_lens[i] - sliding_window), seq_lens[i]), read
+        through block_table[i]. Its result for a row must not depend on the other rows nor
+        on how the row came (a decode row, or one of a prefill chunk, at any position):
+        bit for bit. Here each row goes alone, over exactly its visible keys gathered
+        afresh, through one SDPA call whose shapes depend on its context length alone. A
+        kernel plugin overriding this keeps the guarantee (cpu_paged: its decode kernel),
+        and its backend then inherits `batch_invariant` rightly; one overriding only the
+        hooks does too, as the hooks do not run in the mode."""
+        block_size = kv_cache.shape[2]
+        out = torch.empty_like(query)
+        for i, seq_len in enumerate(seq_lens.tolist()):
+            start = 0 if self.sliding_window is None else max(0, seq_len - self.sliding_window)
+            blocks = block_table[i, : -(-seq_len // block_size)]
+            k, v = self.read_pages(kv_cache, blocks, query.dtype)  # [>= seq_len, Hkv, D]
+            row = self._attend(
+                query[i].clone()[None, :, None, :],  # [1, Hq, 1, D]
+                k[start:seq_len].transpose(0, 1)[None],  # [1, Hkv, visible, D]
+                v[start:seq_len].transpose(0, 1)[None],
+                mask=None,
+            )
+            out[i] = row[0, :, 0]
+        return out
 
     def _store_kv(
         self,
@@ -299,6 +360,7 @@ class TorchRefBackend(PagedMetadataBackend):
         kv_cache_dtypes=frozenset({"auto", *FP8_KV_CACHE_DTYPES}),
         attention_types=frozenset({AttentionType.DECODER, AttentionType.ENCODER_ONLY}),
         logits_soft_cap=True,
+        batch_invariant=True,  # forward_rows
     )
     mla_backend = TorchRefMLABackend  # multi-head latent attention layers
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from core import batch_invariant
 from core.attention.backends.mla_ref import TorchRefMLABackend, TorchRefMLAImpl
 from core.attention.backends.torch_ref import TorchRefBackend, TorchRefImpl
 from core.attention.interface import AttentionCapabilities, AttentionImpl, AttentionType
@@ -68,7 +69,8 @@ class CpuPagedImpl(TorchRefImpl):
         return KERNEL_CHOICES.kernel(problem, query.shape[0], args)(*args)
 
     def record_kernel_problems(self, query: torch.Tensor) -> None:
-        if self.attn_type is not AttentionType.DECODER:
+        # Batch-invariant mode attends every row in forward_rows: no prefill kernel runs.
+        if self.attn_type is not AttentionType.DECODER or batch_invariant.enabled():
             return
         # No cache exists yet: timing makes its own from the problem (candidates._prompt_of).
         args = (query, None, None, query.shape[0], self.scale, self.sliding_window or 0,
@@ -80,6 +82,18 @@ class CpuPagedImpl(TorchRefImpl):
     def forward_decode(
         self, query: torch.Tensor, kv_cache: torch.Tensor, decode: DecodeBatch
     ) -> torch.Tensor:  # [B, Hq, D] -> [B, Hq, D]
+        return self.forward_rows(query, kv_cache, decode.block_table, decode.seq_lens)
+
+    def forward_rows(
+        self,
+        query: torch.Tensor,  # [R, Hq, D]
+        kv_cache: torch.Tensor,
+        block_table: torch.Tensor,  # [R, max_blocks]; rows may share one (stride 0)
+        seq_lens: torch.Tensor,  # [R]
+    ) -> torch.Tensor:  # [R, Hq, D]
+        """The decode kernel: each row alone over its keys in position order, so decode
+        rows and, in batch-invariant mode, every prefill row too (TorchRefImpl.forward_rows'
+        contract)."""
         query = query.contiguous()
         out = torch.empty_like(query)
         scales = self._read_scales()
@@ -87,8 +101,8 @@ class CpuPagedImpl(TorchRefImpl):
             out,
             query,
             kv_cache,
-            decode.block_table,
-            decode.seq_lens,
+            block_table,
+            seq_lens,
             self.scale,
             self.sliding_window or 0,
             scales.k_scale,
@@ -142,6 +156,8 @@ class CpuPagedBackend(TorchRefBackend):
         kv_cache_dtypes=frozenset({"auto", *FP8_KV_CACHE_DTYPES}),
         # Neither C++ kernel soft-caps scores (the reference's capability is not inherited).
         logits_soft_cap=False,
+        # forward_rows: the decode kernel, which attends each row alone.
+        batch_invariant=True,
     )
     mla_backend = CpuPagedMLABackend  # multi-head latent attention layers
 

@@ -63,6 +63,7 @@ from typing import Any
 
 import torch
 
+from core import batch_invariant
 from core.attention.kv_cache_dtype import FP8_KV_CACHE_DTYPES, KVCacheScales
 from core.kernel_choice import KERNEL_CHOICES, KernelCandidate, OpTiming, Problem
 from core.ops import (
@@ -117,6 +118,7 @@ def _strips_bytes(n: int, k: int) -> int:
 
 class Gemv(KernelCandidate):
     op, name, provider = "linear", "gemv", PROVIDER
+    batch_invariant = True  # a row's sums read that row alone, in one order, at any count
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
         return _C.dense_linear(x, weight, bias)
@@ -153,9 +155,13 @@ class OnednnLinear(KernelCandidate):
 
 class Packed(KernelCandidate):
     op, name, provider = "quant_linear", "packed", PROVIDER
+    batch_invariant = True  # in the mode, the GEMV for every row count
 
     def __call__(self, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                  mins: torch.Tensor, bits: int) -> Any:  # fmt: skip
+        if batch_invariant.enabled():
+            _refuse_int8_activations()
+            return _C.quant_linear(x, qweight, scales, mins, bits, batch_invariant=True)
         return _C.quant_linear(x, qweight, scales, mins, bits, int8_x=int8_activations())
 
 
@@ -268,10 +274,11 @@ def fp8_linear_problem(x: torch.Tensor, weight: torch.Tensor) -> Problem:
 
 class Fp8(KernelCandidate):
     op, name, provider = "fp8_linear", "fp8", PROVIDER
+    batch_invariant = True  # in the mode, the GEMV for every row count
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
                  block_k: int) -> Any:  # fmt: skip
-        return _C.fp8_linear(x, weight, scales, block_k)
+        return _C.fp8_linear(x, weight, scales, block_k, batch_invariant=batch_invariant.enabled())
 
 
 class Fp8Dequantized(DequantizedCopy):
@@ -318,6 +325,8 @@ class ReferenceMoe(KernelCandidate):
 
 class GroupedMoe(KernelCandidate):
     op, name, provider = "fused_moe", "grouped", PROVIDER
+    # Each slot's row through dense_linear's GEMVs, each token's slots summed in slot order.
+    batch_invariant = True
 
     def takes(self, problem: Problem) -> bool:
         return problem.format in ("float32", "bfloat16")
@@ -384,6 +393,14 @@ class SdpaPrefill(KernelCandidate):
         if not sdpa_prefill.takes(query, kv_cache, seq_len, window):
             return _paged_prefill(*args)
         return sdpa_prefill.sdpa_prefill(*args)
+
+
+def _refuse_int8_activations() -> None:
+    if int8_activations():
+        raise ValueError(
+            "CORE_CPU_INT8_ACTIVATIONS=1 quantizes each token's activations for the GEMMs, "
+            "which batch-invariant mode (--batch-invariant) does not take: unset one of them"
+        )
 
 
 def int8_activations() -> bool:

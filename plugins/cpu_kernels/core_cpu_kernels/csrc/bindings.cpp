@@ -36,7 +36,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "core::quant_linear with the kernels of one vector ISA (\"\": the widest available)",
         py::arg("x"), py::arg("qweight"), py::arg("scales"), py::arg("mins"), py::arg("bits"),
         py::arg("isa") = "", py::arg("int8_x") = false, py::arg("prefill") = "",
-        py::arg("strips") = py::none());
+        py::arg("strips") = py::none(), py::arg("batch_invariant") = false);
   m.def("quant_linear_strips", &quant_linear_strips, kNoGil,
         "A quantized weight dequantized once to bf16 strips, for quant_linear's strips",
         py::arg("qweight"), py::arg("scales"), py::arg("mins"), py::arg("bits"),
@@ -58,7 +58,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "core::fp8_linear on the FP8 weight with the kernels of one vector ISA (\"\": the "
         "widest available)",
         py::arg("x"), py::arg("weight"), py::arg("scales"), py::arg("block_k"),
-        py::arg("isa") = "");
+        py::arg("isa") = "", py::arg("batch_invariant") = false);
   m.def("fp8_linear_isas", &fp8_linear_isas,
         "The vector ISAs fp8_linear can use on this CPU, widest (the default) first");
 }

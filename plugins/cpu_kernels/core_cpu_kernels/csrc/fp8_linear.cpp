@@ -61,12 +61,12 @@ fl::Fp8Weight fp8_weight(const torch::Tensor& weight, const torch::Tensor& scale
 
 template <typename T>
 void multiply(const fl::IsaKernels& isa, const fl::Fp8Weight& w, const torch::Tensor& x,
-              torch::Tensor& out) {
+              torch::Tensor& out, bool gemv_only) {
   const int64_t num_tokens = x.size(0), n = out.size(1);
   std::vector<float> x_buffer, out_buffer;
   const float* xf = core_cpu::float_rows<T>(x, x_buffer);
   float* out_f = core_cpu::float_output<T>(out, out_buffer);
-  if (num_tokens <= kGemvMaxTokens) {
+  if (num_tokens <= kGemvMaxTokens || gemv_only) {
     const int64_t num_blocks = (n + kGemvRowsPerBlock - 1) / kGemvRowsPerBlock;
     const int64_t grain = core_cpu::kMacsPerTask / (kGemvRowsPerBlock * w.k * num_tokens) + 1;
     at::parallel_for(0, num_blocks, grain, [&](int64_t begin, int64_t end) {
@@ -83,7 +83,8 @@ void multiply(const fl::IsaKernels& isa, const fl::Fp8Weight& w, const torch::Te
 }  // namespace
 
 torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight,
-                         const torch::Tensor& scales, int64_t block_k, const std::string& isa) {
+                         const torch::Tensor& scales, int64_t block_k, const std::string& isa,
+                         bool batch_invariant) {
   const fl::IsaKernels& kernels = isas().choose(isa);
   const fl::Fp8Weight w = fp8_weight(weight, scales, block_k);
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.is_contiguous() && x.size(1) == w.k,
@@ -92,7 +93,8 @@ torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight,
   if (out.numel() == 0) return out;
   if (w.k == 0) return out.zero_();
   core_cpu::dispatch_dtype(x, "fp8_linear", [&](auto zero) {
-    multiply<decltype(zero)>(kernels, w, x, out);
+    // Batch-invariant: the GEMV for every row count (its sums for a row read that row alone).
+    multiply<decltype(zero)>(kernels, w, x, out, batch_invariant);
   });
   return out;
 }

@@ -56,10 +56,12 @@ void rotary_embedding(const torch::Tensor& positions, torch::Tensor query, torch
 // With `int8_x`, an ISA with int8 kernels multiplies bf16 x's GEMMs on them (x quantized
 // per run of 32: quant_linear.h's Int8Kernels); `prefill` then picks how prefill-sized x
 // is multiplied: "int8", "bf16" (the strip GEMM), or "" for quant_linear_prefill's choice.
+// With `batch_invariant`, every row count takes the GEMV, whose sums for a row read that
+// row alone in one order (core.batch_invariant); int8_x and strips are then refused.
 torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
                            const torch::Tensor& scales, const torch::Tensor& mins, int64_t bits,
                            const std::string& isa, bool int8_x, const std::string& prefill,
-                           const c10::optional<torch::Tensor>& strips);
+                           const c10::optional<torch::Tensor>& strips, bool batch_invariant);
 
 // W dequantized once to bfloat16 in the strip GEMM's layout (quant_linear.h's pack_strips)
 // for quant_linear's `strips`: where given, bf16 x is multiplied from them by the strip
@@ -88,9 +90,11 @@ std::vector<std::string> dense_linear_isas();
 
 // core::fp8_linear (layout: core/ops/fp8_linear.py), x [T, K] @ W^T with W float8_e4m3fn
 // [N, K] times float32 scales [N, ceil(K / block_k)], with the kernels of vector ISA `isa`
-// ("" for the widest this CPU runs); x contiguous, float32, bfloat16 or float16.
+// ("" for the widest this CPU runs); x contiguous, float32, bfloat16 or float16. With
+// `batch_invariant`, every row count takes the GEMV (core.batch_invariant).
 torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight,
-                         const torch::Tensor& scales, int64_t block_k, const std::string& isa);
+                         const torch::Tensor& scales, int64_t block_k, const std::string& isa,
+                         bool batch_invariant);
 
 // The vector ISAs fp8_linear can use on this CPU, widest (the default) first.
 std::vector<std::string> fp8_linear_isas();

@@ -1,5 +1,12 @@
 // core::quant_linear's, core::linear's and core::fp8_linear's portable kernels: plain C++
 // the compiler vectorizes for the baseline ISA, for CPUs (or builds) without the x86 paths.
+//
+// Summed in the source's order: the build's -fassociative-math lets the compiler split a
+// sum into partial sums differently in each instantiation (one row or token per pass, or
+// four), so a row's result would depend on how many rows came with it (fp8_linear's GEMV
+// did, on x86-64's baseline), which batch-invariant mode (core.batch_invariant) forbids.
+// The vector ISAs' kernels sum through intrinsics, which the compiler keeps in order.
+#pragma GCC optimize("no-associative-math")
 
 #include <cstdint>
 

@@ -319,8 +319,10 @@ torch::Tensor quant_linear_strips(const torch::Tensor& qweight, const torch::Ten
 torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
                            const torch::Tensor& scales, const torch::Tensor& mins, int64_t bits,
                            const std::string& isa, bool int8_x, const std::string& prefill,
-                           const c10::optional<torch::Tensor>& strips) {
+                           const c10::optional<torch::Tensor>& strips, bool batch_invariant) {
   const ql::IsaKernels& kernels = isas().choose(isa);
+  TORCH_CHECK(!batch_invariant || (!int8_x && !strips.has_value()),
+              "quant_linear: batch_invariant takes the GEMV alone: not with int8_x or strips");
   TORCH_CHECK(prefill.empty() || prefill == kInt8 || prefill == kBf16,
               "quant_linear: prefill must be \"int8\", \"bf16\" or \"\", got '", prefill, "'");
   const ql::PackedWeight w = packed_weight(qweight, scales, mins, bits);
@@ -341,7 +343,12 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
   const int64_t blocked_max = int8 != nullptr   ? kBlockedInt8GemmMaxTokens
                               : bf16 != nullptr ? kBlockedBf16GemmMaxTokens
                                                 : kBlockedGemmMaxTokens;
-  if (strips.has_value() && bf16 != nullptr && int8 == nullptr) {
+  if (batch_invariant) {
+    // The GEMV sums each token's products group by group in one order, whatever the
+    // other tokens (quant_linear_isa.h's gemv_block); threads split W's rows only.
+    core_cpu::dispatch_dtype(x, "quant_linear",
+                             [&](auto zero) { gemv<decltype(zero)>(kernels, w, x, out); });
+  } else if (strips.has_value() && bf16 != nullptr && int8 == nullptr) {
     strip_gemm(*bf16, w, x, out, checked_strips(*strips, w, out.size(1)));
   } else if (num_tokens > blocked_max && (int8 == nullptr || !int8_prefills(kernels, prefill))) {
     if (bf16 != nullptr) {
