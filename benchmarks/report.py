@@ -535,6 +535,33 @@ def async_targets(results: Results) -> list[Target]:
     return targets
 
 
+# The batch-invariant issue's goals: the most of core-gguf's figure --batch-invariant may
+# cost, by workload, and the figure (W1: throughput, where a batch's rows run one at a
+# time; W2: a single stream's decode, where the mode changes little).
+INVARIANT_COSTS = (("W1", "total_tokens_per_s", 0.15), ("W2", "decode_tokens_per_s", 0.05))
+
+
+def invariant_targets(results: Results) -> list[Target]:
+    """core-invariant (core-gguf with --batch-invariant) against core-gguf: what the mode
+    costs on each workload, as the ratio and in percent (W2's TPOT beside), against the
+    issue's goals."""
+    targets = []
+    for workload, key, max_cost in INVARIANT_COSTS:
+        value = _metric(results, workload, "core-invariant", key)
+        base = _metric(results, workload, "core-gguf", key)
+        if value is None or base is None:
+            continue
+        detail = f"{fmt(value)} / {fmt(base)}: costs {1 - value / base:.1%}"
+        tpot, base_tpot = (_metric(results, workload, e, "tpot_ms")
+                           for e in ("core-invariant", "core-gguf"))  # fmt: skip
+        if tpot is not None and base_tpot is not None:
+            detail += f" (TPOT {fmt(tpot)} / {fmt(base_tpot)} ms)"
+        targets.append(Target(f"core {workload} {key}, --batch-invariant vs without", detail,
+                              value / base, f">= {1 - max_cost:.2f} (cost <= {max_cost:.0%})",
+                              value >= (1 - max_cost) * base))  # fmt: skip
+    return targets
+
+
 # The LoRA issue's target: W1 with 4 adapters round-robin, rank 16, vs the base model alone.
 LORA_TARGET = 0.75
 
@@ -567,6 +594,7 @@ def targets(results: Results, c: Ceilings) -> list[Target]:
         *speculative_targets(results),
         *lora_targets(results),
         *async_targets(results),
+        *invariant_targets(results),
     ]
 
 

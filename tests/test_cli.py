@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -11,10 +12,12 @@ import pytest
 from click.testing import CliRunner
 from plugin_sources import API, available_platform, platform_plugin
 
+from core import kernel_choice
 from core.entrypoints.cli import cli
 from core.entrypoints.reports import hooks_report
+from core.kernel_choice import KernelCandidate, KernelChoices
 from core.plugins import PluginRegistry, hookspecs
-from core.plugins.groups import HOOKS, PLATFORMS
+from core.plugins.groups import ATTENTION_BACKENDS, HOOKS, PLATFORMS
 from core.testing.tiny_checkpoint import write_tiny_checkpoint
 
 PLUGIN_DISTRIBUTIONS = (
@@ -263,3 +266,75 @@ def test_info_names_the_mixture_of_experts_models_kernel_and_layouts():
     assert "LlamaForCausalLM" not in architectures
     assert "experts via core::fused_moe on cpu: " in output
     assert "--enable-expert-parallel" in output
+
+
+class _Kernel(KernelCandidate):
+    provider = "core"
+
+    def __init__(self, op: str, name: str, invariant: bool, available: bool = True) -> None:
+        self.op, self.name, self.batch_invariant, self._available = op, name, invariant, available
+
+    def available(self) -> bool:
+        return self._available
+
+    def __call__(self, *args):
+        raise NotImplementedError
+
+
+def _section(output: str, title: str) -> list[str]:
+    """The lines of `core info`'s section `title`: its first line and the indented ones after."""
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(title))
+    rest = lines[start + 1 :]
+    return [lines[start], *itertools.takewhile(lambda line: line.startswith(" "), rest)]
+
+
+@pytest.mark.parametrize(
+    ("env", "state"),
+    [("", "off for engines started here; --batch-invariant"), ("1", "on for engines started here")],
+)
+def test_info_says_whether_engines_start_in_batch_invariant_mode(env, state):
+    assert f"batch-invariant mode: {state}" in invoke("info", CORE_BATCH_INVARIANT=env).output
+
+
+def test_info_names_the_kernels_that_serve_batch_invariant_mode(monkeypatch, tmp_path):
+    monkeypatch.setenv("CORE_CACHE_DIR", str(tmp_path))
+    choices = KernelChoices()
+    for kernel in (_Kernel("linear", "gemv", False), _Kernel("linear", "rowwise", True),
+                   _Kernel("linear", "amx", True, available=False),
+                   _Kernel("fused_moe", "grouped", False)):  # fmt: skip
+        choices.register(kernel)
+    monkeypatch.setattr(kernel_choice, "KERNEL_CHOICES", choices)
+    section = _section(invoke("info").output, "batch-invariant mode:")
+    assert section[1:4] == [
+        "  kernels that serve it (the first that runs here and takes a problem, unless "
+        "CORE_KERNEL_CHOICE forces another):",
+        "    fused_moe: none declares it (a call in the mode fails, naming the op)",
+        "    linear: rowwise, amx (not on this CPU)",
+    ]
+
+
+def test_info_names_the_attention_backends_that_serve_batch_invariant_mode(site, fresh_registry):
+    source = """
+        import dataclasses
+        from core.attention.backends.torch_ref import TorchRefBackend
+
+        class Steady(TorchRefBackend):
+            name, mla_backend = "steady", None
+            capabilities = dataclasses.replace(TorchRefBackend.capabilities,
+                                               batch_invariant=True)
+
+        class Swift(TorchRefBackend):
+            name, mla_backend = "swift", None
+            capabilities = dataclasses.replace(TorchRefBackend.capabilities,
+                                               batch_invariant=False)
+    """
+    entries = {"steady": "steady_attn.backends:Steady", "swift": "steady_attn.backends:Swift"}
+    site.add("steady-attn", {ATTENTION_BACKENDS: entries},
+             {"steady_attn/__init__.py": API, "steady_attn/backends.py": source})  # fmt: skip
+    section = _section(invoke("info").output, "batch-invariant mode:")
+    serving = next(line for line in section if "attention backends that serve it:" in line)
+    others = next(line for line in section if "attention backends that do not:" in line)
+    assert "steady" in serving.split(": ")[1].split(", ")
+    assert "swift" in others.split(": ")[1].split(", ")
+    assert "swift" not in serving and "steady" not in others

@@ -7,7 +7,7 @@ import platform as host
 from pluggy import HookCaller
 
 import core
-from core import kernel_choice
+from core import envs, kernel_choice
 from core.platforms.interface import Platform
 from core.plugins.hooks import get_hook_manager
 from core.plugins.registry import (
@@ -137,8 +137,49 @@ def info_report(registry: PluginRegistry | None = None) -> str:
     ]
     lines += _kernel_op_lines(registry, choice.platform.device_type)
     lines += kernel_choice.table_lines(kernel_choice.KERNEL_CHOICES)
+    lines += _batch_invariant_lines(registry)
     lines += _quantization_lines(registry, choice.platform)
     return "\n".join(lines + _moe_lines(registry, choice.platform.device_type))
+
+
+def _batch_invariant_lines(registry: PluginRegistry) -> list[str]:
+    """Whether engines started here run in batch-invariant mode (core.batch_invariant),
+    and the kernels and attention backends that serve it: an engine in the mode runs no
+    others."""
+    env = envs.BATCH_INVARIANT_ENV
+    state = (
+        f"on for engines started here ({env}=1), unless one says LLM(batch_invariant=False)"
+        if envs.batch_invariant()
+        else "off for engines started here; --batch-invariant (LLM(batch_invariant=True)) "
+        f"turns it on per engine, {env}=1 for every engine"
+    )
+    lines = [f"batch-invariant mode: {state}"]
+    lines += kernel_choice.invariant_lines(kernel_choice.KERNEL_CHOICES)
+    serving, others = _invariant_attention_backends(registry)
+    return [
+        *lines,
+        f"  attention backends that serve it: {', '.join(serving) or 'none'}",
+        f"  attention backends that do not: {', '.join(others) or 'none'}",
+    ]
+
+
+def _invariant_attention_backends(registry: PluginRegistry) -> tuple[list[str], list[str]]:
+    """The installed attention backends (each family's MLA backend too) whose capabilities
+    declare `batch_invariant`, and the others."""
+    from core.attention.interface import AttentionBackend
+    from core.plugins.groups import ATTENTION_BACKENDS
+
+    serving: list[str] = []
+    others: list[str] = []
+    for entry in registry.entries(ATTENTION_BACKENDS):
+        try:
+            backend = registry.require(ATTENTION_BACKENDS, entry.name, AttentionBackend)
+        except ValueError:
+            continue  # plugins_report says why
+        for member in (backend, backend.mla_backend):
+            if member is not None:
+                (serving if member.capabilities.batch_invariant else others).append(member.name)
+    return sorted(serving), sorted(others)
 
 
 def _moe_lines(registry: PluginRegistry, device_type: str) -> list[str]:
