@@ -138,6 +138,22 @@ def test_seeded_samples_are_the_same_alone_and_in_a_batch():
     assert _mismatch(alone, _answers(llm.generate(batch, params, use_tqdm=False)[:1])) is None
 
 
+def _linear_isas() -> list[str]:
+    """The vector ISAs of core-cpu-kernels' linear kernels on this CPU (none without it)."""
+    try:
+        from core_cpu_kernels import _C
+    except ImportError:
+        return []
+    return _C.quant_linear_isas()
+
+
+@pytest.mark.parametrize("isa", _linear_isas())
+def test_on_each_isas_kernels_a_batch_answers_as_each_prompt_alone(isa, monkeypatch):
+    monkeypatch.setenv("CORE_CPU_ISA", isa)
+    mismatch = _mismatch(alone("bfloat16", True), in_a_batch("bfloat16", True))
+    assert mismatch is None, f"{isa}: {mismatch}"
+
+
 def test_without_the_mode_a_batch_of_bfloat16_rows_answers_otherwise():
     """What the mode is for: bfloat16 rows multiplied in a batch of 32 round otherwise than
     alone (a blocked GEMM against a GEMV), and the logprobs show it."""

@@ -121,7 +121,7 @@ class Gemv(KernelCandidate):
     batch_invariant = True  # a row's sums read that row alone, in one order, at any count
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
-        return _C.dense_linear(x, weight, bias)
+        return _C.dense_linear(x, weight, bias, isa=linear_isa())
 
 
 class TorchLinear(KernelCandidate):
@@ -161,8 +161,10 @@ class Packed(KernelCandidate):
                  mins: torch.Tensor, bits: int) -> Any:  # fmt: skip
         if batch_invariant.enabled():
             _refuse_int8_activations()
-            return _C.quant_linear(x, qweight, scales, mins, bits, batch_invariant=True)
-        return _C.quant_linear(x, qweight, scales, mins, bits, int8_x=int8_activations())
+            return _C.quant_linear(x, qweight, scales, mins, bits, isa=linear_isa(),
+                                   batch_invariant=True)  # fmt: skip
+        return _C.quant_linear(x, qweight, scales, mins, bits, isa=linear_isa(),
+                               int8_x=int8_activations())  # fmt: skip
 
 
 class Strips(KernelCandidate):
@@ -278,7 +280,8 @@ class Fp8(KernelCandidate):
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
                  block_k: int) -> Any:  # fmt: skip
-        return _C.fp8_linear(x, weight, scales, block_k, batch_invariant=batch_invariant.enabled())
+        return _C.fp8_linear(x, weight, scales, block_k, isa=linear_isa(),
+                             batch_invariant=batch_invariant.enabled())  # fmt: skip
 
 
 class Fp8Dequantized(DequantizedCopy):
@@ -393,6 +396,17 @@ class SdpaPrefill(KernelCandidate):
         if not sdpa_prefill.takes(query, kv_cache, seq_len, window):
             return _paged_prefill(*args)
         return sdpa_prefill.sdpa_prefill(*args)
+
+
+def linear_isa() -> str:
+    """CORE_CPU_ISA (read at each call; default "", the widest): the vector ISA whose kernels
+    the gemv, packed and fp8 candidates run, one of `_C.quant_linear_isas()` ("avx512",
+    "avx2", "scalar" where the CPU runs them), so that a machine's narrower kernels can be
+    checked end to end (tests, batch-invariant mode on each ISA). The other ops (attention,
+    norms, rotary) always take the widest, and the kernel choices measured at start are
+    not keyed on it; an ISA this CPU lacks is refused at the first linear layer
+    (RuntimeError naming it)."""
+    return os.environ.get("CORE_CPU_ISA", "")
 
 
 def _refuse_int8_activations() -> None:

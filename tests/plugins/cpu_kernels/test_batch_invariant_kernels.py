@@ -128,3 +128,22 @@ def test_in_the_mode_int8_activations_are_refused_naming_both(monkeypatch):
     q, scales, mins = _quant_weight(4)
     with pytest.raises(ValueError, match="CORE_CPU_INT8_ACTIVATIONS.*--batch-invariant"):
         ops.quant_linear(_activations(torch.bfloat16), q, scales, mins, 4)
+
+
+@pytest.mark.usefixtures("choices")
+def test_core_cpu_isa_picks_the_linear_kernels_isa(monkeypatch):
+    from core_cpu_kernels import ops
+
+    monkeypatch.setenv("CORE_CPU_ISA", "no-such-isa")
+    monkeypatch.setenv("CORE_KERNEL_CHOICE", "linear=gemv")  # unmeasured: torch's first
+    q, scales, mins = _quant_weight(4)
+    fp8, fp8_scales = _fp8_weight()
+    x = _activations(torch.float32)[:2]
+    calls = {
+        "quant_linear": lambda: ops.quant_linear(x, q, scales, mins, 4),
+        "dense_linear": lambda: ops.linear(x, torch.randn(N, K)),
+        "fp8_linear": lambda: ops.fp8_linear(x, fp8, fp8_scales, 128),
+    }
+    for name, call in calls.items():
+        with pytest.raises(RuntimeError, match=f"{name}: isa 'no-such-isa' is not available"):
+            call()

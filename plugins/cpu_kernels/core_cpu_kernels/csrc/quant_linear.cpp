@@ -63,6 +63,9 @@ constexpr int64_t kBlockedBf16GemmMaxTokens = 32;
 // AVX512_BF16 EPYC: 16 tokens 13.0 vs 17.6 ms, 32 tokens 20.1 vs 25.4, 64 tokens 35.3 vs
 // 48.9); past it `int8_prefills` chooses between it and the strip GEMM.
 constexpr int64_t kBlockedInt8GemmMaxTokens = 64;
+// Batch-invariant mode: past this many tokens gemv_unpacked beats the GEMV, which unpacks
+// W's rows again for each pass of 4 tokens.
+constexpr int64_t kUnpackedMinTokens = 4;
 // Tasks split W at multiples of the GEMV's 4-row blocks (quant_linear_isa.h).
 constexpr int64_t kGemvRowsPerBlock = 4;
 // A GEMM tile's dequantized rows (float32) fit in this. The GEMM repacks x for
@@ -114,9 +117,11 @@ CORE_MULTIVERSION void group_sums(const float* x, int64_t rows, int64_t k, int64
   }
 }
 
+// The GEMV, or for `unpacked` its arithmetic with W's rows unpacked once for every token
+// (IsaKernels::gemv_unpacked: the same outputs to the bit).
 template <typename T>
 void gemv(const ql::IsaKernels& isa, const ql::PackedWeight& w, const torch::Tensor& x,
-          torch::Tensor& out) {
+          torch::Tensor& out, bool unpacked = false) {
   const int64_t num_tokens = x.size(0), n = out.size(1);
   std::vector<float> x_buffer, sums(num_tokens * w.groups()), out_buffer;
   const float* xf = core_cpu::float_rows<T>(x, x_buffer);
@@ -126,8 +131,13 @@ void gemv(const ql::IsaKernels& isa, const ql::PackedWeight& w, const torch::Ten
   const int64_t num_blocks = (n + kGemvRowsPerBlock - 1) / kGemvRowsPerBlock;
   const int64_t grain = kMacsPerTask / (kGemvRowsPerBlock * w.k * num_tokens) + 1;
   at::parallel_for(0, num_blocks, grain, [&](int64_t begin, int64_t end) {
-    const int64_t n1 = end * kGemvRowsPerBlock;
-    isa.gemv(w, begin * kGemvRowsPerBlock, n1 < n ? n1 : n, a, out_f, n);
+    const int64_t n0 = begin * kGemvRowsPerBlock, n1 = std::min(end * kGemvRowsPerBlock, n);
+    if (unpacked) {
+      std::vector<float> q_rows(ql::kUnpackedRowsMax * w.k);
+      isa.gemv_unpacked(w, n0, n1, a, out_f, n, q_rows.data());
+    } else {
+      isa.gemv(w, n0, n1, a, out_f, n);
+    }
   });
   core_cpu::store_float_output<T>(out_f, out);
 }
@@ -345,9 +355,12 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
                                                 : kBlockedGemmMaxTokens;
   if (batch_invariant) {
     // The GEMV sums each token's products group by group in one order, whatever the
-    // other tokens (quant_linear_isa.h's gemv_block); threads split W's rows only.
-    core_cpu::dispatch_dtype(x, "quant_linear",
-                             [&](auto zero) { gemv<decltype(zero)>(kernels, w, x, out); });
+    // other tokens (quant_linear_isa.h's gemv_block); threads split W's rows only. Past
+    // one pass of its tokens, the same sums with each row unpacked once.
+    const bool unpacked = num_tokens > kUnpackedMinTokens;
+    core_cpu::dispatch_dtype(x, "quant_linear", [&](auto zero) {
+      gemv<decltype(zero)>(kernels, w, x, out, unpacked);
+    });
   } else if (strips.has_value() && bf16 != nullptr && int8 == nullptr) {
     strip_gemm(*bf16, w, x, out, checked_strips(*strips, w, out.size(1)));
   } else if (num_tokens > blocked_max && (int8 == nullptr || !int8_prefills(kernels, prefill))) {

@@ -72,6 +72,9 @@ struct Bf16Kernels {
                             const uint16_t* x, int64_t num_tokens, uint16_t* out, int64_t ldo);
 };
 
+// The most weight rows gemv_unpacked holds unpacked at once.
+constexpr int64_t kUnpackedRowsMax = 3;
+
 // Weight rows one strip of the strip GEMM holds (4 vectors of 16), and the rows a thread's
 // share of W is cut at (one vector).
 constexpr int64_t kStripRows = 64;
@@ -109,6 +112,10 @@ struct IsaKernels {
   // the weight rows are read once, whatever the token count.
   void (*gemv)(const PackedWeight& w, int64_t n0, int64_t n1, const Activations& a,
                float* out, int64_t ldo);
+  // gemv's outputs, to the bit, for many tokens: W's rows unpacked once each into
+  // `q_rows` (kUnpackedRowsMax * k floats) for every token (quant_linear_isa.h).
+  void (*gemv_unpacked)(const PackedWeight& w, int64_t n0, int64_t n1, const Activations& a,
+                        float* out, int64_t ldo, float* q_rows);
   // out[(n - n0) * k + i] = W[n, i] in float32, for n in [n0, n1).
   void (*dequantize)(const PackedWeight& w, int64_t n0, int64_t n1, float* out);
   // The GEMM's tokens per block, and x [T, k] repacked for it into

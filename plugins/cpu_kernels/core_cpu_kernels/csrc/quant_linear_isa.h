@@ -134,6 +134,93 @@ void gemv(const PackedWeight& w, int64_t n0, int64_t n1, const Activations& a, f
   gemv_bits<Vec, 8>(w, n0, n1, a, out, ldo);
 }
 
+// The GEMV's arithmetic for many tokens (batch-invariant mode: quant_linear.h's
+// gemv_unpacked): every (row, token) takes the very fma chains of gemv_block, in the same
+// order (a group's products into a vector of partial sums, that vector times the group's
+// scale into the total, the lanes' sum plus the mins' share), so its outputs equal the
+// GEMV's to the bit, whatever the token count. What changes is the work around them: W's
+// rows are unpacked once into floats in L1 (`q_rows`) for every token, where the GEMV
+// unpacks them again for each pass of 4 tokens, and the block of kUnpackedRows rows x
+// kUnpackedTokens tokens keeps its partial sums and totals in 12 registers, loading each
+// row's and each token's vector once per step.
+constexpr int kUnpackedRows = static_cast<int>(kUnpackedRowsMax);
+constexpr int kUnpackedTokens = 4;
+
+template <class Vec, int ROWS, int TOKENS>
+CORE_QL_INLINE void unpacked_block(const PackedWeight& w, int64_t n, const float* q_rows,
+                                   const Activations& a, int64_t t0, float* out, int64_t ldo) {
+  using V = typename Vec::V;
+  const int64_t groups = w.groups(), k = w.k;
+  const float* x = a.x + t0 * k;
+  // The totals, touched once a group, stay in memory: the registers hold the partial sums.
+  alignas(64) float total[ROWS][TOKENS][Vec::kLanes] = {};
+  for (int64_t g = 0; g < groups; ++g) {
+    V acc[ROWS][TOKENS];
+    for (int r = 0; r < ROWS; ++r)
+      for (int t = 0; t < TOKENS; ++t) acc[r][t] = Vec::zero();
+    for (int64_t i = g * w.group_size; i < (g + 1) * w.group_size; i += Vec::kLanes) {
+      V xv[TOKENS];
+      for (int t = 0; t < TOKENS; ++t) xv[t] = Vec::load(x + t * k + i);
+      for (int r = 0; r < ROWS; ++r) {
+        const V q = Vec::load(q_rows + r * k + i);
+        for (int t = 0; t < TOKENS; ++t) acc[r][t] = Vec::fma(q, xv[t], acc[r][t]);
+      }
+    }
+    for (int r = 0; r < ROWS; ++r) {
+      const V scale = Vec::set1(w.scales[(n + r) * groups + g]);
+      for (int t = 0; t < TOKENS; ++t)
+        Vec::store(total[r][t], Vec::fma(scale, acc[r][t], Vec::load(total[r][t])));
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) {
+    for (int t = 0; t < TOKENS; ++t) {
+      const float* sums = a.group_sums + (t0 + t) * groups;
+      out[(t0 + t) * ldo + n + r] =
+          Vec::sum(Vec::load(total[r][t])) + dot(w.mins + (n + r) * groups, sums, groups);
+    }
+  }
+}
+
+template <class Vec, int ROWS>
+CORE_QL_INLINE void unpacked_rows(const PackedWeight& w, int64_t n, const float* q_rows,
+                                  const Activations& a, float* out, int64_t ldo) {
+  int64_t t0 = 0;
+  for (; t0 + kUnpackedTokens <= a.num_tokens; t0 += kUnpackedTokens)
+    unpacked_block<Vec, ROWS, kUnpackedTokens>(w, n, q_rows, a, t0, out, ldo);
+  for (; t0 < a.num_tokens; ++t0) unpacked_block<Vec, ROWS, 1>(w, n, q_rows, a, t0, out, ldo);
+}
+
+template <class Vec, int BITS>
+void gemv_unpacked_bits(const PackedWeight& w, int64_t n0, int64_t n1, const Activations& a,
+                        float* out, int64_t ldo, float* q_rows) {
+  using V = typename Vec::V;
+  constexpr int kValues = kUnitValues<BITS>;
+  constexpr int kVecs = kValues / Vec::kLanes;
+  for (int64_t n = n0; n < n1; n += kUnpackedRows) {
+    const int64_t num_rows = n1 - n < kUnpackedRows ? n1 - n : kUnpackedRows;
+    for (int64_t r = 0; r < num_rows; ++r) {
+      for (int64_t k0 = 0; k0 < w.k; k0 += kValues) {
+        V q[kVecs];
+        Vec::template unpack<BITS>(w.data + (n + r) * w.row_bytes + k0 * BITS / 8, q);
+        for (int i = 0; i < kVecs; ++i) Vec::store(q_rows + r * w.k + k0 + i * Vec::kLanes, q[i]);
+      }
+    }
+    if (num_rows == kUnpackedRows) {
+      unpacked_rows<Vec, kUnpackedRows>(w, n, q_rows, a, out, ldo);
+    } else {
+      for (int64_t r = 0; r < num_rows; ++r)
+        unpacked_rows<Vec, 1>(w, n + r, q_rows + r * w.k, a, out, ldo);  // W's last rows
+    }
+  }
+}
+
+template <class Vec>
+void gemv_unpacked(const PackedWeight& w, int64_t n0, int64_t n1, const Activations& a,
+                   float* out, int64_t ldo, float* q_rows) {
+  if (w.bits == 4) return gemv_unpacked_bits<Vec, 4>(w, n0, n1, a, out, ldo, q_rows);
+  gemv_unpacked_bits<Vec, 8>(w, n0, n1, a, out, ldo, q_rows);
+}
+
 // How the GEMM multiplies and what it multiplies: a Dot provides `Elem`, the type of the
 // dequantized weights and packed x (one input each); kInputsPerStep, the adjacent inputs one
 // step over k takes; `In`, a vector of one step's Elems for kLanes tokens (or one row's,
@@ -303,8 +390,8 @@ template <class Vec>
 constexpr IsaKernels isa_kernels(const char* name, const Bf16Kernels* bf16 = nullptr,
                                  const Int8Kernels* int8 = nullptr) {
   using Dot = Float32Dot<Vec>;
-  return {name,           &gemv<Vec>,          &dequantize<Vec, Dot>, kTokenBlock<Vec>,
-          &pack_tokens<Vec, Dot>, &gemm<Vec, Dot>, bf16, int8};
+  return {name,     &gemv<Vec>,           &gemv_unpacked<Vec>, &dequantize<Vec, Dot>,
+          kTokenBlock<Vec>, &pack_tokens<Vec, Dot>, &gemm<Vec, Dot>, bf16, int8};
 }
 
 }  // namespace
