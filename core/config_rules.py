@@ -557,4 +557,23 @@ _not_built(
     _BATCH_INVARIANT_MESSAGE,
 )  # fmt: skip
 
+
+@_rule(
+    "batch-invariant-tensor-parallel", (BATCH_INVARIANT, "--tensor-parallel-size > 2"),
+    "batch-invariant mode over more than two tensor-parallel ranks",
+    "--tensor-parallel-size 1 or 2 (or data parallelism)",
+)  # fmt: skip
+def _check_invariant_ranks(config: EngineConfig, facts: ConfigFacts) -> str | None:
+    # Two ranks' shares add in either order to the same bits; three or more are summed by
+    # the all-reduce in segments whose order depends on the tensor's size, so on the batch.
+    size = config.parallel.tensor_parallel_size
+    if not config.model.batch_invariant or size <= 2:
+        return None
+    return (
+        f"--batch-invariant with --tensor-parallel-size {size}: the all-reduce sums more than "
+        "two ranks' shares in an order that depends on the batch; use 1 or 2 ranks, or "
+        "--data-parallel-size for more engines"
+    )
+
+
 RULES: tuple[Rule, ...] = tuple(_RULES)

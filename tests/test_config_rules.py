@@ -248,6 +248,10 @@ REFUSED: dict[str, tuple[Case, tuple[str, ...]]] = {
         Case({"optimization_level": 1, "batch_invariant": True}, GraphPlatform),
         ("-O1", "--batch-invariant", "use -O0 or --enforce-eager"),
     ),
+    "batch-invariant-tensor-parallel": (
+        Case({"batch_invariant": True, "tensor_parallel_size": 4}),
+        ("--batch-invariant", "--tensor-parallel-size 4", "use 1 or 2 ranks"),
+    ),
     "batch-invariant-lora": (
         Case({"batch_invariant": True, "enable_lora": True}),
         ("--enable-lora", "--batch-invariant", "serve without one of them"),
