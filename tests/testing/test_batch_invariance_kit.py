@@ -31,7 +31,7 @@ def test_what_serves_the_mode_passes_and_what_does_not_declare_it_is_skipped(tmp
     done = run_pytest(
         "--core-conformance=kernels:kernel_ops",
         "--core-conformance=attention:torch_ref,attention:cpu_paged",
-        f"--core-conformance={TOYS}:RowwiseBackend,{TOYS}:UndeclaredBackend",
+        f"--core-conformance={TOYS}:UndeclaredBackend",
         "-k",
         "test_batch_invariance",
         "-rA",
@@ -40,7 +40,7 @@ def test_what_serves_the_mode_passes_and_what_does_not_declare_it_is_skipped(tmp
     assert done.returncode == 0, done.stdout + done.stderr
     for case in ("linear-bfloat16-gemv", "fused_moe-bfloat16-grouped", "rms_norm-bfloat16"):
         assert f"PASSED {CHECK}[kernel_ops-{case}]" in done.stdout
-    for backend in ("torch_ref", "cpu_paged", "RowwiseBackend"):
+    for backend in ("torch_ref", "cpu_paged"):
         for dtype in ("float32", "bfloat16"):
             for schedule in SCHEDULES:
                 assert f"PASSED {CHECK}[{backend}-{dtype}-{schedule}]" in done.stdout
