@@ -71,12 +71,23 @@ def test_allocations_fail_in_the_render_process_not_here(renderer, source):
     assert renderer.render(source=TEMPLATE, **INPUTS).startswith("<s>user")  # it carries on
 
 
-def test_a_render_process_that_died_is_started_again(renderer):
+def test_a_render_process_that_stops_answering_is_killed_and_started_again(renderer):
     renderer.render(source=TEMPLATE, **INPUTS)
-    os.kill(renderer._running_child().pid, signal.SIGKILL)
+    stopped = renderer._running_child()
+    os.kill(stopped.pid, signal.SIGSTOP)
     with pytest.raises(ValueError, match="its process was stopped"):
-        renderer.render(source=TEMPLATE, **INPUTS)
+        renderer.render(source=TEMPLATE, max_seconds=0.1, **INPUTS)
+    assert stopped.poll() is not None  # killed
     assert renderer.render(source=TEMPLATE, **INPUTS).startswith("<s>user")
+
+
+def test_a_render_process_that_died_between_renders_is_started_again(renderer):
+    renderer.render(source=TEMPLATE, **INPUTS)
+    dead = renderer._running_child()
+    dead.kill()
+    dead.wait()
+    assert renderer.render(source=TEMPLATE, **INPUTS).startswith("<s>user")
+    assert renderer._running_child().pid != dead.pid
 
 
 def test_only_templates_from_outside_render_isolated(tmp_path, monkeypatch):

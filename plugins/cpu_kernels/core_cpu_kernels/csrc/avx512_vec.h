@@ -28,6 +28,7 @@ struct Avx512 {
   static CORE_QL_INLINE V load(const float* p) { return _mm512_loadu_ps(p); }
   static CORE_QL_INLINE void store(float* p, V v) { _mm512_storeu_ps(p, v); }
   static CORE_QL_INLINE V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static CORE_QL_INLINE float fmas(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
   static CORE_QL_INLINE V mul(V a, V b) { return _mm512_mul_ps(a, b); }
   static CORE_QL_INLINE float sum(V v) { return _mm512_reduce_add_ps(v); }
 

@@ -32,6 +32,7 @@ struct Avx2 {
   static CORE_QL_INLINE V load(const float* p) { return _mm256_loadu_ps(p); }
   static CORE_QL_INLINE void store(float* p, V v) { _mm256_storeu_ps(p, v); }
   static CORE_QL_INLINE V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static CORE_QL_INLINE float fmas(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
   static CORE_QL_INLINE V mul(V a, V b) { return _mm256_mul_ps(a, b); }
 
   using Bits = uint32_t __attribute__((vector_size(32)));

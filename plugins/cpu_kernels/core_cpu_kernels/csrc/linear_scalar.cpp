@@ -30,6 +30,7 @@ struct Scalar {
   static CORE_QL_INLINE V load(const float* p) { return *p; }
   static CORE_QL_INLINE void store(float* p, V v) { *p = v; }
   static CORE_QL_INLINE V fma(V a, V b, V c) { return a * b + c; }
+  static CORE_QL_INLINE float fmas(float a, float b, float c) { return fma(a, b, c); }
   static CORE_QL_INLINE V mul(V a, V b) { return a * b; }
   static CORE_QL_INLINE float sum(V v) { return v; }
   static CORE_QL_INLINE V load_bf16(const uint16_t* p) { return dense_linear::bf16_to_float(*p); }

@@ -117,24 +117,34 @@ CORE_MULTIVERSION void group_sums(const float* x, int64_t rows, int64_t k, int64
   }
 }
 
-// The GEMV, or for `unpacked` its arithmetic with W's rows unpacked once for every token
-// (IsaKernels::gemv_unpacked: the same outputs to the bit).
+// The GEMV; for batch-invariant mode (`invariant`) its variant that adds the mins' shares
+// in a fixed order, and past a few tokens (`unpacked`) that variant's arithmetic with W's
+// rows unpacked once for every token (IsaKernels::gemv_unpacked: the same bits).
 template <typename T>
 void gemv(const ql::IsaKernels& isa, const ql::PackedWeight& w, const torch::Tensor& x,
-          torch::Tensor& out, bool unpacked = false) {
+          torch::Tensor& out, bool invariant = false, bool unpacked = false) {
   const int64_t num_tokens = x.size(0), n = out.size(1);
   std::vector<float> x_buffer, sums(num_tokens * w.groups()), out_buffer;
   const float* xf = core_cpu::float_rows<T>(x, x_buffer);
   group_sums(xf, num_tokens, w.k, w.group_size, sums.data());
   float* out_f = core_cpu::float_output<T>(out, out_buffer);
   const ql::Activations a{xf, sums.data(), num_tokens};
+  std::vector<float> sums_by_group;
+  if (unpacked) {
+    const int64_t groups = w.groups();
+    sums_by_group.resize(groups * num_tokens);
+    for (int64_t t = 0; t < num_tokens; ++t)
+      for (int64_t g = 0; g < groups; ++g) sums_by_group[g * num_tokens + t] = sums[t * groups + g];
+  }
   const int64_t num_blocks = (n + kGemvRowsPerBlock - 1) / kGemvRowsPerBlock;
   const int64_t grain = kMacsPerTask / (kGemvRowsPerBlock * w.k * num_tokens) + 1;
   at::parallel_for(0, num_blocks, grain, [&](int64_t begin, int64_t end) {
     const int64_t n0 = begin * kGemvRowsPerBlock, n1 = std::min(end * kGemvRowsPerBlock, n);
     if (unpacked) {
       std::vector<float> q_rows(ql::kUnpackedRowsMax * w.k);
-      isa.gemv_unpacked(w, n0, n1, a, out_f, n, q_rows.data());
+      isa.gemv_unpacked(w, n0, n1, a, sums_by_group.data(), out_f, n, q_rows.data());
+    } else if (invariant) {
+      isa.gemv_invariant(w, n0, n1, a, out_f, n);
     } else {
       isa.gemv(w, n0, n1, a, out_f, n);
     }
@@ -359,7 +369,7 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
     // one pass of its tokens, the same sums with each row unpacked once.
     const bool unpacked = num_tokens > kUnpackedMinTokens;
     core_cpu::dispatch_dtype(x, "quant_linear", [&](auto zero) {
-      gemv<decltype(zero)>(kernels, w, x, out, unpacked);
+      gemv<decltype(zero)>(kernels, w, x, out, /*invariant=*/true, unpacked);
     });
   } else if (strips.has_value() && bf16 != nullptr && int8 == nullptr) {
     strip_gemm(*bf16, w, x, out, checked_strips(*strips, w, out.size(1)));

@@ -112,10 +112,15 @@ struct IsaKernels {
   // the weight rows are read once, whatever the token count.
   void (*gemv)(const PackedWeight& w, int64_t n0, int64_t n1, const Activations& a,
                float* out, int64_t ldo);
-  // gemv's outputs, to the bit, for many tokens: W's rows unpacked once each into
-  // `q_rows` (kUnpackedRowsMax * k floats) for every token (quant_linear_isa.h).
+  // gemv with each output's share of the mins added in one fixed order (quant_linear_isa.h's
+  // mins_share), for batch-invariant mode.
+  void (*gemv_invariant)(const PackedWeight& w, int64_t n0, int64_t n1, const Activations& a,
+                         float* out, int64_t ldo);
+  // gemv_invariant's outputs, to the bit, for many tokens: W's rows unpacked once each into
+  // `q_rows` (kUnpackedRowsMax * k floats) for every token (quant_linear_isa.h);
+  // `sums_by_group` holds a's group sums transposed, [groups, num_tokens].
   void (*gemv_unpacked)(const PackedWeight& w, int64_t n0, int64_t n1, const Activations& a,
-                        float* out, int64_t ldo, float* q_rows);
+                        const float* sums_by_group, float* out, int64_t ldo, float* q_rows);
   // out[(n - n0) * k + i] = W[n, i] in float32, for n in [n0, n1).
   void (*dequantize)(const PackedWeight& w, int64_t n0, int64_t n1, float* out);
   // The GEMM's tokens per block, and x [T, k] repacked for it into

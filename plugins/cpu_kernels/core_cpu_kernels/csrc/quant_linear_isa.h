@@ -7,7 +7,8 @@
 // unit keeps its own copy, and the linker can never substitute one ISA's for another's.
 //
 // A Vec provides: `V` (kLanes float32 lanes), zero(), set1(f), load(p), store(p, v),
-// fma(a, b, c) = a * b + c, sum(v) (the lanes' total), and unpack<BITS>(unit, q), which
+// fma(a, b, c) = a * b + c, fmas(a, b, c) the same on floats, rounded as one lane of fma
+// rounds, sum(v) (the lanes' total), and unpack<BITS>(unit, q), which
 // turns one 16-byte unit of a packed row (4-bit: a run of 32 values; 8-bit: 16 values)
 // into its values as floats, in input order, in kUnitValues<BITS> / kLanes vectors.
 
@@ -42,9 +43,21 @@ CORE_QL_INLINE float dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
+// One output's share of the mins, sum_g mins[g] * sums[g], added in g order by Vec::fmas:
+// batch-invariant mode's GEMV (gemv_invariant), and lane by lane gemv_unpacked's
+// (add_mins_shares), to the same bits. `dot` may be summed in any order the compiler
+// likes (the build's -fassociative-math), so the default GEMV keeps it: the mode's kernels
+// cannot follow it lane by lane.
+template <class Vec>
+CORE_QL_INLINE float mins_share(const float* mins, const float* sums, int64_t groups) {
+  float share = 0.f;
+  for (int64_t g = 0; g < groups; ++g) share = Vec::fmas(mins[g], sums[g], share);
+  return share;
+}
+
 // out[t, n + r] for r < ROWS, t in [t0, t0 + TOKENS): per group, the dot product of the
 // integer values q with x in float32, times the group's scale; then the mins' share.
-template <class Vec, int BITS, int ROWS, int TOKENS>
+template <class Vec, int BITS, int ROWS, int TOKENS, bool INVARIANT>
 CORE_QL_INLINE void gemv_block(const PackedWeight& w, int64_t n, const Activations& a,
                                int64_t t0, float* out, int64_t ldo) {
   using V = typename Vec::V;
@@ -78,20 +91,21 @@ CORE_QL_INLINE void gemv_block(const PackedWeight& w, int64_t n, const Activatio
     for (int t = 0; t < TOKENS; ++t) {
       const float* sums = a.group_sums + (t0 + t) * groups;
       out[(t0 + t) * ldo + n + r] =
-          Vec::sum(total[r][t]) + dot(w.mins + (n + r) * groups, sums, groups);
+          Vec::sum(total[r][t]) + (INVARIANT ? mins_share<Vec>(w.mins + (n + r) * groups, sums, groups)
+                                             : dot(w.mins + (n + r) * groups, sums, groups));
     }
   }
 }
 
 // Rows [n, n + num_rows) with num_rows <= 4, times tokens [t0, t0 + TOKENS).
-template <class Vec, int BITS, int TOKENS>
+template <class Vec, int BITS, int TOKENS, bool INVARIANT>
 CORE_QL_INLINE void gemv_rows(const PackedWeight& w, int64_t n, int64_t num_rows,
                               const Activations& a, int64_t t0, float* out, int64_t ldo) {
   constexpr int kRows = kRowsPerBlock<TOKENS>;
   int64_t r = 0;
   for (; r + kRows <= num_rows; r += kRows)
-    gemv_block<Vec, BITS, kRows, TOKENS>(w, n + r, a, t0, out, ldo);
-  for (; r < num_rows; ++r) gemv_block<Vec, BITS, 1, TOKENS>(w, n + r, a, t0, out, ldo);
+    gemv_block<Vec, BITS, kRows, TOKENS, INVARIANT>(w, n + r, a, t0, out, ldo);
+  for (; r < num_rows; ++r) gemv_block<Vec, BITS, 1, TOKENS, INVARIANT>(w, n + r, a, t0, out, ldo);
 }
 
 // Four rows at a time, every token pass over them while they sit in L1: the weights
@@ -99,7 +113,7 @@ CORE_QL_INLINE void gemv_rows(const PackedWeight& w, int64_t n, int64_t num_rows
 // prefetched meanwhile: the hardware prefetchers stop at each 4 KB page, and a decode
 // step's weights are all cold (30 layers of SmolLM2 and its head, one token, AVX512_BF16
 // EPYC, 2 threads: 12.1 -> 9.3 ms; the distance mattered little from 256 B to 2 KB).
-template <class Vec, int BITS>
+template <class Vec, int BITS, bool INVARIANT>
 void gemv_bits(const PackedWeight& w, int64_t n0, int64_t n1, const Activations& a,
                float* out, int64_t ldo) {
   constexpr int64_t kCacheLine = 64;
@@ -112,26 +126,26 @@ void gemv_bits(const PackedWeight& w, int64_t n0, int64_t n1, const Activations&
     for (int64_t t0 = 0; t0 < a.num_tokens; t0 += kTokensPerPass) {
       switch (a.num_tokens - t0) {
         case 1:
-          gemv_rows<Vec, BITS, 1>(w, n, num_rows, a, t0, out, ldo);
+          gemv_rows<Vec, BITS, 1, INVARIANT>(w, n, num_rows, a, t0, out, ldo);
           break;
         case 2:
-          gemv_rows<Vec, BITS, 2>(w, n, num_rows, a, t0, out, ldo);
+          gemv_rows<Vec, BITS, 2, INVARIANT>(w, n, num_rows, a, t0, out, ldo);
           break;
         case 3:
-          gemv_rows<Vec, BITS, 3>(w, n, num_rows, a, t0, out, ldo);
+          gemv_rows<Vec, BITS, 3, INVARIANT>(w, n, num_rows, a, t0, out, ldo);
           break;
         default:
-          gemv_rows<Vec, BITS, kTokensPerPass>(w, n, num_rows, a, t0, out, ldo);
+          gemv_rows<Vec, BITS, kTokensPerPass, INVARIANT>(w, n, num_rows, a, t0, out, ldo);
       }
     }
   }
 }
 
-template <class Vec>
+template <class Vec, bool INVARIANT>
 void gemv(const PackedWeight& w, int64_t n0, int64_t n1, const Activations& a, float* out,
           int64_t ldo) {
-  if (w.bits == 4) return gemv_bits<Vec, 4>(w, n0, n1, a, out, ldo);
-  gemv_bits<Vec, 8>(w, n0, n1, a, out, ldo);
+  if (w.bits == 4) return gemv_bits<Vec, 4, INVARIANT>(w, n0, n1, a, out, ldo);
+  gemv_bits<Vec, 8, INVARIANT>(w, n0, n1, a, out, ldo);
 }
 
 // The GEMV's arithmetic for many tokens (batch-invariant mode: quant_linear.h's
@@ -172,13 +186,30 @@ CORE_QL_INLINE void unpacked_block(const PackedWeight& w, int64_t n, const float
         Vec::store(total[r][t], Vec::fma(scale, acc[r][t], Vec::load(total[r][t])));
     }
   }
-  for (int r = 0; r < ROWS; ++r) {
-    for (int t = 0; t < TOKENS; ++t) {
-      const float* sums = a.group_sums + (t0 + t) * groups;
-      out[(t0 + t) * ldo + n + r] =
-          Vec::sum(Vec::load(total[r][t])) + dot(w.mins + (n + r) * groups, sums, groups);
-    }
+  for (int r = 0; r < ROWS; ++r)
+    for (int t = 0; t < TOKENS; ++t) out[(t0 + t) * ldo + n + r] = Vec::sum(Vec::load(total[r][t]));
+}
+
+// out[t * ldo + n] += row n's mins_share with token t, for every token: kLanes tokens at a
+// time, a lane each (the sums by group, `sums_by_group` [groups, num_tokens]), the tail one
+// by one; each lane's chain is mins_share's.
+template <class Vec>
+CORE_QL_INLINE void add_mins_shares(const PackedWeight& w, int64_t n, const Activations& a,
+                                    const float* sums_by_group, float* out, int64_t ldo) {
+  using V = typename Vec::V;
+  const int64_t groups = w.groups(), tokens = a.num_tokens;
+  const float* mins = w.mins + n * groups;
+  int64_t t0 = 0;
+  for (; t0 + Vec::kLanes <= tokens; t0 += Vec::kLanes) {
+    V share = Vec::zero();
+    for (int64_t g = 0; g < groups; ++g)
+      share = Vec::fma(Vec::set1(mins[g]), Vec::load(sums_by_group + g * tokens + t0), share);
+    alignas(64) float lanes[Vec::kLanes];
+    Vec::store(lanes, share);
+    for (int64_t t = 0; t < Vec::kLanes; ++t) out[(t0 + t) * ldo + n] += lanes[t];
   }
+  for (; t0 < tokens; ++t0)
+    out[t0 * ldo + n] += mins_share<Vec>(mins, a.group_sums + t0 * groups, groups);
 }
 
 template <class Vec, int ROWS>
@@ -192,7 +223,7 @@ CORE_QL_INLINE void unpacked_rows(const PackedWeight& w, int64_t n, const float*
 
 template <class Vec, int BITS>
 void gemv_unpacked_bits(const PackedWeight& w, int64_t n0, int64_t n1, const Activations& a,
-                        float* out, int64_t ldo, float* q_rows) {
+                        const float* sums_by_group, float* out, int64_t ldo, float* q_rows) {
   using V = typename Vec::V;
   constexpr int kValues = kUnitValues<BITS>;
   constexpr int kVecs = kValues / Vec::kLanes;
@@ -211,14 +242,15 @@ void gemv_unpacked_bits(const PackedWeight& w, int64_t n0, int64_t n1, const Act
       for (int64_t r = 0; r < num_rows; ++r)
         unpacked_rows<Vec, 1>(w, n + r, q_rows + r * w.k, a, out, ldo);  // W's last rows
     }
+    for (int64_t r = 0; r < num_rows; ++r) add_mins_shares<Vec>(w, n + r, a, sums_by_group, out, ldo);
   }
 }
 
 template <class Vec>
 void gemv_unpacked(const PackedWeight& w, int64_t n0, int64_t n1, const Activations& a,
-                   float* out, int64_t ldo, float* q_rows) {
-  if (w.bits == 4) return gemv_unpacked_bits<Vec, 4>(w, n0, n1, a, out, ldo, q_rows);
-  gemv_unpacked_bits<Vec, 8>(w, n0, n1, a, out, ldo, q_rows);
+                   const float* sums_by_group, float* out, int64_t ldo, float* q_rows) {
+  if (w.bits == 4) return gemv_unpacked_bits<Vec, 4>(w, n0, n1, a, sums_by_group, out, ldo, q_rows);
+  gemv_unpacked_bits<Vec, 8>(w, n0, n1, a, sums_by_group, out, ldo, q_rows);
 }
 
 // How the GEMM multiplies and what it multiplies: a Dot provides `Elem`, the type of the
@@ -390,8 +422,16 @@ template <class Vec>
 constexpr IsaKernels isa_kernels(const char* name, const Bf16Kernels* bf16 = nullptr,
                                  const Int8Kernels* int8 = nullptr) {
   using Dot = Float32Dot<Vec>;
-  return {name,     &gemv<Vec>,           &gemv_unpacked<Vec>, &dequantize<Vec, Dot>,
-          kTokenBlock<Vec>, &pack_tokens<Vec, Dot>, &gemm<Vec, Dot>, bf16, int8};
+  return {name,
+          &gemv<Vec, false>,
+          &gemv<Vec, true>,
+          &gemv_unpacked<Vec>,
+          &dequantize<Vec, Dot>,
+          kTokenBlock<Vec>,
+          &pack_tokens<Vec, Dot>,
+          &gemm<Vec, Dot>,
+          bf16,
+          int8};
 }
 
 }  // namespace
