@@ -46,24 +46,21 @@ def set_enabled(on: bool) -> None:
     _enabled = bool(on)
 
 
-def rowwise(fn: Callable[..., Any], rows: Sequence[torch.Tensor], *shared: Any) -> Any:
+def rowwise(
+    fn: Callable[..., torch.Tensor], rows: Sequence[torch.Tensor], *shared: Any
+) -> torch.Tensor:
     """fn(*rows, *shared) computed one row at a time: the i-th row of every tensor in
     `rows` (each [..., last], all with the same leading rows) copied into a tensor of its
-    own, [1, last], and the results (a tensor, or a tuple of them, [1, ...] each) joined in
-    row order, with the leading dimensions of rows[0]. torch's kernels choose their
-    blocking, vectorization and thread split from the shapes and the data's alignment, so
-    a row computed alone in a fresh allocation takes the same path whatever batch it came
-    in: how core's reference ops serve the mode."""
+    own, [1, last], and the results ([1, ...] each) joined in row order, with the leading
+    dimensions of rows[0]. torch's kernels choose their blocking, vectorization and thread
+    split from the shapes and the data's alignment, so a row computed alone in a fresh
+    allocation takes the same path whatever batch it came in: how core's reference ops
+    serve the mode."""
     first = rows[0]
     if first.dim() == 0 or first.numel() == 0:
         return fn(*rows, *shared)
     flat = [r.reshape(-1, r.shape[-1]) for r in rows]
-    outs = [fn(*(r[i : i + 1].clone() for r in flat), *shared) for i in range(flat[0].shape[0])]
-    if isinstance(outs[0], tuple):
-        return tuple(_joined([o[j] for o in outs], first) for j in range(len(outs[0])))
-    return _joined(outs, first)
-
-
-def _joined(outs: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
-    out = torch.cat(outs)
-    return out.view(*like.shape[:-1], *out.shape[1:])
+    out = torch.cat(
+        [fn(*(r[i : i + 1].clone() for r in flat), *shared) for i in range(len(flat[0]))]
+    )
+    return out.view(*first.shape[:-1], *out.shape[1:])

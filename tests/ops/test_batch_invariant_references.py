@@ -33,8 +33,7 @@ def test_the_reference_gives_a_row_the_same_bits_in_any_batch(name, dtype):
     assert_rows_invariant(op.reference, op, dtype, _CPU, f"{op.qualname}'s reference")
 
 
-def test_rowwise_joins_tensors_and_tuples_in_row_order():
+def test_rowwise_joins_the_rows_results_in_row_order():
     x = torch.arange(12.0).view(2, 3, 2)
     assert torch.equal(batch_invariant.rowwise(lambda r, s: r * s, (x,), 2.0), x * 2)
-    pair = batch_invariant.rowwise(lambda r, t: (r + t, r - t), (x, x + 1))
-    assert torch.equal(pair[0], 2 * x + 1) and torch.equal(pair[1], -torch.ones_like(x))
+    assert torch.equal(batch_invariant.rowwise(lambda r, t: r - t, (x, x + 1)), -torch.ones_like(x))
