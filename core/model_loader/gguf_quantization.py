@@ -112,6 +112,9 @@ class GGUFLinearMethod(LinearMethod):
         out = packed.matmul(x)
         return out if bias is None else out + bias
 
+    def packed_weight(self, layer: nn.Module) -> PackedWeight | None:
+        return stored(layer)  # None: a float weight, through dense_linear
+
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
         packed = stored(layer)
         if packed is None:

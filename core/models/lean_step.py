@@ -47,12 +47,13 @@ def lean(module: nn.Module) -> Lean:
     fast = make()
 
     def call(*args: Any) -> Any:
-        if module._forward_pre_hooks or module._forward_hooks or _global_forward_hooks():
+        if module._forward_pre_hooks or module._forward_hooks or global_forward_hooks():
             return module(*args)
         return fast(*args)
 
     return call
 
 
-def _global_forward_hooks() -> bool:
+def global_forward_hooks() -> bool:
+    """Whether a forward hook is registered for every module (torch's global hooks)."""
     return bool(_module._global_forward_pre_hooks or _module._global_forward_hooks)

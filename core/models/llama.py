@@ -21,6 +21,7 @@ from core.attention.layer import Attention
 from core.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_world_size
 from core.models.arch_config import SLIDING_ATTENTION, ArchConfig, MoEConfig
 from core.models.hf_weights import ExpertParam, StackedParam, load_hf_weights
+from core.models.layer_stack import LayerStack, PlainLayer, build_stack
 from core.models.layers import (
     GeluTanhAndMul,
     LMHead,
@@ -277,6 +278,50 @@ class DecoderLayer(nn.Module):
 
         return layer
 
+    def plain(self) -> PlainLayer | None:
+        """This layer as a `PlainLayer` (core.models.layer_stack), or None where a part or
+        an option is not the plain Llama one."""
+        attention, mlp = self.self_attn, self.mlp
+        if (
+            self.sandwich_norms
+            or type(self) is not DecoderLayer
+            or type(attention) is not LlamaAttention
+            or type(mlp) is not LlamaMLP
+            or type(mlp.act_fn) is not SiluAndMul
+        ):
+            return None
+        norms = (self.input_layernorm, self.post_attention_layernorm)
+        linears = (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        rotary = attention.rotary_emb
+        plain = (
+            all(type(norm) is RMSNorm for norm in norms)
+            and all(linear.bias is None and linear.partition.tp_size == 1 for linear in linears)
+            and isinstance(attention.q_norm, nn.Identity)
+            and isinstance(attention.k_norm, nn.Identity)
+            and attention.clip_qkv is None
+            and attention.attn.logits_soft_cap is None
+            and type(rotary) is RotaryEmbedding
+            and rotary.rotary_dim == rotary.head_dim
+        )
+        if not plain:
+            return None
+        qkv = attention.qkv_proj
+        return PlainLayer(
+            input_norm=self.input_layernorm,
+            qkv_proj=qkv,
+            rotary=rotary,
+            attn=attention.attn,
+            o_proj=attention.o_proj,
+            post_norm=self.post_attention_layernorm,
+            gate_up_proj=mlp.gate_up_proj,
+            down_proj=mlp.down_proj,
+            q_size=qkv.q_size,
+            kv_size=qkv.kv_size,
+            num_heads=attention.num_heads,
+            num_kv_heads=attention.num_kv_heads,
+            head_dim=attention.head_dim,
+        )
+
 
 class LlamaModel(nn.Module):
     """Embedding, decoder layers and final norm: token ids to last hidden states.
@@ -327,6 +372,7 @@ class LlamaModel(nn.Module):
             else MissingLayer()
         )
         self._lean_layers: list[LeanLayer] | None = None
+        self._stack: LayerStack | None = None  # made with the lean layers
 
     def _layer(
         self,
@@ -361,8 +407,21 @@ class LlamaModel(nn.Module):
         if torch.compiler.is_compiling():
             return self.layers[self.start : self.end]
         if self._lean_layers is None:
-            self._lean_layers = [lean(layer) for layer in self.layers[self.start : self.end]]
+            layers = self.layers[self.start : self.end]
+            self._lean_layers = [lean(layer) for layer in layers]
+            plain = [layer.plain() if isinstance(layer, DecoderLayer) else None for layer in layers]
+            if plain and None not in plain:
+                self._stack = build_stack(plain)
         return self._lean_layers
+
+    def _run_stack(
+        self, positions: torch.Tensor, hidden: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The whole stage through its layer stack (core.models.layer_stack), or None: no
+        stack, the stack declined the step, or torch.compile is tracing the layers."""
+        if self._stack is None or torch.compiler.is_compiling():
+            return None
+        return self._stack(positions, hidden, None)
 
     def forward(
         self,
@@ -381,8 +440,13 @@ class LlamaModel(nn.Module):
             hidden = self.embed_tokens(input_ids)
         residual = None
         end = self.end if num_layers is None else min(num_layers, self.end)
-        for layer in self._stage_layers()[: max(end - self.start, 0)]:
-            hidden, residual = layer(positions, hidden, residual)
+        layers = self._stage_layers()[: max(end - self.start, 0)]
+        stacked = self._run_stack(positions, hidden) if end == self.end else None
+        if stacked is not None:
+            hidden, residual = stacked
+        else:
+            for layer in layers:
+                hidden, residual = layer(positions, hidden, residual)
         if not self.is_last_stage:
             # The stream is folded at the stage's end (the add the next layer would have
             # fused), so a stage hands the next one hidden states alone, as before.

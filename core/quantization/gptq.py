@@ -165,6 +165,9 @@ class GPTQLinearMethod(LinearMethod):
         out = _packed(layer).matmul(x)
         return out if bias is None else out + bias
 
+    def packed_weight(self, layer: nn.Module) -> PackedWeight | None:
+        return _packed(layer) if layer.input_order is None else None  # act-order reorders x
+
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
         weight = _packed(layer).dequantize()  # [N, K] float32, in input_order
         if layer.input_order is not None:

@@ -24,6 +24,7 @@ from torch import nn
 
 if TYPE_CHECKING:
     from core.model_loader.checkpoint import Checkpoint
+    from core.quantization.packed import PackedWeight
 
 __all__ = [
     "FUSED_CHECKPOINT_MODULES",
@@ -181,6 +182,14 @@ class LinearMethod(ABC):
         token), what x rounds to. Off the hot path, like `dequantize`: the other half of
         the reference `apply` is held to."""
         return x
+
+    def packed_weight(self, layer: nn.Module) -> PackedWeight | None:
+        """The weight `apply` multiplies by when `apply(layer, x, bias)` is exactly
+        `core.ops.quant_linear(x, *its tensors) + bias` (x not reordered, nothing added), so
+        that a kernel package running whole layers (core.models.layer_stack) may call the
+        op's kernel on it directly; None otherwise (the default: `apply` must run). On the
+        hot path: no copies."""
+        return None
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Turn the loaded checkpoint tensors into the form `apply` multiplies, once.

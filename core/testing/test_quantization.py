@@ -13,6 +13,9 @@ set_random_values`). Then `process_weights_after_loading` runs on every layer, a
 - `apply(layer, x, bias)` equals `rounded_input(layer, x) @ dequantize(layer).T + bias`
   (x itself unless the method quantizes activations) within 1e-5 (float32),
   1e-2 (float16) or 2e-2 (bfloat16) of the product's scale, for 1 and 5 tokens;
+- where `packed_weight(layer)` gives a weight, `apply(layer, x, bias)` equals
+  `core.ops.quant_linear(x, *its tensors) + bias` to the bit (kernel packages that run whole
+  layers call the op on it in place of `apply`: core.models.layer_stack);
 - parameters are inference-only (requires_grad False) and carry a weight_loader.
 A create_weights that refuses an activation dtype with ValueError skips that dtype.
 """
@@ -35,6 +38,7 @@ from core.models.layers import (
     ReplicatedLinear,
     RowParallelLinear,
 )
+from core.ops import quant_linear
 from core.quantization.interface import QuantizationConfig
 from core.quantization.weight_loader import get_random_values
 from core.testing.plugin import quant_configs_of, targets_of
@@ -225,6 +229,24 @@ def test_apply_equals_the_dequantized_reference(
     assert diff <= TOLERANCES[dtype] * scale, (
         f"apply differs from rounded_input(layer, x) @ dequantize(layer).T + bias by {diff:.3g} "
         f"> {TOLERANCES[dtype]} x scale {scale:.3g}"
+    )
+
+
+@pytest.mark.parametrize("num_tokens", [1, 5])
+def test_a_packed_weight_is_what_apply_multiplies(
+    layer: LinearBase, dtype: torch.dtype, num_tokens: int
+) -> None:
+    packed = layer.linear_method.packed_weight(layer)
+    if packed is None:
+        return  # apply always runs: nothing to hold it to
+    generator = torch.Generator().manual_seed(2)
+    x = torch.randn(num_tokens, layer.partition.input_size_per_partition, generator=generator)
+    x = x.to(dtype).to(packed.qweight.device)
+    got = layer.linear_method.apply(layer, x, layer.bias)
+    want = quant_linear(x, packed.qweight, packed.scales, packed.mins, packed.bits)
+    want = want if layer.bias is None else want + layer.bias
+    assert torch.equal(got, want), (
+        "apply(layer, x, bias) differs from core.ops.quant_linear on packed_weight(layer) + bias"
     )
 
 

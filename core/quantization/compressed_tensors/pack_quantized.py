@@ -109,6 +109,9 @@ class PackQuantizedLinearMethod(LinearMethod):
         out = stored(layer).matmul(x)
         return out if bias is None else out + bias
 
+    def packed_weight(self, layer: nn.Module) -> PackedWeight | None:
+        return stored(layer)
+
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
         return stored(layer).dequantize().to(layer.params_dtype)
 

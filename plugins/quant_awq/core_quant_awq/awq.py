@@ -141,6 +141,9 @@ class AWQLinearMethod(LinearMethod):
             out = awq_gemm(x, layer.qweight, layer.qzeros, layer.scales, self.group_size)
         return out if bias is None else out + bias
 
+    def packed_weight(self, layer: nn.Module) -> PackedWeight | None:
+        return stored(layer)  # None on CUDA: the Triton kernel reads AutoAWQ's layout
+
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
         packed = stored(layer)
         weight = (
