@@ -14,6 +14,7 @@ setup(
             [
                 "core_cpu_kernels/csrc/activation.cpp",
                 "core_cpu_kernels/csrc/bindings.cpp",
+                "core_cpu_kernels/csrc/decode_layers.cpp",
                 "core_cpu_kernels/csrc/dense_linear.cpp",
                 "core_cpu_kernels/csrc/fp8_linear.cpp",
                 "core_cpu_kernels/csrc/fused_moe.cpp",

@@ -12,6 +12,8 @@ found by probing it at load.
 Inputs the C++ kernels do not take (another dtype, a weight of another dtype, a strided
 last dimension, a non-contiguous packed weight) go to core's reference, so the registered
 kernel serves the op's whole domain.
+It also offers models a layer stack (layer_stack.py): a step of decode rows through plain
+decoder layers in one C++ call.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from core.kernel_choice import KERNEL_CHOICES
+from core.models.layer_stack import register_stack_builder
 from core.ops import (
     fp8_linear_reference,
     fused_add_rms_norm_reference,
@@ -33,6 +36,7 @@ from core.ops import (
 from core_cpu_kernels import (
     _C,  # import after torch: the module links against libtorch
     candidates,
+    layer_stack,
 )
 
 PROVIDER = "core-cpu-kernels"
@@ -206,6 +210,7 @@ def register() -> None:
     register_impl("quant_linear", "cpu", quant_linear, PROVIDER)
     register_impl("fp8_linear", "cpu", fp8_linear, PROVIDER)
     register_impl("fused_moe", "cpu", fused_moe, PROVIDER)
+    register_stack_builder(PROVIDER, layer_stack.build)
     candidates.register()
 
 

@@ -59,6 +59,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "widest available)",
         py::arg("x"), py::arg("weight"), py::arg("scales"), py::arg("block_k"),
         py::arg("isa") = "", py::arg("batch_invariant") = false);
+  m.def("decode_layers", &decode_layers, kNoGil,
+        "Plain decoder layers for a step of decode rows in one call (layer_stack.py)",
+        py::arg("hidden"), py::arg("positions"), py::arg("tensors"), py::arg("bits"),
+        py::arg("eps"), py::arg("scales"), py::arg("windows"), py::arg("heads"),
+        py::arg("block_table"), py::arg("seq_lens"), py::arg("key_rows"),
+        py::arg("block_size"), py::arg("isa"), py::arg("int8_x"));
   m.def("fp8_linear_isas", &fp8_linear_isas,
         "The vector ISAs fp8_linear can use on this CPU, widest (the default) first");
 }

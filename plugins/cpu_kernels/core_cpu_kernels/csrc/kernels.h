@@ -98,3 +98,20 @@ torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight,
 
 // The vector ISAs fp8_linear can use on this CPU, widest (the default) first.
 std::vector<std::string> fp8_linear_isas();
+
+// Plain decoder layers (core.models.layer_stack's PlainLayer) for a step of decode rows,
+// hidden [T, H] with no residual yet: the kernels above in the Python layers' order, on
+// their inputs, so (hidden, residual) are theirs to the bit. Per layer, in order: the
+// tensors of decode_layers.cpp's LayerTensor (norm weights, packed weights, rotary
+// tables, a contiguous KV cache in the model's dtype), 4 bits (qkv, o, gate_up, down), 2
+// eps (input, post), an attention scale and a sliding window (0: none); heads is
+// (query heads, KV heads, head size). key_rows [T] are the new tokens' K rows in each
+// cache seen as [rows, KV heads, head size] (V rows block_size further); isa and int8_x
+// as quant_linear takes them.
+std::tuple<torch::Tensor, torch::Tensor> decode_layers(
+    torch::Tensor hidden, const torch::Tensor& positions,
+    const std::vector<torch::Tensor>& tensors, const std::vector<int64_t>& bits,
+    const std::vector<double>& eps, const std::vector<double>& scales,
+    const std::vector<int64_t>& windows, const std::vector<int64_t>& heads,
+    const torch::Tensor& block_table, const torch::Tensor& seq_lens,
+    const torch::Tensor& key_rows, int64_t block_size, const std::string& isa, bool int8_x);

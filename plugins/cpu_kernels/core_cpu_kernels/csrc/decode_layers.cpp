@@ -1,0 +1,107 @@
+// A stack of plain decoder layers (core.models.layer_stack's PlainLayer) for a step of
+// decode rows, in one call: the kernels the Python layers call, in their order, on the same
+// inputs, so the outputs are theirs to the bit. What it saves is the Python between them,
+// about eleven op calls a layer through core's dispatch (layer_stack.py measures it).
+
+#include <torch/types.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kernels.h"
+
+namespace {
+
+// A layer's tensors in `decode_layers`' list, kLayerTensors a layer.
+enum LayerTensor : int64_t {
+  kInputNorm,
+  kQkvWeight, kQkvScales, kQkvMins,
+  kCos, kSin,
+  kKvCache,
+  kOWeight, kOScales, kOMins,
+  kPostNorm,
+  kGateUpWeight, kGateUpScales, kGateUpMins,
+  kDownWeight, kDownScales, kDownMins,
+  kLayerTensors,
+};
+
+// The per-layer numbers of `decode_layers`' lists.
+constexpr int64_t kLayerBits = 4;  // qkv, o, gate_up, down
+
+struct Step {
+  const torch::Tensor& positions;
+  const torch::Tensor& block_table;
+  const torch::Tensor& seq_lens;
+  const torch::Tensor& key_rows;
+  const torch::Tensor& value_rows;
+  const std::string& isa;
+  bool int8_x;
+};
+
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor* w, int64_t bits,
+                     const Step& step) {
+  return quant_linear(x, w[0], w[1], w[2], bits, step.isa, step.int8_x, "", c10::nullopt,
+                      /*batch_invariant=*/false);
+}
+
+// Attention of one layer: q, k (rotated in place) and v as views of qkv; the step's K/V
+// written at their rows of the contiguous cache, then each row attends its sequence.
+torch::Tensor attention(const torch::Tensor& qkv, const torch::Tensor* t,
+                        const std::vector<int64_t>& heads, double scale, int64_t window,
+                        const Step& step) {
+  const int64_t tokens = qkv.size(0), num_heads = heads[0], kv_heads = heads[1], dim = heads[2];
+  torch::Tensor q = qkv.narrow(1, 0, num_heads * dim).view({tokens, num_heads, dim});
+  torch::Tensor k = qkv.narrow(1, num_heads * dim, kv_heads * dim).view({tokens, kv_heads, dim});
+  torch::Tensor v =
+      qkv.narrow(1, (num_heads + kv_heads) * dim, kv_heads * dim).view({tokens, kv_heads, dim});
+  rotary_embedding(step.positions, q, k, t[kCos], t[kSin]);
+  const torch::Tensor& cache = t[kKvCache];
+  torch::Tensor rows = cache.view({-1, kv_heads, dim});
+  rows.index_copy_(0, step.key_rows, k);
+  rows.index_copy_(0, step.value_rows, v);
+  torch::Tensor query = q.contiguous();
+  torch::Tensor out = torch::empty_like(query);
+  paged_decode_attention(out, query, cache, step.block_table, step.seq_lens, scale, window, 1.0,
+                         1.0);
+  return out.view({tokens, num_heads * dim});
+}
+
+}  // namespace
+
+std::tuple<torch::Tensor, torch::Tensor> decode_layers(
+    torch::Tensor hidden, const torch::Tensor& positions,
+    const std::vector<torch::Tensor>& tensors, const std::vector<int64_t>& bits,
+    const std::vector<double>& eps, const std::vector<double>& scales,
+    const std::vector<int64_t>& windows, const std::vector<int64_t>& heads,
+    const torch::Tensor& block_table, const torch::Tensor& seq_lens,
+    const torch::Tensor& key_rows, int64_t block_size, const std::string& isa, bool int8_x) {
+  const int64_t layers = static_cast<int64_t>(scales.size());
+  TORCH_CHECK(layers > 0, "decode_layers: no layers");
+  TORCH_CHECK(static_cast<int64_t>(tensors.size()) == layers * kLayerTensors &&
+                  static_cast<int64_t>(bits.size()) == layers * kLayerBits &&
+                  static_cast<int64_t>(eps.size()) == layers * 2 &&
+                  static_cast<int64_t>(windows.size()) == layers && heads.size() == 3,
+              "decode_layers: ", kLayerTensors, " tensors, ", kLayerBits,
+              " bits, 2 eps, a scale and a window per layer, and 3 head sizes");
+  const torch::Tensor value_rows = key_rows + block_size;
+  const Step step{positions, block_table, seq_lens, key_rows, value_rows, isa, int8_x};
+  torch::Tensor residual;
+  for (int64_t l = 0; l < layers; ++l) {
+    const torch::Tensor* t = tensors.data() + l * kLayerTensors;
+    const int64_t* b = bits.data() + l * kLayerBits;
+    if (l == 0) {
+      residual = hidden;
+      hidden = rms_norm(hidden, t[kInputNorm], eps[0]);
+    } else {
+      std::tie(hidden, residual) = fused_add_rms_norm(hidden, residual, t[kInputNorm], eps[2 * l]);
+    }
+    const torch::Tensor qkv = linear(hidden, t + kQkvWeight, b[0], step);
+    const torch::Tensor attended = attention(qkv, t, heads, scales[l], windows[l], step);
+    std::tie(hidden, residual) = fused_add_rms_norm(linear(attended, t + kOWeight, b[1], step),
+                                                    residual, t[kPostNorm], eps[2 * l + 1]);
+    const torch::Tensor gate_up = linear(hidden, t + kGateUpWeight, b[2], step);
+    hidden = linear(silu_and_mul(gate_up), t + kDownWeight, b[3], step);
+  }
+  return {hidden, residual};
+}

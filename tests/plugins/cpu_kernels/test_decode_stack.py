@@ -1,0 +1,101 @@
+"""core-cpu-kernels' layer stack (core_cpu_kernels.layer_stack): the default model's decode
+steps run its 30 layers in one C++ call, and every token and logprob equals, to the bit,
+what the layers run one by one give; the steps it cannot serve run the layers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from core import SamplingParams
+from core.entrypoints.llm import LLM
+from core.models.llama import LlamaModel
+
+layer_stack = pytest.importorskip("core_cpu_kernels.layer_stack")
+_C = pytest.importorskip("core_cpu_kernels._C")
+
+PROMPTS = [
+    "The capital of France is",
+    "Write a short poem about the sea.",
+    "List three prime numbers and explain why each is prime:",
+]
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(dtype="float32", max_model_len=512, kv_cache_memory="64MiB")
+
+
+@pytest.fixture
+def served(monkeypatch):
+    """What the stack did each time it was offered a step: True (served) or False."""
+    seen: list[bool] = []
+    call = layer_stack.DecodeStack.__call__
+
+    def counted(self, *args):
+        out = call(self, *args)
+        seen.append(out is not None)
+        return out
+
+    monkeypatch.setattr(layer_stack.DecodeStack, "__call__", counted)
+    return seen
+
+
+def _generate(llm, params):
+    return [
+        (o.outputs[0].token_ids, [sorted(d.items()) for d in o.outputs[0].logprobs or []])
+        for o in llm.generate(PROMPTS, params, use_tqdm=False)
+    ]
+
+
+def _without_stack(monkeypatch):
+    monkeypatch.setattr(LlamaModel, "_run_stack", lambda self, positions, hidden: None)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.0, max_tokens=20, logprobs=3, ignore_eos=True),
+        SamplingParams(temperature=0.8, top_p=0.9, seed=11, max_tokens=20, logprobs=2),
+    ],
+    ids=["greedy", "seeded"],
+)
+def test_decode_steps_in_one_call_equal_the_layers_to_the_bit(llm, served, monkeypatch, params):
+    stacked = _generate(llm, params)
+    assert served.count(True) >= params.max_tokens - 1  # every batch of decode rows
+    assert served.count(False) >= 1  # the prompts' prefill
+    offered = len(served)
+    _without_stack(monkeypatch)
+    assert _generate(llm, params) == stacked
+    assert len(served) == offered  # the stack was not offered a step
+
+
+def test_a_layer_whose_weight_is_not_packed_is_run_by_the_layers(llm, served, monkeypatch):
+    params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=2, ignore_eos=True)
+    want = _generate(llm, params)
+    served.clear()
+    gguf = pytest.importorskip("core.model_loader.gguf_quantization")
+    monkeypatch.setattr(gguf.GGUFLinearMethod, "packed_weight", lambda self, layer: None)
+    assert _generate(llm, params) == want
+    assert served and not any(served)
+
+
+def test_the_kernel_refuses_lists_that_are_not_whole_layers():
+    hidden = torch.zeros(1, 8)
+    with pytest.raises(RuntimeError, match="tensors, 4 bits, 2 eps"):
+        _C.decode_layers(
+            hidden=hidden, positions=torch.zeros(1, dtype=torch.long), tensors=[hidden],
+            bits=[4], eps=[1e-5], scales=[1.0], windows=[0], heads=[1, 1, 8],
+            block_table=torch.zeros(1, 1, dtype=torch.long),
+            seq_lens=torch.ones(1, dtype=torch.long), key_rows=torch.zeros(1, dtype=torch.long),
+            block_size=16, isa="", int8_x=False,
+        )  # fmt: skip
+
+
+def test_layers_with_different_heads_get_no_stack():
+    class Plain:
+        def __init__(self, heads):
+            self.num_heads, self.num_kv_heads, self.head_dim = heads
+
+    assert layer_stack.build([Plain((4, 2, 8)), Plain((4, 2, 8))]) is not None
+    assert layer_stack.build([Plain((4, 2, 8)), Plain((4, 4, 8))]) is None
