@@ -251,7 +251,15 @@ def _kernel_op_lines(registry: PluginRegistry, device_type: str) -> list[str]:
     from core.ops import REFERENCE, providers
 
     registry.run_general_plugins()  # where plugins register their kernels
+    from core.models import layer_stack
+
     served = sorted(
         (op, by_device.get(device_type, REFERENCE)) for op, by_device in providers().items()
     )
-    return [f"kernel ops on {device_type}:"] + [f"  core::{op}: {who}" for op, who in served]
+    stacks = ", ".join(layer_stack.providers()) or "none: each layer's ops run in turn"
+    return [
+        f"kernel ops on {device_type}:",
+        *(f"  core::{op}: {who}" for op, who in served),
+        f"layer stacks (plain decoder layers in one call, where a provider's kernels serve the "
+        f"step): {stacks}",
+    ]

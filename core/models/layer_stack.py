@@ -15,9 +15,11 @@ A stack's contract (what a builder returns, when it returns one):
 - It returns None to decline a step it cannot serve (then the layers run as usual): a
   kind of step it has no kernel for (prefill chunks, the dummy run without attention
   metadata), settings it does not read, or a part that changed since it was built (a
-  linear method wrapped after loading, as LoRA does). It reads weights, caches and the
-  forward context from the modules at each call, never keeps tensors of its own: weights
-  may be replaced (a reload, sleep mode).
+  linear method wrapped after loading, as LoRA does). It reads the forward context at each
+  call. It may keep the modules' tensors (parameters, buffers and KV caches keep their
+  identity for the model's life: sleep mode empties and refills them in place), but must
+  see what is rebound: a linear layer's `linear_method`, an attention layer's `impl` and
+  `kv_cache`.
 - It runs no module's hooks: `build_stack` wraps it so that while any forward hook is
   registered (on a part or globally) the step is declined.
 """
@@ -85,6 +87,11 @@ def register_stack_builder(provider: str, builder: StackBuilder) -> None:
     """Offer `builder` for models' plain layers (re-entrant: a provider's newest counts).
     Kernel packages call it from their `core.general` entry point."""
     _BUILDERS[provider] = builder
+
+
+def providers() -> list[str]:
+    """The providers of the registered builders, in the order they are asked."""
+    return list(_BUILDERS)
 
 
 def build_stack(layers: Sequence[PlainLayer]) -> LayerStack | None:

@@ -102,6 +102,12 @@ def test_a_layer_with_another_part_or_option_is_not_plain(case):
     assert all(layer.plain() is None for layer in model.model.layers)
 
 
+def test_registered_builders_are_named_by_their_providers(builder):
+    assert layer_stack.providers() == ["test"]
+    layer_stack.register_stack_builder("other", builder)
+    assert layer_stack.providers() == ["test", "other"]
+
+
 def test_a_registered_stack_runs_the_whole_stage_in_place_of_its_layers(builder, monkeypatch):
     hf_model = tiny_hf_model("LlamaForCausalLM")
     model, reference = _with_layers(builder, our_model(hf_model)), our_model(hf_model)

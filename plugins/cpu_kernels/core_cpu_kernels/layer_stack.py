@@ -14,7 +14,9 @@ through another path.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,7 +24,7 @@ import torch
 from core import batch_invariant
 from core.attention.interface import AttentionType
 from core.forward_context import get_forward_context
-from core.kernel_choice import KERNEL_CHOICES
+from core.kernel_choice import KERNEL_CHOICES, Problem
 from core.models.layer_stack import LayerStack, PlainLayer
 from core_cpu_kernels import _C, candidates
 from core_cpu_kernels.backend import CpuPagedImpl
@@ -40,13 +42,34 @@ def build(layers: Sequence[PlainLayer]) -> LayerStack | None:
     return DecodeStack(layers)
 
 
+@dataclass
+class _Gathered:
+    """What `_C.decode_layers` reads of the layers besides the step, gathered once for a
+    binding of their methods, backends and caches (`DecodeStack._binding`)."""
+
+    tensors: list[torch.Tensor]
+    bits: list[int]
+    eps: list[float]
+    scales: list[float]
+    windows: list[int]
+    block_size: int
+    # One (problem, weight tensors and bits) per distinct packed weight shape: the kernel
+    # choice for the step's row count must be the packed candidate.
+    problems: list[tuple[Problem, tuple]]
+
+
 class DecodeStack:
-    """`_C.decode_layers` over `layers`, reading their weights and caches at each call."""
+    """`_C.decode_layers` over `layers`. The weights are gathered again only when a layer's
+    linear method, attention backend or cache is rebound (parameters and buffers keep their
+    identity: sleep mode empties and refills them in place); the step's metadata and the
+    kernel choices are read at each call."""
 
     def __init__(self, layers: Sequence[PlainLayer]) -> None:
         self.layers = list(layers)
         first = self.layers[0]
         self.heads = [first.num_heads, first.num_kv_heads, first.head_dim]
+        self._bound: list[Any] = []  # the binding `_gathered` was made for
+        self._gathered: _Gathered | None = None
 
     def __call__(
         self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
@@ -59,44 +82,81 @@ class DecodeStack:
         if batch_invariant.enabled() or not _takes_step(positions, hidden):
             return None
         context = get_forward_context()
-        metadata = context.attn_metadata.get(self.layers[0].attn.layer_name)
+        per_layer = context.attn_metadata
+        metadata = per_layer.get(self.layers[0].attn.layer_name)
         if context.kv_connector is not None or not _decode_only(metadata, hidden.shape[0]):
             return None
-        packed_kernel: dict[tuple, bool] = {}  # (N, K, bits) -> served by the packed kernel
-        tensors: list[torch.Tensor] = []
-        bits: list[int] = []
-        eps: list[float] = []
-        scales: list[float] = []
-        windows: list[int] = []
-        for layer in self.layers:
-            attn = layer.attn
-            if context.attn_metadata.get(attn.layer_name) is not metadata:
-                return None
-            impl, cache = attn.impl, attn.kv_cache
-            if not _takes_attention(impl, cache, hidden.dtype):
-                return None
-            linears = [_packed(m, hidden, packed_kernel) for m in _linears(layer)]
-            norms = (layer.input_norm, layer.post_norm)
-            if None in linears or not all(_takes_norm(n.weight, hidden) for n in norms):
-                return None
-            rotary = layer.rotary
-            if not _takes_tables(rotary.cos_cache, rotary.sin_cache):
-                return None
-            qkv, o, gate_up, down = linears
-            tensors += [layer.input_norm.weight, *qkv[:3], rotary.cos_cache, rotary.sin_cache,
-                        cache, *o[:3], layer.post_norm.weight, *gate_up[:3], *down[:3]]  # fmt: skip
-            bits += [w[3] for w in linears]
-            eps += [layer.input_norm.eps, layer.post_norm.eps]
-            scales.append(impl.scale)
-            windows.append(impl.sliding_window or 0)
-        cache = self.layers[0].attn.kv_cache
+        if any(per_layer.get(layer.attn.layer_name) is not metadata for layer in self.layers):
+            return None
+        gathered = self._current(hidden)
+        if gathered is None or not _packed_kernel_serves(gathered.problems, hidden):
+            return None
         return dict(
-            hidden=hidden, positions=positions, tensors=tensors, bits=bits, eps=eps,
-            scales=scales, windows=windows, heads=self.heads,
+            hidden=hidden, positions=positions, tensors=gathered.tensors, bits=gathered.bits,
+            eps=gathered.eps, scales=gathered.scales, windows=gathered.windows, heads=self.heads,
             block_table=metadata.decode.block_table, seq_lens=metadata.decode.seq_lens,
-            key_rows=metadata.key_rows(cache.shape[2]), block_size=cache.shape[2],
+            key_rows=metadata.key_rows(gathered.block_size), block_size=gathered.block_size,
             isa=candidates.linear_isa(), int8_x=candidates.int8_activations(),
         )  # fmt: skip
+
+    def _current(self, hidden: torch.Tensor) -> _Gathered | None:
+        """The gathered weights for the layers' present binding (None: not all served)."""
+        bound = self._binding(hidden.dtype)
+        if len(bound) != len(self._bound) or not all(map(operator.is_, bound, self._bound)):
+            self._bound, self._gathered = bound, _gather(self.layers, hidden.dtype)
+        return self._gathered
+
+    def _binding(self, dtype: torch.dtype) -> list[Any]:
+        bound: list[Any] = [dtype]
+        for layer in self.layers:
+            bound += [layer.attn.impl, layer.attn.kv_cache]
+            bound += [linear.linear_method for linear in _linears(layer)]
+        return bound
+
+
+def _gather(layers: list[PlainLayer], dtype: torch.dtype) -> _Gathered | None:
+    """What `_C.decode_layers` reads of `layers` for activations of `dtype`, or None where
+    a layer runs any other kernel than it does."""
+    gathered = _Gathered([], [], [], [], [], 0, [])
+    shapes: set[tuple] = set()
+    for layer in layers:
+        impl, cache = layer.attn.impl, layer.attn.kv_cache
+        linears = [_packed(linear) for linear in _linears(layer)]
+        norms = (layer.input_norm.weight, layer.post_norm.weight)
+        rotary = layer.rotary
+        if (
+            not _takes_attention(impl, cache, dtype)
+            or None in linears
+            or not all(_takes_norm(weight, dtype) for weight in norms)
+            or not _takes_tables(rotary.cos_cache, rotary.sin_cache)
+        ):
+            return None
+        qkv, o, gate_up, down = linears
+        gathered.tensors += [norms[0], *qkv[:3], rotary.cos_cache, rotary.sin_cache, cache,
+                             *o[:3], norms[1], *gate_up[:3], *down[:3]]  # fmt: skip
+        gathered.bits += [weight[3] for weight in linears]
+        gathered.eps += [layer.input_norm.eps, layer.post_norm.eps]
+        gathered.scales.append(impl.scale)
+        gathered.windows.append(impl.sliding_window or 0)
+        gathered.block_size = cache.shape[2]
+        for weight in linears:
+            qweight, _, _, bits = weight
+            if (qweight.shape, bits) not in shapes:
+                shapes.add((qweight.shape, bits))
+                x = torch.empty(0, dtype=dtype)
+                problem = candidates.quant_linear_problem(x, qweight, bits)
+                gathered.problems.append((problem, weight))
+    return gathered
+
+
+def _packed_kernel_serves(problems: list[tuple[Problem, tuple]], hidden: torch.Tensor) -> bool:
+    """Whether core::quant_linear's kernel choice at this row count is the packed candidate
+    for every weight shape (else its kernel is another: the layers run)."""
+    rows = hidden.shape[0]
+    return all(
+        isinstance(KERNEL_CHOICES.kernel(problem, rows, (hidden, *weight)), candidates.Packed)
+        for problem, weight in problems
+    )
 
 
 def _linears(layer: PlainLayer) -> tuple[torch.nn.Module, ...]:
@@ -142,10 +202,9 @@ def _takes_attention(impl: Any, cache: torch.Tensor | None, dtype: torch.dtype) 
     )
 
 
-def _packed(linear: torch.nn.Module, hidden: torch.Tensor, packed_kernel: dict) -> tuple | None:
+def _packed(linear: torch.nn.Module) -> tuple | None:
     """(qweight, scales, mins, bits) where the layer's method multiplies by a packed weight
-    that core::quant_linear serves with the packed candidate at this row count (asked once
-    a step per weight shape, through `packed_kernel`)."""
+    the C++ kernel takes as it lies."""
     weight = linear.linear_method.packed_weight(linear)
     if weight is None:
         return None
@@ -157,24 +216,11 @@ def _packed(linear: torch.nn.Module, hidden: torch.Tensor, packed_kernel: dict) 
         and scales.is_contiguous()
         and mins.is_contiguous()
     )
-    if not takes:
-        return None
-    key = (*qweight.shape, *scales.shape, bits)
-    served = packed_kernel.get(key)
-    if served is None:
-        args = (hidden, qweight, scales, mins, bits)
-        problem = candidates.quant_linear_problem(hidden, qweight, bits)
-        kernel = KERNEL_CHOICES.kernel(problem, hidden.shape[0], args)
-        served = packed_kernel[key] = isinstance(kernel, candidates.Packed)
-    return (qweight, scales, mins, bits) if served else None
+    return (qweight, scales, mins, bits) if takes else None
 
 
-def _takes_norm(weight: torch.Tensor, hidden: torch.Tensor) -> bool:
-    return (
-        weight.dtype is hidden.dtype
-        and weight.shape == hidden.shape[-1:]
-        and weight.is_contiguous()
-    )
+def _takes_norm(weight: torch.Tensor, dtype: torch.dtype) -> bool:
+    return weight.dtype is dtype and weight.dim() == 1 and weight.is_contiguous()
 
 
 def _takes_tables(cos: torch.Tensor, sin: torch.Tensor) -> bool:

@@ -4,12 +4,16 @@ what the layers run one by one give; the steps it cannot serve run the layers.""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from core import SamplingParams
 from core.entrypoints.llm import LLM
 from core.models.llama import LlamaModel
+from core.quantization.interface import WrappedLinearMethod
 
 layer_stack = pytest.importorskip("core_cpu_kernels.layer_stack")
 _C = pytest.importorskip("core_cpu_kernels._C")
@@ -70,12 +74,17 @@ def test_decode_steps_in_one_call_equal_the_layers_to_the_bit(llm, served, monke
     assert len(served) == offered  # the stack was not offered a step
 
 
-def test_a_layer_whose_weight_is_not_packed_is_run_by_the_layers(llm, served, monkeypatch):
+def test_a_linear_method_wrapped_after_the_first_step_is_run_by_the_layers(
+    llm, served, monkeypatch
+):
     params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=2, ignore_eos=True)
     want = _generate(llm, params)
+    assert served.count(True) >= params.max_tokens - 1
     served.clear()
-    gguf = pytest.importorskip("core.model_loader.gguf_quantization")
-    monkeypatch.setattr(gguf.GGUFLinearMethod, "packed_weight", lambda self, layer: None)
+    down = llm.engine.core.executor.worker.runner.model.model.layers[5].mlp.down_proj
+    # What LoRA does after loading: a wrapper around the layer's method (here adding
+    # nothing), whose apply the stack cannot run in C++.
+    monkeypatch.setattr(down, "linear_method", WrappedLinearMethod(down.linear_method))
     assert _generate(llm, params) == want
     assert served and not any(served)
 
@@ -99,3 +108,12 @@ def test_layers_with_different_heads_get_no_stack():
 
     assert layer_stack.build([Plain((4, 2, 8)), Plain((4, 2, 8))]) is not None
     assert layer_stack.build([Plain((4, 2, 8)), Plain((4, 4, 8))]) is None
+
+
+def test_core_info_names_the_plugin_as_a_layer_stack_provider():
+    script = "from core.entrypoints.cli import main; main()"
+    result = subprocess.run(
+        [sys.executable, "-c", script, "info"], capture_output=True, text=True, check=True
+    )
+    assert "layer stacks (plain decoder layers in one call" in result.stdout
+    assert "step): core-cpu-kernels" in result.stdout
