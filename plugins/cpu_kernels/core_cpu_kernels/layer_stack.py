@@ -34,10 +34,11 @@ _QWEIGHT_DTYPES = {4: torch.uint8, 8: torch.int8}
 
 
 def build(layers: Sequence[PlainLayer]) -> LayerStack | None:
-    """A stack for `layers` where they share their heads' shape (one `heads` argument),
-    else None."""
+    """A stack for `layers` where they are on the CPU and share their heads' shape (one
+    `heads` argument), else None."""
     shapes = {(layer.num_heads, layer.num_kv_heads, layer.head_dim) for layer in layers}
-    if len(shapes) != 1:
+    on_cpu = all(layer.input_norm.weight.device.type == "cpu" for layer in layers)
+    if len(shapes) != 1 or not on_cpu:
         return None
     return DecodeStack(layers)
 

@@ -101,13 +101,22 @@ def test_the_kernel_refuses_lists_that_are_not_whole_layers():
         )  # fmt: skip
 
 
-def test_layers_with_different_heads_get_no_stack():
-    class Plain:
-        def __init__(self, heads):
-            self.num_heads, self.num_kv_heads, self.head_dim = heads
+class _Plain:
+    """What `build` reads of a PlainLayer."""
 
-    assert layer_stack.build([Plain((4, 2, 8)), Plain((4, 2, 8))]) is not None
-    assert layer_stack.build([Plain((4, 2, 8)), Plain((4, 4, 8))]) is None
+    def __init__(self, heads, device="cpu"):
+        self.num_heads, self.num_kv_heads, self.head_dim = heads
+        self.input_norm = torch.nn.Module()
+        self.input_norm.weight = torch.empty(8, device=device)
+
+
+def test_layers_with_different_heads_get_no_stack():
+    assert layer_stack.build([_Plain((4, 2, 8)), _Plain((4, 2, 8))]) is not None
+    assert layer_stack.build([_Plain((4, 2, 8)), _Plain((4, 4, 8))]) is None
+
+
+def test_layers_off_the_cpu_get_no_stack():
+    assert layer_stack.build([_Plain((4, 2, 8), device="meta")]) is None
 
 
 def test_core_info_names_the_plugin_as_a_layer_stack_provider():
