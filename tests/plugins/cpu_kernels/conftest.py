@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from core.kernel_choice import KernelChoices
@@ -21,3 +24,13 @@ def choices(monkeypatch) -> KernelChoices:
     monkeypatch.delenv("CORE_CPU_INT8_ACTIVATIONS", raising=False)
     candidates.register()
     return fresh
+
+
+@pytest.fixture(scope="session")
+def core_info() -> str:
+    """What `core info` prints in a fresh process (the plugins' entries run there)."""
+    script = "from core.entrypoints.cli import main; main()"
+    result = subprocess.run(
+        [sys.executable, "-c", script, "info"], capture_output=True, text=True, check=True
+    )
+    return result.stdout

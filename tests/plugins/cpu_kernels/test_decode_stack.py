@@ -4,9 +4,6 @@ what the layers run one by one give; the steps it cannot serve run the layers.""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -119,10 +116,6 @@ def test_layers_off_the_cpu_get_no_stack():
     assert layer_stack.build([_Plain((4, 2, 8), device="meta")]) is None
 
 
-def test_core_info_names_the_plugin_as_a_layer_stack_provider():
-    script = "from core.entrypoints.cli import main; main()"
-    result = subprocess.run(
-        [sys.executable, "-c", script, "info"], capture_output=True, text=True, check=True
-    )
-    assert "layer stacks (plain decoder layers in one call" in result.stdout
-    assert "step): core-cpu-kernels" in result.stdout
+def test_core_info_names_the_plugin_as_a_layer_stack_provider(core_info):
+    assert "layer stacks (plain decoder layers in one call" in core_info
+    assert "step): core-cpu-kernels" in core_info
