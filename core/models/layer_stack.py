@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from core.models.lean_step import global_forward_hooks
+from core.models.lean_step import global_forward_hooks, has_forward_hooks
 
 # (positions [T], hidden [T, hidden], residual [T, hidden] | None) -> (hidden, residual)
 # or None: the step declined.
@@ -108,7 +108,7 @@ def _without_hooks(stack: LayerStack, modules: list[nn.Module]) -> LayerStack:
     def call(
         positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        if global_forward_hooks() or any(m._forward_pre_hooks or m._forward_hooks for m in modules):
+        if global_forward_hooks() or any(map(has_forward_hooks, modules)):
             return None
         return stack(positions, hidden, residual)
 

@@ -47,7 +47,7 @@ def lean(module: nn.Module) -> Lean:
     fast = make()
 
     def call(*args: Any) -> Any:
-        if module._forward_pre_hooks or module._forward_hooks or global_forward_hooks():
+        if global_forward_hooks() or has_forward_hooks(module):
             return module(*args)
         return fast(*args)
 
@@ -57,3 +57,8 @@ def lean(module: nn.Module) -> Lean:
 def global_forward_hooks() -> bool:
     """Whether a forward hook is registered for every module (torch's global hooks)."""
     return bool(_module._global_forward_pre_hooks or _module._global_forward_hooks)
+
+
+def has_forward_hooks(module: nn.Module) -> bool:
+    """Whether a forward (pre-)hook is registered on `module` itself."""
+    return bool(module._forward_pre_hooks or module._forward_hooks)

@@ -28,9 +28,7 @@ from core.kernel_choice import KERNEL_CHOICES, Problem
 from core.models.layer_stack import LayerStack, PlainLayer
 from core_cpu_kernels import _C, candidates
 from core_cpu_kernels.backend import CpuPagedImpl
-
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_QWEIGHT_DTYPES = {4: torch.uint8, 8: torch.int8}
+from core_cpu_kernels.ops import DTYPES, takes_packed_weight
 
 
 def build(layers: Sequence[PlainLayer]) -> LayerStack | None:
@@ -166,7 +164,7 @@ def _linears(layer: PlainLayer) -> tuple[torch.nn.Module, ...]:
 
 def _takes_step(positions: torch.Tensor, hidden: torch.Tensor) -> bool:
     return (
-        hidden.dtype in _DTYPES
+        hidden.dtype in DTYPES
         and hidden.dim() == 2
         and hidden.shape[0] > 0
         and hidden.is_contiguous()
@@ -209,15 +207,8 @@ def _packed(linear: torch.nn.Module) -> tuple | None:
     weight = linear.linear_method.packed_weight(linear)
     if weight is None:
         return None
-    qweight, scales, mins, bits = weight.qweight, weight.scales, weight.mins, weight.bits
-    takes = (
-        qweight.dtype is _QWEIGHT_DTYPES.get(bits)
-        and scales.dtype is mins.dtype is torch.float32
-        and qweight.is_contiguous()
-        and scales.is_contiguous()
-        and mins.is_contiguous()
-    )
-    return (qweight, scales, mins, bits) if takes else None
+    tensors = (weight.qweight, weight.scales, weight.mins, weight.bits)
+    return tensors if takes_packed_weight(*tensors) else None
 
 
 def _takes_norm(weight: torch.Tensor, dtype: torch.dtype) -> bool:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import torch
 
 from core.kernel_choice import KERNEL_CHOICES
-from core.models.layer_stack import register_stack_builder
 from core.ops import (
     fp8_linear_reference,
     fused_add_rms_norm_reference,
@@ -36,12 +35,11 @@ from core.ops import (
 from core_cpu_kernels import (
     _C,  # import after torch: the module links against libtorch
     candidates,
-    layer_stack,
 )
 
 PROVIDER = "core-cpu-kernels"
 
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the activations the kernels take
 _QWEIGHT_DTYPES = {4: torch.uint8, 8: torch.int8}
 _FP8_WEIGHT_DTYPE = torch.float8_e4m3fn
 _MOE_DTYPES = (torch.float32, torch.bfloat16)
@@ -73,7 +71,7 @@ def linear(
     rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
     takes = (
         x.dtype is weight.dtype
-        and x.dtype in _DTYPES
+        and x.dtype in DTYPES
         and weight.dim() == 2
         and weight.is_contiguous()
         and 0 < rows
@@ -88,7 +86,7 @@ def linear(
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:  # [T, 2I] -> [T, I]
     """One pass over 2-D x with a contiguous last dimension (rows may be strided)."""
-    if x.dtype in _DTYPES and x.dim() == 2 and x.stride(-1) == 1 and x.shape[-1] % 2 == 0:
+    if x.dtype in DTYPES and x.dim() == 2 and x.stride(-1) == 1 and x.shape[-1] % 2 == 0:
         return _C.silu_and_mul(x)
     return silu_and_mul_reference(x)
 
@@ -124,7 +122,21 @@ def quant_linear(
     A strided x is copied once (the kernels read rows of K contiguous values); a malformed
     layout (shapes that are not one packed weight) raises RuntimeError from the kernel.
     """
-    takes_weight = (
+    takes_weight = takes_packed_weight(qweight, scales, mins, bits)
+    if not (takes_weight and x.dtype in DTYPES and x.dim() == 2 and x.shape[0] > 0):
+        return quant_linear_reference(x, qweight, scales, mins, bits)
+    x = x.contiguous()
+    args = (x, qweight, scales, mins, bits)
+    problem = candidates.quant_linear_problem(x, qweight, bits)
+    return KERNEL_CHOICES.kernel(problem, x.shape[0], args)(*args)
+
+
+def takes_packed_weight(
+    qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, bits: int
+) -> bool:
+    """Whether the C++ kernels take a packed weight as it lies (else the reference serves
+    it): the bits' qweight dtype and float32 scales and mins, all contiguous."""
+    return (
         qweight.dtype is _QWEIGHT_DTYPES.get(bits)
         and scales.dtype is torch.float32
         and mins.dtype is torch.float32
@@ -132,12 +144,6 @@ def quant_linear(
         and scales.is_contiguous()
         and mins.is_contiguous()
     )
-    if not (takes_weight and x.dtype in _DTYPES and x.dim() == 2 and x.shape[0] > 0):
-        return quant_linear_reference(x, qweight, scales, mins, bits)
-    x = x.contiguous()
-    args = (x, qweight, scales, mins, bits)
-    problem = candidates.quant_linear_problem(x, qweight, bits)
-    return KERNEL_CHOICES.kernel(problem, x.shape[0], args)(*args)
 
 
 def fp8_linear(
@@ -155,7 +161,7 @@ def fp8_linear(
     the kernel.
     """
     takes = (
-        x.dtype in _DTYPES
+        x.dtype in DTYPES
         and x.dim() == 2
         and x.shape[0] > 0
         and weight.dtype is _FP8_WEIGHT_DTYPE
@@ -210,6 +216,10 @@ def register() -> None:
     register_impl("quant_linear", "cpu", quant_linear, PROVIDER)
     register_impl("fp8_linear", "cpu", fp8_linear, PROVIDER)
     register_impl("fused_moe", "cpu", fused_moe, PROVIDER)
+    # Imported here: the stack runs this module's kernels and imports it.
+    from core.models.layer_stack import register_stack_builder
+    from core_cpu_kernels import layer_stack
+
     register_stack_builder(PROVIDER, layer_stack.build)
     candidates.register()
 
@@ -220,7 +230,7 @@ def _takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
     It takes float32, bfloat16 or float16 x with a weight [hidden] of the same dtype, x's
     last dimension contiguous; its rows may be strided (a head-split view of a fused QKV).
     """
-    if x.dtype not in _DTYPES or weight.dtype is not x.dtype or x.dim() == 0:
+    if x.dtype not in DTYPES or weight.dtype is not x.dtype or x.dim() == 0:
         return False
     return weight.shape == x.shape[-1:] and weight.is_contiguous() and x.stride(-1) == 1
 
@@ -233,9 +243,9 @@ def _takes_rotary(
     sin_cache: torch.Tensor,
 ) -> bool:
     """Whether the C++ kernel takes these (else the reference serves them): q and k of one
-    dtype of `_DTYPES`, [T, heads, D] with a contiguous last dimension; contiguous int64
+    dtype of `DTYPES`, [T, heads, D] with a contiguous last dimension; contiguous int64
     positions [T]; contiguous float32 tables [positions, D / 2] of equal shape."""
-    heads = query.dtype in _DTYPES and key.dtype is query.dtype and query.dim() == key.dim() == 3
+    heads = query.dtype in DTYPES and key.dtype is query.dtype and query.dim() == key.dim() == 3
     if not heads or query.stride(-1) != 1 or key.stride(-1) != 1:
         return False
     tables = (
