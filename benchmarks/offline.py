@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -58,7 +59,11 @@ def core_offline(
     return found
 
 
-def core_offline_in_child(threads: int, *args: Any, **engine_args: Any) -> dict:
-    """`core_offline` in a spawned child, with the run's thread count."""
+def core_offline_in_child(
+    threads: int, *args: Any, environment: dict[str, str] | None = None, **engine_args: Any
+) -> dict:
+    """`core_offline` in a spawned child, with the run's thread count and `environment`
+    added to the child's variables."""
     torch.set_num_threads(threads)
+    os.environ.update(environment or {})
     return core_offline(*args, **engine_args)

@@ -30,7 +30,7 @@ STEP_OVERHEAD_SHARE = 0.1
 # The engines with 4-bit weights kept packed, and the issue's targets for them: W2 decode
 # at least llama.cpp's on the same GGUF; W1 no more than 10% below the float engines';
 # the GGUF kept in blocks resident in at most 1.3x the file's bytes.
-QUANTIZED_ENGINES = ("core-gguf", "core-awq")
+QUANTIZED_ENGINES = ("core-gguf", "core-gguf-int8", "core-awq")
 QUANTIZED_W1_SHARE = 0.9
 GGUF_RESIDENT_RATIO = 1.3
 MIB = 1 << 20

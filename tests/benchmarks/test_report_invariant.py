@@ -71,5 +71,6 @@ def test_core_invariant_is_core_gguf_with_the_mode_on_w1_and_w2_in_a_child(monke
     args = argparse.Namespace(workloads=("W1", "W2", "W3"), threads=2)
     bench.RUNNERS["core-invariant"](args, "sizes", inputs)
     assert calls == [((2, "core-invariant", ["W1", "W2"], "sizes", "w1 prompts", "model.gguf"),
-                      {"quantization": "gguf", "batch_invariant": True})]  # fmt: skip
+                      {"environment": {}, "quantization": "gguf",
+                       "batch_invariant": True})]  # fmt: skip
     assert "core-invariant" in bench.parse_args(["--peers", "core-gguf,core-invariant"]).peers

@@ -419,13 +419,15 @@ def _refuse_int8_activations() -> None:
 
 def int8_activations() -> bool:
     """CORE_CPU_INT8_ACTIVATIONS=1 (read at each call; off by default): core::quant_linear
-    multiplies bfloat16 activations on int8 dot products where the CPU has AVX512_VNNI
-    (with AVX512_BF16), x quantized per token and run of 32 inputs. Its GEMMs are 1.2-1.4x
-    faster (SmolLM2's layers), at a quality cost: the default model's perplexity rises
-    0.24% (35.14 -> 35.22 on the held-out text; 35.59 before 4-bit values were counted from
-    8) and its greedy answer to "What is the capital of France?" (whose two likeliest
-    first tokens lie 0.09 apart in float32) changes, so it is never on unless asked for;
-    when on, bf16 activations take the packed kernels only."""
+    multiplies on int8 dot products, x quantized per token and run of 32 inputs, where W's
+    groups are whole runs: the GEMV (decode rows, any dtype) on every x86 ISA, with AVX2's
+    integer multiply-adds, and the GEMMs of bfloat16 activations where the CPU has
+    AVX512_VNNI (with AVX512_BF16). The GEMV is then 1.3-1.6x faster (SmolLM2's 4-bit
+    layers, AVX2 EPYC, float32) and the GEMMs 1.2-1.4x, at a quality cost: the default
+    model's perplexity rises 0.24% (bf16 GEMMs: 35.14 -> 35.22 on the held-out text; 35.59
+    before 4-bit values were counted from 8) and its greedy answer to "What is the capital
+    of France?" (whose two likeliest first tokens lie 0.09 apart in float32) changes, so it
+    is never on unless asked for; when on, bf16 activations take the packed kernels only."""
     return os.environ.get("CORE_CPU_INT8_ACTIVATIONS", "") not in ("", "0")
 
 

@@ -71,6 +71,17 @@ def test_decode_steps_in_one_call_equal_the_layers_to_the_bit(llm, served, monke
     assert len(served) == offered  # the stack was not offered a step
 
 
+def test_int8_activations_run_in_the_stack_as_in_the_layers(llm, served, monkeypatch):
+    params = SamplingParams(temperature=0.0, max_tokens=12, logprobs=3, ignore_eos=True)
+    float32 = _generate(llm, params)
+    monkeypatch.setenv("CORE_CPU_INT8_ACTIVATIONS", "1")
+    stacked = _generate(llm, params)
+    assert served.count(True) >= 2 * (params.max_tokens - 1)
+    assert stacked != float32  # the GEMVs quantized x: the logprobs moved
+    _without_stack(monkeypatch)
+    assert _generate(llm, params) == stacked
+
+
 def test_a_linear_method_wrapped_after_the_first_step_is_run_by_the_layers(
     llm, served, monkeypatch
 ):

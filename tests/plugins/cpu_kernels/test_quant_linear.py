@@ -9,7 +9,9 @@ last place of the exact value. On CPUs with AVX512_BF16 (and VNNI) the "avx512_b
 multiplies bfloat16 x in its GEMMs (more than GEMV_MAX_TOKENS tokens) on int8 dot products
 where W's groups are whole runs of 32 inputs (x quantized to int8 per run of 32:
 `_int8_exact` is the exact value of that product) when asked, else by W rounded to bfloat16
-(x times that W is the exact value), to the same tolerances. The int8 dot products are
+(x times that W is the exact value), to the same tolerances. Asked to, every x86 ISA's
+GEMV (up to GEMV_MAX_TOKENS tokens, any dtype) multiplies on int8 dot products too (AVX2's
+integer multiply-adds), where W's groups are whole runs. The int8 dot products are
 opt-in (`int8_x`; CORE_CPU_INT8_ACTIVATIONS=1 through the registered op). Past
 BLOCKED_INT8_MAX_TOKENS the int8 GEMM runs where it measured faster than the strip GEMM
 (`_C.quant_linear_prefill`); tests that pass `prefill` run each.
@@ -35,6 +37,7 @@ from core_cpu_kernels import _C, candidates, packed_linear, weight_copies  # noq
 
 FLOAT32_TOL = 1e-5
 ALL_ISAS = ["avx512_bf16", "avx512", "avx2", "scalar"]
+X86_ISAS = ALL_ISAS[:-1]  # the ISAs with the int8 GEMV
 GEMV_MAX_TOKENS = 8  # the GEMV's most tokens (quant_linear.cpp): it multiplies in float32
 BLOCKED_INT8_MAX_TOKENS = 64  # the int8 GEMM's most tokens before the measured choice
 RUN = 32  # inputs of one int8 scale
@@ -100,10 +103,12 @@ def _path(
     "bf16" (W rounded to bfloat16) or "int8" (x quantized per run of 32)."""
     isa = isa or _C.quant_linear_isas()[0]
     t = x.shape[0]
-    if isa != "avx512_bf16" or x.dtype != torch.bfloat16 or t <= GEMV_MAX_TOKENS:
-        return "float32"
     qweight, scales, _ = packed
     whole_runs = qweight.shape[1] * 8 // bits // scales.shape[1] % RUN == 0
+    if t <= GEMV_MAX_TOKENS:
+        return "int8" if int8 and whole_runs and isa in X86_ISAS else "float32"
+    if isa != "avx512_bf16" or x.dtype != torch.bfloat16:
+        return "float32"
     if not (int8 and whole_runs):
         return "bf16"
     if t > BLOCKED_INT8_MAX_TOKENS and (prefill or _C.quant_linear_prefill(isa)) == "bf16":
@@ -314,12 +319,69 @@ def test_int8_x_errs_by_at_most_half_a_step_of_each_run():
     assert ((got - exact).abs() > rounding).any()  # the int8 error is there to bound
 
 
+X86 = [_isa(name) for name in X86_ISAS]
+GEMV_TOKEN_COUNTS = [1, 2, 3, 4, 5, 7, 8]  # passes of 4 tokens and every remainder
+
+
+@pytest.mark.parametrize("isa", X86)
+@pytest.mark.parametrize(("bits", "group", "n", "k"), [lay for lay in LAYOUTS if lay[1] % RUN == 0])
+@pytest.mark.parametrize("t", GEMV_TOKEN_COUNTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_the_int8_gemv_matches_the_int8_reference(isa, bits, group, n, k, t, dtype):
+    packed = _packed(bits, group, n, k)
+    x = _activations(t, k, dtype)
+    assert _path(isa, x, packed, bits, int8=True) == "int8"
+    got = _C.quant_linear(x, *packed, bits, isa, True)
+    _assert_matches(got, x, packed, bits, isa, int8=True)
+
+
+def test_the_int8_gemv_leaves_groups_of_16_to_the_float32_gemv():
+    packed = _packed(8, 16, 40, 96)
+    x = _activations(3, 96, torch.float32)
+    assert _path("", x, packed, 8, int8=True) == "float32"
+    _assert_matches(_C.quant_linear(x, *packed, 8, "", True), x, packed, 8)
+
+
+@pytest.mark.parametrize("isa", X86)
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("t", [1, 2, 5, 8])
+def test_the_int8_gemv_rounds_half_to_even_and_an_all_zero_run_gives_zeros(isa, bits, t):
+    # As the GEMM's test above: output n is dx * xq of input n, here xq itself (dx = 1),
+    # exactly, in float32 x.
+    halves = [0.5, 1.5, 2.5, -0.5, -2.5, 3.5]
+    run0 = torch.tensor([127.0, *halves, *range(-12, 13)])
+    x = torch.cat([run0, torch.zeros(RUN)]).expand(t, -1).contiguous()
+    center = 8 if bits == 4 else 0
+    qweight = pack(torch.eye(64, dtype=torch.int64) + center, bits)
+    ones, mins = torch.ones(64, 2), torch.full((64, 2), -float(center))
+    got = _C.quant_linear(x, qweight, ones, mins, bits, isa, True)
+    want = torch.tensor([127.0, 0, 2, 2, 0, -2, 4, *range(-12, 13), *[0.0] * RUN])
+    assert torch.equal(got, want.expand(t, -1))
+
+
+@pytest.mark.parametrize("isa", X86)
+def test_the_int8_gemv_errs_by_at_most_half_a_step_of_each_run(isa):
+    qweight, scales, mins = _packed(4, 32, 200, 576)
+    x = _activations(8, 576, torch.float32).clone()
+    x[:, 100] = 60.0  # an outlier channel, as LLM activations have
+    got = _C.quant_linear(x, qweight, scales, mins, 4, isa, True).double()
+    weight = dequantize(qweight, scales, mins, 4).double()
+    centered = dequantize(qweight, scales, -8 * scales, 4).double()  # scale * (q - 8)
+    step = x.double().reshape(8, -1, RUN).abs().amax(-1) / 254  # [T, R]
+    bound = step @ centered.abs().reshape(200, -1, RUN).sum(-1).T  # [T, N]
+    exact = x.double() @ weight.T
+    rounding = 1e-5 * (x.double().abs() @ weight.abs().T)
+    assert ((got - exact).abs() <= bound + rounding).all()
+    assert ((got - exact).abs() > rounding).any()  # the int8 error is there to bound
+
+
 @pytest.mark.parametrize("env", ["", "0", "1"])
-def test_int8_activations_are_opt_in_through_the_environment(env, monkeypatch):
+@pytest.mark.parametrize("t", [1, 33], ids=["GEMV", "GEMM"])
+def test_int8_activations_are_opt_in_through_the_environment(env, t, monkeypatch):
     monkeypatch.setenv("CORE_CPU_INT8_ACTIVATIONS", env)
     assert candidates.int8_activations() is (env == "1")
     packed = _packed(4, 32, 200, 576)
-    x = _activations(33, 576, torch.bfloat16)
+    x = _activations(t, 576, torch.bfloat16)
     got = ops.quant_linear(x, *packed, 4)
     _assert_matches(got, x, packed, 4, int8=env == "1")
 

@@ -1,6 +1,7 @@
 // core::quant_linear's, core::linear's and core::fp8_linear's AVX2 + FMA kernels: 8 float32
 // lanes. A run's 16 bytes are widened 8 at a time into 32-bit lanes (vpmovzxbd), and the
-// nibbles masked and shifted out there; so are FP8 bytes, then converted by fp8.h.
+// nibbles masked and shifted out there; so are FP8 bytes, then converted by fp8.h. The
+// int8 GEMV (quant_linear_int8_gemv.h) serves this table and the wider ones.
 
 #include "dense_linear.h"
 #include "fp8_linear.h"
@@ -19,6 +20,7 @@
 #include "fp8.h"
 #include "fp8_linear_isa.h"
 #include "quant_linear_isa.h"
+#include "quant_linear_int8_gemv.h"
 
 namespace core_cpu {
 namespace {
@@ -80,7 +82,7 @@ struct Avx2 {
 }  // namespace
 
 namespace quant_linear {
-const IsaKernels kAvx2Kernels = isa_kernels<Avx2>("avx2");
+const IsaKernels kAvx2Kernels = isa_kernels<Avx2>("avx2", nullptr, nullptr, &int8_gemv_avx2);
 }  // namespace quant_linear
 
 namespace dense_linear {

@@ -21,7 +21,8 @@
 namespace core_cpu {
 
 namespace quant_linear {
-const IsaKernels kAvx512Kernels = isa_kernels<Avx512>("avx512");
+const IsaKernels kAvx512Kernels =
+    isa_kernels<Avx512>("avx512", nullptr, nullptr, &int8_gemv_avx2);
 }  // namespace quant_linear
 
 namespace dense_linear {

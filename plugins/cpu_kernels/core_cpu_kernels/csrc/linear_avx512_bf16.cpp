@@ -229,7 +229,8 @@ const Int8Kernels kInt8{&quantize_tokens, &int8_gemm};
 
 }  // namespace
 
-const IsaKernels kAvx512Bf16Kernels = isa_kernels<Avx512>("avx512_bf16", &kBf16, &kInt8);
+const IsaKernels kAvx512Bf16Kernels =
+    isa_kernels<Avx512>("avx512_bf16", &kBf16, &kInt8, &int8_gemv_avx2);
 
 }  // namespace core_cpu::quant_linear
 

@@ -3,7 +3,8 @@
 // ISA with bf16 dot products (AVX512_BF16), bfloat16 x's GEMMs multiply W rounded to
 // bfloat16, still summing in float32; asked to (int8_x), on an ISA with int8 dot products
 // (AVX512_VNNI) they quantize x to int8 per run of 32 inputs instead where W's groups are
-// whole runs (quant_linear.h's Int8Kernels).
+// whole runs (quant_linear.h's Int8Kernels). Asked to, decode rows of any dtype take the
+// int8 GEMV instead of the float32 one on every x86 ISA (AVX2's integer multiply-adds).
 //
 // Decode rows (T <= kGemvMaxTokens) take the GEMV: each weight row is read once, its
 // values unpacked in registers and multiplied with every token, so the packed bytes are
@@ -24,6 +25,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -117,18 +119,58 @@ CORE_MULTIVERSION void group_sums(const float* x, int64_t rows, int64_t k, int64
   }
 }
 
+// x's rows [rows, k] quantized for the int8 GEMV (quant_linear.h's Int8Activations): xq
+// [rows, k], dx [rows, runs] and, where `center` is not 0, shares [rows, groups]. The
+// products with 127 / max round to nearest even, as Int8Kernels' do.
+CORE_MULTIVERSION void quantize_rows(const float* x, int64_t rows, int64_t k, int64_t group_size,
+                                     float center, int8_t* xq, float* dx, float* shares) {
+  const int64_t runs = k / ql::kInt8Run, runs_per_group = group_size / ql::kInt8Run;
+  for (int64_t run = 0; run < rows * runs; ++run) {
+    const float* values = x + run * ql::kInt8Run;
+    float max = 0.f, run_sum = 0.f;
+    for (int64_t i = 0; i < ql::kInt8Run; ++i) {
+      max = std::max(max, std::abs(values[i]));
+      run_sum += values[i];
+    }
+    const float inverse = max > 0.f ? 127.f / max : 0.f;
+    int32_t q_sum = 0;
+    for (int64_t i = 0; i < ql::kInt8Run; ++i) {
+      const auto q = static_cast<int32_t>(std::nearbyint(values[i] * inverse));
+      xq[run * ql::kInt8Run + i] = static_cast<int8_t>(q);
+      q_sum += q;
+    }
+    dx[run] = max / 127.f;
+    if (center == 0.f) continue;
+    float& share = shares[run / runs_per_group];  // runs of one group are adjacent
+    if (run % runs_per_group == 0) share = 0.f;
+    share += center * (run_sum - dx[run] * static_cast<float>(q_sum));
+  }
+}
+
 // The GEMV; for batch-invariant mode (`invariant`) its variant that adds the mins' shares
 // in a fixed order, and past a few tokens (`unpacked`) that variant's arithmetic with W's
-// rows unpacked once for every token (IsaKernels::gemv_unpacked: the same bits).
+// rows unpacked once for every token (IsaKernels::gemv_unpacked: the same bits); with
+// `int8`, the int8 GEMV on x quantized per run.
 template <typename T>
 void gemv(const ql::IsaKernels& isa, const ql::PackedWeight& w, const torch::Tensor& x,
-          torch::Tensor& out, bool invariant = false, bool unpacked = false) {
+          torch::Tensor& out, bool invariant = false, bool unpacked = false, bool int8 = false) {
   const int64_t num_tokens = x.size(0), n = out.size(1);
   std::vector<float> x_buffer, sums(num_tokens * w.groups()), out_buffer;
   const float* xf = core_cpu::float_rows<T>(x, x_buffer);
   group_sums(xf, num_tokens, w.k, w.group_size, sums.data());
   float* out_f = core_cpu::float_output<T>(out, out_buffer);
   const ql::Activations a{xf, sums.data(), num_tokens};
+  std::vector<int8_t> xq;
+  std::vector<float> dx, shares;
+  ql::Int8Activations a8{};
+  if (int8) {
+    const float center = w.bits == 4 ? 8.f : 0.f;  // 4-bit values 0..15 counted from 8
+    xq.resize(num_tokens * w.k);
+    dx.resize(num_tokens * w.k / ql::kInt8Run);
+    shares.resize(center == 0.f ? 0 : num_tokens * w.groups());
+    quantize_rows(xf, num_tokens, w.k, w.group_size, center, xq.data(), dx.data(), shares.data());
+    a8 = {xq.data(), dx.data(), sums.data(), center == 0.f ? nullptr : shares.data(), num_tokens};
+  }
   std::vector<float> sums_by_group;
   if (unpacked) {
     const int64_t groups = w.groups();
@@ -145,6 +187,8 @@ void gemv(const ql::IsaKernels& isa, const ql::PackedWeight& w, const torch::Ten
       isa.gemv_unpacked(w, n0, n1, a, sums_by_group.data(), out_f, n, q_rows.data());
     } else if (invariant) {
       isa.gemv_invariant(w, n0, n1, a, out_f, n);
+    } else if (int8) {
+      isa.int8_gemv(w, n0, n1, a8, out_f, n);
     } else {
       isa.gemv(w, n0, n1, a, out_f, n);
     }
@@ -384,8 +428,11 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
       blocked_gemm<decltype(zero)>(kernels, bf16, int8, w, x, out);
     });
   } else {
-    core_cpu::dispatch_dtype(x, "quant_linear",
-                             [&](auto zero) { gemv<decltype(zero)>(kernels, w, x, out); });
+    // Decode rows of any dtype take the int8 GEMV where asked and this ISA has one.
+    const bool int8_gemv = int8_x && whole_runs && kernels.int8_gemv != nullptr;
+    core_cpu::dispatch_dtype(x, "quant_linear", [&](auto zero) {
+      gemv<decltype(zero)>(kernels, w, x, out, false, false, int8_gemv);
+    });
   }
   return out;
 }

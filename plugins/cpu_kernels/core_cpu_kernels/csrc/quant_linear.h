@@ -106,6 +106,35 @@ struct Int8Kernels {
                int64_t num_tokens, float* out, int64_t ldo, uint8_t* rows, float* panel);
 };
 
+// The int8 GEMV's x (decode rows, any dtype; W's groups whole runs of 32): each token's
+// float32 values quantized per run of 32 inputs as Int8Kernels' are,
+//   dx = max |x[run]| / 127,  xq[i] = round_to_nearest_even(x[i] * (127 / max |x[run]|)),
+// so that a run's products with W's q are one exact integer dot product, and
+//   out[t, n] = sum_g scales[n, g] * sum_{run in g} dx[t, run] * dot(q[n, run], xq[t, run])
+//             + sum_g mins[n, g] * group_sums[t, g] + sum_g scales[n, g] * shares[t, g],
+// shares the part of W's centre c (8 for 4-bit values, 0 for 8-bit ones) that the dot
+// products of q rather than q - c leave out: c * sum_{run in g} (run_sum - dx * sum(xq)).
+// That is Int8Kernels' product, summed in another order: x's rounding errs along
+// scale * (q - c), and the centre's share multiplies x's exact sums.
+struct Int8Activations {
+  const int8_t* xq;          // [num_tokens, k]
+  const float* dx;           // [num_tokens, k / kInt8Run]
+  const float* group_sums;   // [num_tokens, groups]: x's exact sums
+  const float* shares;       // [num_tokens, groups]: null for 8-bit values (c = 0)
+  int64_t num_tokens;
+};
+
+// Int8Activations' GEMV: out[t * ldo + n] for n in [n0, n1) and every token.
+using Int8GemvFn = void (*)(const PackedWeight& w, int64_t n0, int64_t n1,
+                            const Int8Activations& a, float* out, int64_t ldo);
+
+// The AVX2 int8 GEMV (linear_avx2.cpp): vpmaddubsw on 4-bit values, vpmaddwd on 8-bit
+// ones. The wider x86 tables take it too: every CPU with AVX-512 has AVX2.
+#ifdef CORE_X86_KERNELS
+void int8_gemv_avx2(const PackedWeight& w, int64_t n0, int64_t n1, const Int8Activations& a,
+                    float* out, int64_t ldo);
+#endif
+
 struct IsaKernels {
   const char* name;
   // out[t * ldo + n] = sum_k W[n, k] x[t, k] in float32, for n in [n0, n1) and every token;
@@ -137,6 +166,8 @@ struct IsaKernels {
   const Bf16Kernels* bf16;
   // The int8 dot-product kernels, or null where this ISA has none.
   const Int8Kernels* int8;
+  // The int8 GEMV, or null where this ISA has none.
+  Int8GemvFn int8_gemv;
 };
 
 extern const IsaKernels kScalarKernels;

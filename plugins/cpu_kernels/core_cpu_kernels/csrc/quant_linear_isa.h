@@ -416,11 +416,12 @@ void gemm(const typename Rows::Weight& w, int64_t n0, int64_t n1,
   }
 }
 
-// The table of an ISA's kernels for float32 arithmetic; `bf16` and `int8`, its bf16 and
-// int8 dot-product kernels where it has them.
+// The table of an ISA's kernels for float32 arithmetic; `bf16`, `int8` and `int8_gemv`, its
+// bf16 and int8 dot-product kernels where it has them.
 template <class Vec>
 constexpr IsaKernels isa_kernels(const char* name, const Bf16Kernels* bf16 = nullptr,
-                                 const Int8Kernels* int8 = nullptr) {
+                                 const Int8Kernels* int8 = nullptr,
+                                 Int8GemvFn int8_gemv = nullptr) {
   using Dot = Float32Dot<Vec>;
   return {name,
           &gemv<Vec, false>,
@@ -431,7 +432,8 @@ constexpr IsaKernels isa_kernels(const char* name, const Bf16Kernels* bf16 = nul
           &pack_tokens<Vec, Dot>,
           &gemm<Vec, Dot>,
           bf16,
-          int8};
+          int8,
+          int8_gemv};
 }
 
 }  // namespace
