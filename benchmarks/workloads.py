@@ -176,7 +176,18 @@ def _precision(llm: LLM) -> str:
     method = llm.engine.core.executor.worker.config.model.quantization
     if method is None:
         return dtype
-    return f"{dtype}, {method} weights, core::quant_linear by {quant_linear_provider()}"
+    provider = quant_linear_provider()
+    how = f"{dtype}, {method} weights, core::quant_linear by {provider}"
+    return how + (", int8 activations" if _int8_activations(provider) else "")
+
+
+def _int8_activations(provider: str) -> bool:
+    """Whether core-cpu-kernels, serving core::quant_linear, was asked for int8 activations."""
+    if provider != "core-cpu-kernels":
+        return False
+    from core_cpu_kernels.candidates import int8_activations
+
+    return int8_activations()
 
 
 def quant_linear_provider() -> str:

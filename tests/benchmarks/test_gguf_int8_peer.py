@@ -6,9 +6,13 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import os
+from types import SimpleNamespace
+
+import pytest
+import torch
 
 from benchmarks import __main__ as bench
-from benchmarks import offline, report
+from benchmarks import offline, report, workloads
 
 
 class _InProcess(concurrent.futures.ThreadPoolExecutor):
@@ -49,3 +53,22 @@ def test_its_w2_decode_is_held_to_llama_cpps():
     assert [(t.name, t.met) for t in found] == [
         ("core-gguf-int8 W2 decode tok/s vs llama.cpp", True)
     ]
+
+
+def _engine(quantization: str | None):
+    """What `_precision` reads of an LLM."""
+    model = SimpleNamespace(quantization=quantization)
+    worker = SimpleNamespace(dtype=torch.float32, config=SimpleNamespace(model=model))
+    executor = SimpleNamespace(worker=worker)
+    return SimpleNamespace(engine=SimpleNamespace(core=SimpleNamespace(executor=executor)))
+
+
+@pytest.mark.parametrize("env", ["1", "0"])
+def test_the_how_column_says_when_activations_are_int8(env, monkeypatch):
+    pytest.importorskip("core_cpu_kernels.candidates", reason="core-cpu-kernels not installed")
+    monkeypatch.setenv("CORE_CPU_INT8_ACTIVATIONS", env)
+    monkeypatch.setattr(workloads, "quant_linear_provider", lambda: "core-cpu-kernels")
+    how = workloads._precision(_engine("gguf"))
+    assert how.startswith("float32, gguf weights, core::quant_linear by core-cpu-kernels")
+    assert how.endswith(", int8 activations") is (env == "1")
+    assert workloads._precision(_engine(None)) == "float32"
