@@ -141,6 +141,38 @@ def test_fp8_decode_matches_the_reference_reading_the_same_cache(
         torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
 
 
+@pytest.mark.parametrize(
+    ("dtype", "kv_cache_dtype"),
+    [(torch.float32, None), (torch.bfloat16, None), (torch.float16, None),
+     (torch.float32, "fp8_e4m3"), (torch.bfloat16, "fp8_e5m2")],
+    ids=["float32", "bfloat16", "float16", "fp8_e4m3", "fp8_e5m2"],
+)  # fmt: skip
+@pytest.mark.parametrize(("heads", "kv_heads", "head_size"), [(9, 3, 64), (8, 2, 16), (6, 1, 80)])
+def test_a_sequence_alone_gets_the_bits_it_gets_in_a_batch(
+    dtype, kv_cache_dtype, heads, kv_heads, head_size
+):
+    # Alone, a sequence's GQA groups are split between the threads; in a batch of more
+    # sequences than threads, each sequence is one thread's. Its output must not tell.
+    page = kv_page(kv_heads, head_size)
+    if kv_cache_dtype is None:
+        cache, scales = paged_cache(dtype, page, "layer_outermost"), None
+    else:
+        cache = paged_cache(FP8_KV_CACHE_DTYPES[kv_cache_dtype], page, "layer_outermost")
+        store_fp8(cache, SCALES)
+        scales = SCALES
+    impl = backend.CpuPagedImpl(heads, head_size, head_size**-0.5, kv_heads, None, kv_scales=scales)
+    q = torch.randn(len(SEQ_LENS), heads, head_size, generator=torch.Generator().manual_seed(2))
+    q = q.to(dtype)
+    batch = decode_batch(SEQ_LENS)
+    together = impl.forward_decode(q, cache, batch)
+    for i in range(len(SEQ_LENS)):
+        alone = DecodeBatch(
+            token_index=torch.arange(1), block_table=batch.block_table[i : i + 1],
+            seq_lens=batch.seq_lens[i : i + 1], key_positions=batch.key_positions,
+        )  # fmt: skip
+        assert torch.equal(impl.forward_decode(q[i : i + 1], cache, alone), together[i : i + 1])
+
+
 @pytest.mark.parametrize("kv_cache_dtype", FP8)
 def test_every_finite_fp8_value_reads_as_torchs_times_the_scale(kv_cache_dtype):
     # One key: its weight is exactly 1, so the output is the value row read, times v_scale.

@@ -409,27 +409,39 @@ void decode(torch::Tensor& out, const torch::Tensor& query, const torch::Tensor&
   const auto key_scale = static_cast<float>(scale * k_scale);
   const auto value_scale = static_cast<float>(v_scale);
 
-  core_cpu::for_each_sequence(num_seqs, [&](auto next_seq) {
-    std::vector<float> q(num_heads * D), acc(num_heads * D), scores;
+  // Fewer sequences than threads (a single stream above all) leave threads idle with a
+  // sequence a task: then each sequence's GQA groups are tasks of their own, every kernel
+  // below run on one group's slice (its query heads, scores and output, and rows pointing
+  // at its KV head). A query head's arithmetic is the same in either split, so a
+  // sequence's output is the same bits alone as in any batch.
+  const int64_t splits = num_seqs < at::get_num_threads() ? heads.num_kv_heads : 1;
+  const Heads part_heads{heads.num_kv_heads / splits, heads.group};
+  const int64_t part_query_heads = part_heads.num_kv_heads * part_heads.group;
+  core_cpu::for_each_sequence(num_seqs * splits, [&](auto next_task) {
+    std::vector<float> q(part_query_heads * D), acc(part_query_heads * D), scores;
     std::vector<const C*> keys, values;
-    for (int64_t seq = next_seq(); seq < num_seqs; seq = next_seq()) {
+    for (int64_t task_index = next_task(); task_index < num_seqs * splits;
+         task_index = next_task()) {
+      const int64_t seq = task_index / splits, part = task_index % splits;
       const int64_t len = lens[seq];
       const int64_t start = sliding_window > 0 ? std::max<int64_t>(0, len - sliding_window) : 0;
       const Task task{table + seq * table_stride, len, start};
-      const int64_t first = seq * num_heads * D, n = len - start;
-      token_rows(cache, strides, task, block_size, 0, keys);
-      token_rows(cache, strides, task, block_size, 1, values);
-      scores.resize(num_heads * n);
+      const int64_t first = (seq * num_heads + part * part_query_heads) * D, n = len - start;
+      const C* part_cache = cache + part * part_heads.num_kv_heads * strides.head;
+      token_rows(part_cache, strides, task, block_size, 0, keys);
+      token_rows(part_cache, strides, task, block_size, 1, values);
+      scores.resize(part_query_heads * n);
       if constexpr (std::is_same_v<C, T>) {  // a cache in the query's dtype: scales of 1
-        if (attend_bf16_dot<D>(q_data + first, keys.data(), values.data(), n, heads,
+        if (attend_bf16_dot<D>(q_data + first, keys.data(), values.data(), n, part_heads,
                                strides.head, key_scale, scores.data(), out_data + first))
           continue;
       }
-      for (int64_t i = 0; i < num_heads * D; ++i) q[i] = to_float(q_data[first + i]);
-      key_scores<D>(q.data(), keys.data(), n, heads, strides.head, key_scale, scores.data());
-      softmax_rows(scores.data(), num_heads, n);
-      weighted_values<D>(scores.data(), values.data(), n, heads, strides.head, acc.data());
-      for (int64_t i = 0; i < num_heads * D; ++i)
+      for (int64_t i = 0; i < part_query_heads * D; ++i) q[i] = to_float(q_data[first + i]);
+      key_scores<D>(q.data(), keys.data(), n, part_heads, strides.head, key_scale,
+                    scores.data());
+      softmax_rows(scores.data(), part_query_heads, n);
+      weighted_values<D>(scores.data(), values.data(), n, part_heads, strides.head, acc.data());
+      for (int64_t i = 0; i < part_query_heads * D; ++i)
         out_data[first + i] = static_cast<T>(acc[i] * value_scale);
     }
   });
