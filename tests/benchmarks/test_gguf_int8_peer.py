@@ -4,7 +4,6 @@ in a child whose environment asks for them, and holds its W2 decode to llama.cpp
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import os
 from types import SimpleNamespace
 
@@ -15,17 +14,11 @@ from benchmarks import __main__ as bench
 from benchmarks import offline, report, workloads
 
 
-class _InProcess(concurrent.futures.ThreadPoolExecutor):
-    """The spawned child, as a thread of this process."""
-
-    def __init__(self, max_workers: int, mp_context: object) -> None:
-        super().__init__(max_workers)
-
-
-def test_core_gguf_int8_runs_w1_and_w2_in_a_child_that_asks_for_int8(monkeypatch):
+def test_core_gguf_int8_runs_w1_and_w2_in_a_child_that_asks_for_int8(
+    monkeypatch, children_in_process
+):
     calls = []
     monkeypatch.setattr(bench, "core_offline_in_child", lambda *a, **kw: calls.append((a, kw)))
-    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", _InProcess)
     inputs = bench.Inputs("model.gguf", None, "w1 prompts", "w2 prompts")
     args = argparse.Namespace(workloads=("W1", "W2", "W3"), threads=2)
     bench.RUNNERS["core-gguf-int8"](args, "sizes", inputs)

@@ -5,7 +5,6 @@ tok/s and 5% of W2's decode tok/s."""
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 
 from benchmarks import __main__ as bench
 from benchmarks import report
@@ -56,17 +55,11 @@ def test_the_targets_table_has_the_rows():
     assert w2_row in table
 
 
-class _InProcess(concurrent.futures.ThreadPoolExecutor):
-    """The spawned child, as a thread of this process."""
-
-    def __init__(self, max_workers: int, mp_context: object) -> None:
-        super().__init__(max_workers)
-
-
-def test_core_invariant_is_core_gguf_with_the_mode_on_w1_and_w2_in_a_child(monkeypatch):
+def test_core_invariant_is_core_gguf_with_the_mode_on_w1_and_w2_in_a_child(
+    monkeypatch, children_in_process
+):
     calls = []
     monkeypatch.setattr(bench, "core_offline_in_child", lambda *a, **kw: calls.append((a, kw)))
-    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", _InProcess)
     inputs = bench.Inputs("model.gguf", None, "w1 prompts", "w2 prompts")
     args = argparse.Namespace(workloads=("W1", "W2", "W3"), threads=2)
     bench.RUNNERS["core-invariant"](args, "sizes", inputs)

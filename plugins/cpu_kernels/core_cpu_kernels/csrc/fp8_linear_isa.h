@@ -88,35 +88,15 @@ CORE_FP8L_INLINE void gemv_rows(const Fp8Weight& w, int64_t n, int64_t num_rows,
   for (; r < num_rows; ++r) gemv_block<Vec, 1, TOKENS>(w, n + r, x, t0, out, ldo);
 }
 
-// Four rows at a time, every pass of tokens over them while they sit in L1, the next four
-// prefetched meanwhile (quant_linear_isa.h's gemv_bits measured why).
+// quant_linear_isa.h's passes over W's rows (the FP8 bytes lie k apart).
 template <class Vec>
 void gemv(const Fp8Weight& w, int64_t n0, int64_t n1, const float* x, int64_t num_tokens,
           float* out, int64_t ldo) {
-  constexpr int64_t kCacheLine = 64;
-  constexpr int kTokensPerPass = quant_linear::kTokensPerPass;
-  const uint8_t* rows_end = w.data + n1 * w.k;
-  for (int64_t n = n0; n < n1; n += 4) {
-    const int64_t num_rows = n1 - n < 4 ? n1 - n : 4;
-    const uint8_t* next = w.data + (n + 4) * w.k;
-    for (const uint8_t* p = next; p < next + 4 * w.k && p < rows_end; p += kCacheLine)
-      __builtin_prefetch(p, /*rw=*/0, /*locality=*/3);
-    for (int64_t t0 = 0; t0 < num_tokens; t0 += kTokensPerPass) {
-      switch (num_tokens - t0) {
-        case 1:
-          gemv_rows<Vec, 1>(w, n, num_rows, x, t0, out, ldo);
-          break;
-        case 2:
-          gemv_rows<Vec, 2>(w, n, num_rows, x, t0, out, ldo);
-          break;
-        case 3:
-          gemv_rows<Vec, 3>(w, n, num_rows, x, t0, out, ldo);
-          break;
-        default:
-          gemv_rows<Vec, kTokensPerPass>(w, n, num_rows, x, t0, out, ldo);
-      }
-    }
-  }
+  quant_linear::gemv_passes(w.data, w.k, n0, n1, num_tokens,
+                            [&](auto tokens, int64_t n, int64_t num_rows, int64_t t0) {
+                              gemv_rows<Vec, decltype(tokens)::value>(w, n, num_rows, x, t0,
+                                                                      out, ldo);
+                            });
 }
 
 // The blocked GEMM's rows: W's rows [n0, n1) in float32, k apart.

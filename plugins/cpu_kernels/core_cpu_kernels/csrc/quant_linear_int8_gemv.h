@@ -154,34 +154,13 @@ CORE_QL_INLINE void int8_gemv_rows(const PackedWeight& w, int64_t n, int64_t num
   for (; r < num_rows; ++r) int8_gemv_block<BITS, 1, TOKENS>(w, n + r, a, t0, out, ldo);
 }
 
-// As gemv_bits (quant_linear_isa.h): four rows at a time, each token pass over them while
-// they sit in L1, the next four prefetched.
 template <int BITS>
 void int8_gemv_bits(const PackedWeight& w, int64_t n0, int64_t n1, const Int8Activations& a,
                     float* out, int64_t ldo) {
-  constexpr int64_t kCacheLine = 64;
-  const uint8_t* rows_end = w.data + n1 * w.row_bytes;
-  for (int64_t n = n0; n < n1; n += 4) {
-    const int64_t num_rows = n1 - n < 4 ? n1 - n : 4;
-    const uint8_t* next = w.data + (n + 4) * w.row_bytes;
-    for (const uint8_t* p = next; p < next + 4 * w.row_bytes && p < rows_end; p += kCacheLine)
-      __builtin_prefetch(p, /*rw=*/0, /*locality=*/3);
-    for (int64_t t0 = 0; t0 < a.num_tokens; t0 += kTokensPerPass) {
-      switch (a.num_tokens - t0) {
-        case 1:
-          int8_gemv_rows<BITS, 1>(w, n, num_rows, a, t0, out, ldo);
-          break;
-        case 2:
-          int8_gemv_rows<BITS, 2>(w, n, num_rows, a, t0, out, ldo);
-          break;
-        case 3:
-          int8_gemv_rows<BITS, 3>(w, n, num_rows, a, t0, out, ldo);
-          break;
-        default:
-          int8_gemv_rows<BITS, kTokensPerPass>(w, n, num_rows, a, t0, out, ldo);
-      }
-    }
-  }
+  gemv_passes(w.data, w.row_bytes, n0, n1, a.num_tokens,
+              [&](auto tokens, int64_t n, int64_t num_rows, int64_t t0) {
+                int8_gemv_rows<BITS, decltype(tokens)::value>(w, n, num_rows, a, t0, out, ldo);
+              });
 }
 
 }  // namespace

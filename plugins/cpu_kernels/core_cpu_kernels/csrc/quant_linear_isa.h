@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "quant_linear.h"
 
@@ -113,32 +114,45 @@ CORE_QL_INLINE void gemv_rows(const PackedWeight& w, int64_t n, int64_t num_rows
 // prefetched meanwhile: the hardware prefetchers stop at each 4 KB page, and a decode
 // step's weights are all cold (30 layers of SmolLM2 and its head, one token, AVX512_BF16
 // EPYC, 2 threads: 12.1 -> 9.3 ms; the distance mattered little from 256 B to 2 KB).
-template <class Vec, int BITS, bool INVARIANT>
-void gemv_bits(const PackedWeight& w, int64_t n0, int64_t n1, const Activations& a,
-               float* out, int64_t ldo) {
+// `rows(tokens, n, num_rows, t0)` multiplies rows [n, n + num_rows) with tokens [t0, t0 +
+// tokens) (tokens a std::integral_constant: 1, 2, 3 or kTokensPerPass); W's rows lie
+// `row_bytes` apart from `data`. Every GEMV (4- and 8-bit, int8, FP8) passes this way.
+template <class Rows>
+CORE_QL_INLINE void gemv_passes(const uint8_t* data, int64_t row_bytes, int64_t n0, int64_t n1,
+                                int64_t num_tokens, Rows&& rows) {
   constexpr int64_t kCacheLine = 64;
-  const uint8_t* rows_end = w.data + n1 * w.row_bytes;
+  const uint8_t* rows_end = data + n1 * row_bytes;
   for (int64_t n = n0; n < n1; n += 4) {
     const int64_t num_rows = n1 - n < 4 ? n1 - n : 4;
-    const uint8_t* next = w.data + (n + 4) * w.row_bytes;
-    for (const uint8_t* p = next; p < next + 4 * w.row_bytes && p < rows_end; p += kCacheLine)
+    const uint8_t* next = data + (n + 4) * row_bytes;
+    for (const uint8_t* p = next; p < next + 4 * row_bytes && p < rows_end; p += kCacheLine)
       __builtin_prefetch(p, /*rw=*/0, /*locality=*/3);
-    for (int64_t t0 = 0; t0 < a.num_tokens; t0 += kTokensPerPass) {
-      switch (a.num_tokens - t0) {
+    for (int64_t t0 = 0; t0 < num_tokens; t0 += kTokensPerPass) {
+      switch (num_tokens - t0) {
         case 1:
-          gemv_rows<Vec, BITS, 1, INVARIANT>(w, n, num_rows, a, t0, out, ldo);
+          rows(std::integral_constant<int, 1>{}, n, num_rows, t0);
           break;
         case 2:
-          gemv_rows<Vec, BITS, 2, INVARIANT>(w, n, num_rows, a, t0, out, ldo);
+          rows(std::integral_constant<int, 2>{}, n, num_rows, t0);
           break;
         case 3:
-          gemv_rows<Vec, BITS, 3, INVARIANT>(w, n, num_rows, a, t0, out, ldo);
+          rows(std::integral_constant<int, 3>{}, n, num_rows, t0);
           break;
         default:
-          gemv_rows<Vec, BITS, kTokensPerPass, INVARIANT>(w, n, num_rows, a, t0, out, ldo);
+          rows(std::integral_constant<int, kTokensPerPass>{}, n, num_rows, t0);
       }
     }
   }
+}
+
+template <class Vec, int BITS, bool INVARIANT>
+void gemv_bits(const PackedWeight& w, int64_t n0, int64_t n1, const Activations& a,
+               float* out, int64_t ldo) {
+  gemv_passes(w.data, w.row_bytes, n0, n1, a.num_tokens,
+              [&](auto tokens, int64_t n, int64_t num_rows, int64_t t0) {
+                gemv_rows<Vec, BITS, decltype(tokens)::value, INVARIANT>(w, n, num_rows, a, t0,
+                                                                         out, ldo);
+              });
 }
 
 template <class Vec, bool INVARIANT>
