@@ -82,6 +82,11 @@ struct Avx2 {
 }  // namespace
 
 namespace quant_linear {
+void int8_gemv_avx2(const PackedWeight& w, int64_t n0, int64_t n1, const Int8Activations& a,
+                    float* out, int64_t ldo) {
+  int8_gemv<Avx2>(w, n0, n1, a, out, ldo);
+}
+
 const IsaKernels kAvx2Kernels = isa_kernels<Avx2>("avx2", nullptr, nullptr, &int8_gemv_avx2);
 }  // namespace quant_linear
 

@@ -6,7 +6,8 @@
 // both widen to int16 for vpmaddwd (q = -128 would overflow vpmaddubsw's sign trick).
 //
 // Included by linear_avx2.cpp after its `#pragma GCC target`: everything here sits in an
-// unnamed namespace, compiled for that target alone, but int8_gemv_avx2 itself.
+// unnamed namespace, compiled for that target alone; linear_avx2.cpp defines
+// int8_gemv_avx2 from it.
 
 #pragma once
 
@@ -64,15 +65,10 @@ struct Int8Run<8> {
   }
 };
 
-CORE_QL_INLINE float lanes_sum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
 // A row's terms outside the dot products for one token: sum_g mins[g] * sums[g] (+ sum_g
 // scales[g] * shares[g] where there are shares), eight groups a vector, added to `total`
 // before its lanes are summed.
+template <class Vec>
 CORE_QL_INLINE float with_group_terms(__m256 total, const float* mins, const float* sums,
                                       const float* scales, const float* shares,
                                       int64_t groups) {
@@ -87,14 +83,14 @@ CORE_QL_INLINE float with_group_terms(__m256 total, const float* mins, const flo
     rest += mins[g] * sums[g];
     if (shares != nullptr) rest += scales[g] * shares[g];
   }
-  return lanes_sum(total) + rest;
+  return Vec::sum(total) + rest;
 }
 
 // out[t, n + r] for r < ROWS, t in [t0, t0 + TOKENS): per run the integer dot products,
 // converted and multiplied by the group's scale times the run's dx; then the mins' and
 // the centre's shares. One loop over the runs (a group is often one run: a loop per group
 // spilled the totals at each group's end).
-template <int BITS, int ROWS, int TOKENS>
+template <class Vec, int BITS, int ROWS, int TOKENS>
 CORE_QL_INLINE void int8_gemv_block(const PackedWeight& w, int64_t n, const Int8Activations& a,
                                     int64_t t0, float* out, int64_t ldo) {
   using Run = Int8Run<BITS>;
@@ -137,38 +133,40 @@ CORE_QL_INLINE void int8_gemv_block(const PackedWeight& w, int64_t n, const Int8
     const float* mins = w.mins + (n + r) * groups;
     for (int t = 0; t < TOKENS; ++t) {
       const float* shares = a.shares == nullptr ? nullptr : a.shares + (t0 + t) * groups;
-      out[(t0 + t) * ldo + n + r] = with_group_terms(
+      out[(t0 + t) * ldo + n + r] = with_group_terms<Vec>(
           total[r][t], mins, a.group_sums + (t0 + t) * groups, scales, shares, groups);
     }
   }
 }
 
-template <int BITS, int TOKENS>
+template <class Vec, int BITS, int TOKENS>
 CORE_QL_INLINE void int8_gemv_rows(const PackedWeight& w, int64_t n, int64_t num_rows,
                                    const Int8Activations& a, int64_t t0, float* out,
                                    int64_t ldo) {
   constexpr int kRows = kRowsPerBlock<TOKENS>;
   int64_t r = 0;
   for (; r + kRows <= num_rows; r += kRows)
-    int8_gemv_block<BITS, kRows, TOKENS>(w, n + r, a, t0, out, ldo);
-  for (; r < num_rows; ++r) int8_gemv_block<BITS, 1, TOKENS>(w, n + r, a, t0, out, ldo);
+    int8_gemv_block<Vec, BITS, kRows, TOKENS>(w, n + r, a, t0, out, ldo);
+  for (; r < num_rows; ++r) int8_gemv_block<Vec, BITS, 1, TOKENS>(w, n + r, a, t0, out, ldo);
 }
 
-template <int BITS>
+template <class Vec, int BITS>
 void int8_gemv_bits(const PackedWeight& w, int64_t n0, int64_t n1, const Int8Activations& a,
                     float* out, int64_t ldo) {
   gemv_passes(w.data, w.row_bytes, n0, n1, a.num_tokens,
               [&](auto tokens, int64_t n, int64_t num_rows, int64_t t0) {
-                int8_gemv_rows<BITS, decltype(tokens)::value>(w, n, num_rows, a, t0, out, ldo);
+                int8_gemv_rows<Vec, BITS, decltype(tokens)::value>(w, n, num_rows, a, t0, out,
+                                                                   ldo);
               });
 }
 
-}  // namespace
-
-void int8_gemv_avx2(const PackedWeight& w, int64_t n0, int64_t n1, const Int8Activations& a,
-                    float* out, int64_t ldo) {
-  if (w.bits == 4) return int8_gemv_bits<4>(w, n0, n1, a, out, ldo);
-  int8_gemv_bits<8>(w, n0, n1, a, out, ldo);
+// quant_linear.h's Int8GemvFn, with linear_avx2.cpp's AVX2 `Vec` (its lanes' sum).
+template <class Vec>
+void int8_gemv(const PackedWeight& w, int64_t n0, int64_t n1, const Int8Activations& a,
+               float* out, int64_t ldo) {
+  if (w.bits == 4) return int8_gemv_bits<Vec, 4>(w, n0, n1, a, out, ldo);
+  int8_gemv_bits<Vec, 8>(w, n0, n1, a, out, ldo);
 }
 
+}  // namespace
 }  // namespace core_cpu::quant_linear
