@@ -182,11 +182,19 @@ class Strips(KernelCandidate):
 
     def __call__(self, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                  mins: torch.Tensor, bits: int) -> Any:  # fmt: skip
-        strips = weight_copies.copy_of(
-            "bf16-strips", (qweight, scales, mins), _strips_bytes(qweight.shape[0], x.shape[1]),
-            lambda: _C.quant_linear_strips(qweight, scales, mins, bits),
-        )  # fmt: skip
-        return _C.quant_linear(x, qweight, scales, mins, bits, strips=strips)
+        strips = strips_of(qweight, scales, mins, bits)
+        return _C.quant_linear(x, qweight, scales, mins, bits, isa=linear_isa(), strips=strips)
+
+
+def strips_of(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
+              bits: int) -> torch.Tensor | None:  # fmt: skip
+    """The weight's bf16 strips the strips candidate multiplies by (weight_copies.py's copy),
+    or None where the copies' budget is spent (the packed kernels then serve)."""
+    num_bytes = _strips_bytes(qweight.shape[0], num_inputs(qweight, bits))
+    return weight_copies.copy_of(
+        "bf16-strips", (qweight, scales, mins), num_bytes,
+        lambda: _C.quant_linear_strips(qweight, scales, mins, bits),
+    )  # fmt: skip
 
 
 class DequantizedCopy(KernelCandidate):
@@ -400,7 +408,7 @@ class SdpaPrefill(KernelCandidate):
 
 def linear_isa() -> str:
     """CORE_CPU_ISA (read at each call; default "", the widest): the vector ISA whose kernels
-    the gemv, packed and fp8 candidates run, one of `_C.quant_linear_isas()` ("avx512",
+    the gemv, packed, strips and fp8 candidates run, one of `_C.quant_linear_isas()` ("avx512",
     "avx2", "scalar" where the CPU runs them), so that a machine's narrower kernels can be
     checked end to end (tests, batch-invariant mode on each ISA). The other ops (attention,
     norms, rotary) always take the widest, and the kernel choices measured at start are

@@ -8,8 +8,9 @@ otherwise (the layers then run as usual): prefill chunks or padded rows, a step 
 attention metadata (the dummy run, which records the kernel problems), batch-invariant
 mode, a KV connector, an FP8 cache, a backend other than `cpu_paged` itself, weights that
 are not packed (`LinearMethod.packed_weight`: a float layer, a LoRA wrapper), a row count
-whose kernel choice is not the packed candidate, dtypes or layouts the kernels take
-through another path.
+whose kernel choice is neither the packed nor the strips candidate (both are this
+package's C++ kernels: the stack passes a layer the strips its op would multiply by),
+dtypes or layouts the kernels take through another path.
 """
 
 from __future__ import annotations
@@ -53,8 +54,11 @@ class _Gathered:
     windows: list[int]
     block_size: int
     # One (problem, weight tensors and bits) per distinct packed weight shape: the kernel
-    # choice for the step's row count must be the packed candidate.
+    # choice for the step's row count must be the packed or the strips candidate.
     problems: list[tuple[Problem, tuple]]
+    # Each linear layer's problem (an index into `problems`) and the slot of its strips in
+    # `tensors` (an empty tensor there: the packed kernel), its weight's three before it.
+    linears: list[tuple[int, int]]
 
 
 class DecodeStack:
@@ -88,10 +92,12 @@ class DecodeStack:
         if any(per_layer.get(layer.attn.layer_name) is not metadata for layer in self.layers):
             return None
         gathered = self._current(hidden)
-        if gathered is None or not _packed_kernel_serves(gathered.problems, hidden):
+        strips = None if gathered is None else _strips_chosen(gathered.problems, hidden)
+        if strips is None:
             return None
         return dict(
-            hidden=hidden, positions=positions, tensors=gathered.tensors, bits=gathered.bits,
+            hidden=hidden, positions=positions, tensors=_with_strips(gathered, strips),
+            bits=gathered.bits,
             eps=gathered.eps, scales=gathered.scales, windows=gathered.windows, heads=self.heads,
             block_table=metadata.decode.block_table, seq_lens=metadata.decode.seq_lens,
             key_rows=metadata.key_rows(gathered.block_size), block_size=gathered.block_size,
@@ -116,8 +122,8 @@ class DecodeStack:
 def _gather(layers: list[PlainLayer], dtype: torch.dtype) -> _Gathered | None:
     """What `_C.decode_layers` reads of `layers` for activations of `dtype`, or None where
     a layer runs any other kernel than it does."""
-    gathered = _Gathered([], [], [], [], [], 0, [])
-    shapes: set[tuple] = set()
+    gathered = _Gathered([], [], [], [], [], 0, [], [])
+    shapes: dict[tuple, int] = {}  # (shape, bits) -> its index in gathered.problems
     for layer in layers:
         impl, cache = layer.attn.impl, layer.attn.kv_cache
         linears = [_packed(linear) for linear in _linears(layer)]
@@ -130,32 +136,63 @@ def _gather(layers: list[PlainLayer], dtype: torch.dtype) -> _Gathered | None:
             or not _takes_tables(rotary.cos_cache, rotary.sin_cache)
         ):
             return None
-        qkv, o, gate_up, down = linears
-        gathered.tensors += [norms[0], *qkv[:3], rotary.cos_cache, rotary.sin_cache, cache,
-                             *o[:3], norms[1], *gate_up[:3], *down[:3]]  # fmt: skip
+        problems = [_problem_index(gathered, weight, shapes, dtype) for weight in linears]
+        qkv, o, gate_up, down = ([*weight[:3], _NO_STRIPS] for weight in linears)
+        base = len(gathered.tensors)
+        gathered.tensors += [norms[0], *qkv, rotary.cos_cache, rotary.sin_cache, cache,
+                             *o, norms[1], *gate_up, *down]  # fmt: skip
+        slots = [i for i in range(base, len(gathered.tensors)) if gathered.tensors[i] is _NO_STRIPS]
+        gathered.linears += zip(problems, slots, strict=True)
         gathered.bits += [weight[3] for weight in linears]
         gathered.eps += [layer.input_norm.eps, layer.post_norm.eps]
         gathered.scales.append(impl.scale)
         gathered.windows.append(impl.sliding_window or 0)
         gathered.block_size = cache.shape[2]
-        for weight in linears:
-            qweight, _, _, bits = weight
-            if (qweight.shape, bits) not in shapes:
-                shapes.add((qweight.shape, bits))
-                x = torch.empty(0, dtype=dtype)
-                problem = candidates.quant_linear_problem(x, qweight, bits)
-                gathered.problems.append((problem, weight))
     return gathered
 
 
-def _packed_kernel_serves(problems: list[tuple[Problem, tuple]], hidden: torch.Tensor) -> bool:
-    """Whether core::quant_linear's kernel choice at this row count is the packed candidate
-    for every weight shape (else its kernel is another: the layers run)."""
-    rows = hidden.shape[0]
-    return all(
-        isinstance(KERNEL_CHOICES.kernel(problem, rows, (hidden, *weight)), candidates.Packed)
-        for problem, weight in problems
-    )
+_NO_STRIPS = torch.empty(0, dtype=torch.bfloat16)
+
+
+def _problem_index(
+    gathered: _Gathered, weight: tuple, shapes: dict[tuple, int], dtype: torch.dtype
+) -> int:
+    """The index in `gathered.problems` of the weight's problem, added if new."""
+    qweight, _, _, bits = weight
+    key = (qweight.shape, bits)
+    if key not in shapes:
+        shapes[key] = len(gathered.problems)
+        problem = candidates.quant_linear_problem(torch.empty(0, dtype=dtype), qweight, bits)
+        gathered.problems.append((problem, weight))
+    return shapes[key]
+
+
+def _strips_chosen(
+    problems: list[tuple[Problem, tuple]], hidden: torch.Tensor
+) -> list[bool] | None:
+    """Per weight shape, whether core::quant_linear's kernel choice at this row count is the
+    strips candidate (False: the packed one), or None where one is another (the layers run)."""
+    rows, chosen = hidden.shape[0], []
+    for problem, weight in problems:
+        kernel = KERNEL_CHOICES.kernel(problem, rows, (hidden, *weight))
+        if not isinstance(kernel, candidates.Packed | candidates.Strips):
+            return None
+        chosen.append(isinstance(kernel, candidates.Strips))
+    return chosen
+
+
+def _with_strips(gathered: _Gathered, strips: list[bool]) -> list[torch.Tensor]:
+    """The gathered tensors with the strips of each linear layer whose kernel is the strips
+    candidate: the copy its op multiplies by (none where the copies' budget is spent)."""
+    if not any(strips):
+        return gathered.tensors
+    tensors = list(gathered.tensors)
+    for problem, slot in gathered.linears:
+        if strips[problem]:
+            copy = candidates.strips_of(*tensors[slot - 3 : slot], gathered.problems[problem][1][3])
+            if copy is not None:
+                tensors[slot] = copy
+    return tensors
 
 
 def _linears(layer: PlainLayer) -> tuple[torch.nn.Module, ...]:

@@ -9,11 +9,13 @@ import torch
 
 from core import SamplingParams
 from core.entrypoints.llm import LLM
+from core.kernel_choice import KERNEL_CHOICES, ROW_BUCKETS
 from core.models.llama import LlamaModel
 from core.quantization.interface import WrappedLinearMethod
 
 layer_stack = pytest.importorskip("core_cpu_kernels.layer_stack")
 _C = pytest.importorskip("core_cpu_kernels._C")
+candidates = pytest.importorskip("core_cpu_kernels.candidates")
 
 PROMPTS = [
     "The capital of France is",
@@ -80,6 +82,33 @@ def test_int8_activations_run_in_the_stack_as_in_the_layers(llm, served, monkeyp
     assert stacked != float32  # the GEMVs quantized x: the logprobs moved
     _without_stack(monkeypatch)
     assert _generate(llm, params) == stacked
+
+
+def _choose(monkeypatch, kernels: dict[tuple[int, int], str]) -> None:
+    """Every quant_linear problem served by the candidate named for its weight's shape in
+    `kernels` (default "packed") at every row count, as a measured choice would."""
+    by_name = {c.name: c for c in KERNEL_CHOICES.candidates["quant_linear"]}
+    for problem in [p for p in KERNEL_CHOICES.chosen if p.op == "quant_linear"]:
+        kernel = by_name[kernels.get(problem.shape, "packed")]
+        monkeypatch.setitem(KERNEL_CHOICES.chosen, problem, [kernel] * len(ROW_BUCKETS))
+
+
+@pytest.mark.skipif(
+    not candidates.strips_available(), reason="this CPU has no bf16 dot products to multiply strips"
+)
+def test_layers_whose_kernel_choice_is_strips_run_in_the_stack_on_their_strips(served, monkeypatch):
+    llm = LLM(dtype="bfloat16", max_model_len=512, kv_cache_memory="64MiB")
+    params = SamplingParams(temperature=0.0, max_tokens=10, logprobs=3, ignore_eos=True)
+    _choose(monkeypatch, {})
+    packed = _generate(llm, params)
+    # SmolLM2's gate_up_proj: [3072, 576]; the other shapes stay on the packed GEMV.
+    _choose(monkeypatch, {(3072, 576): "strips"})
+    served.clear()
+    mixed = _generate(llm, params)
+    assert served.count(True) >= params.max_tokens - 1
+    assert mixed != packed  # gate_up multiplied W rounded to bf16: the logprobs moved
+    _without_stack(monkeypatch)
+    assert _generate(llm, params) == mixed
 
 
 def test_a_linear_method_wrapped_after_the_first_step_is_run_by_the_layers(

@@ -13,16 +13,18 @@
 
 namespace {
 
-// A layer's tensors in `decode_layers`' list, kLayerTensors a layer.
+// A layer's tensors in `decode_layers`' list, kLayerTensors a layer. Each linear layer's
+// packed weight is followed by its bf16 strips (quant_linear_strips) where its op multiplies
+// by them, else by an empty tensor.
 enum LayerTensor : int64_t {
   kInputNorm,
-  kQkvWeight, kQkvScales, kQkvMins,
+  kQkvWeight, kQkvScales, kQkvMins, kQkvStrips,
   kCos, kSin,
   kKvCache,
-  kOWeight, kOScales, kOMins,
+  kOWeight, kOScales, kOMins, kOStrips,
   kPostNorm,
-  kGateUpWeight, kGateUpScales, kGateUpMins,
-  kDownWeight, kDownScales, kDownMins,
+  kGateUpWeight, kGateUpScales, kGateUpMins, kGateUpStrips,
+  kDownWeight, kDownScales, kDownMins, kDownStrips,
   kLayerTensors,
 };
 
@@ -39,9 +41,12 @@ struct Step {
   bool int8_x;
 };
 
+// w: the weight's qweight, scales, mins and strips (empty: none), as the op takes them.
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor* w, int64_t bits,
                      const Step& step) {
-  return quant_linear(x, w[0], w[1], w[2], bits, step.isa, step.int8_x, "", c10::nullopt,
+  const c10::optional<torch::Tensor> strips =
+      w[3].numel() > 0 ? c10::optional<torch::Tensor>(w[3]) : c10::nullopt;
+  return quant_linear(x, w[0], w[1], w[2], bits, step.isa, step.int8_x, "", strips,
                       /*batch_invariant=*/false);
 }
 

@@ -102,8 +102,9 @@ std::vector<std::string> fp8_linear_isas();
 // Plain decoder layers (core.models.layer_stack's PlainLayer) for a step of decode rows,
 // hidden [T, H] with no residual yet: the kernels above in the Python layers' order, on
 // their inputs, so (hidden, residual) are theirs to the bit. Per layer, in order: the
-// tensors of decode_layers.cpp's LayerTensor (norm weights, packed weights, rotary
-// tables, a contiguous KV cache in the model's dtype), 4 bits (qkv, o, gate_up, down), 2
+// tensors of decode_layers.cpp's LayerTensor (norm weights, packed weights each with its
+// bf16 strips or an empty tensor, rotary tables, a contiguous KV cache in the model's
+// dtype), 4 bits (qkv, o, gate_up, down), 2
 // eps (input, post), an attention scale and a sliding window (0: none); heads is
 // (query heads, KV heads, head size). key_rows [T] are the new tokens' K rows in each
 // cache seen as [rows, KV heads, head size] (V rows block_size further); isa and int8_x
