@@ -16,8 +16,10 @@ from pathlib import Path
 
 import torch
 
+from core import kernel_choice
+
 # Big enough to defeat every cache level (a Zen3's L3 is 32 MiB), small enough to stay cheap.
-BANDWIDTH_BYTES = 512 << 20
+BANDWIDTH_BYTES = kernel_choice.MAX_BANDWIDTH_BYTES
 GEMM_SIZE = 2048
 FP32_BYTES = 4
 # A CPU without native kernels for a dtype runs its GEMM ~100x slower than float32 (bfloat16
@@ -105,9 +107,9 @@ def best_seconds(fn: Callable[[], object], repeats: int) -> float:
 
 
 def read_bandwidth_gb_s(num_bytes: int = BANDWIDTH_BYTES, repeats: int = 10) -> float:
-    """Memory read bandwidth: a float32 sum streams every byte once (best of `repeats`)."""
-    x = torch.ones(num_bytes // FP32_BYTES, dtype=torch.float32)  # x: [N]
-    return num_bytes / best_seconds(lambda: x.sum(), repeats) / 1e9
+    """Memory read bandwidth: core's kernel choices' measure of it (a float32 sum streams
+    every byte once, best of `repeats`)."""
+    return kernel_choice.read_bandwidth(num_bytes, repeats) / 1e9
 
 
 def _random_matrix(dtype: torch.dtype, size: int, generator: torch.Generator) -> torch.Tensor:

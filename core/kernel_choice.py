@@ -10,6 +10,15 @@ records the problems the model's ops pose (`recording`: an op with candidates na
 every row bucket, keeping the fastest. Afterwards an op asks `kernel(problem, rows)`: a
 dict lookup.
 
+A call timed alone finds its weight in the caches, where a decode step finds it in memory
+when the model is larger than the caches: between two calls on one layer's weight, the
+step reads every other weight. So for an op whose weights stream (`OpTiming`), a call takes
+at least the time to read what the candidate reads (its copy, else the weight) at the
+bandwidth of a read as large as the model's weights (`read_bandwidth`, measured here): a
+bf16 copy of a 4-bit weight reads 3.2x its bytes, which a call timed in the caches hides
+(SmolLM2's layers at one row, AMD EPYC Zen 4: the copy 1.5-2x faster per call alone, the
+decode step 1.5x slower with it). Where the model fits in the caches, so does that read.
+
 The choices are cached per CPU model, thread count and versions of torch and of the
 candidates' packages (`core info` prints them with the timings behind them); a change to
 any of these measures again. CORE_KERNEL_CHOICE forces candidates ("linear=onednn",
@@ -118,9 +127,12 @@ class KernelCandidate(ABC):
 @dataclass(frozen=True)
 class OpTiming:
     """How `measure` times an op: `resize(problem, args, rows)` gives the op's recorded
-    arguments with a `rows`-row activation (new values, same dtype and layout)."""
+    arguments with a `rows`-row activation (new values, same dtype and layout).
+    `weights_stream`: the tensors after the activation are a weight that a step reads once
+    (a linear layer's): a candidate with a copy reads the copy instead (`copy_bytes`)."""
 
     resize: Callable[[Problem, tuple, int], tuple]
+    weights_stream: bool = False
 
 
 @dataclass
@@ -220,11 +232,14 @@ class KernelChoices:
         recorded: dict[Problem, tuple],
         max_rows: int,
         timer: Timer | None = None,
+        weight_bytes: int | None = None,
     ) -> dict[Problem, Choice]:
         """Choose the kernel of every row bucket up to `max_rows` of each recorded problem:
         the forced candidate, else the cached choice, else the fastest by `timer` (default:
-        the best of a few calls on the model's real weights). Saves what it measured.
-        In batch-invariant mode: the problems' unmeasured choices, timing nothing."""
+        the best of a few calls on the model's real weights). With `weight_bytes` (what the
+        model's weights take), the calls of ops whose weights stream take at least their
+        reads at `read_bandwidth(weight_bytes)` (the module's docstring). Saves what it
+        measured. In batch-invariant mode: the problems' unmeasured choices, timing nothing."""
         if batch_invariant.enabled():
             return self._invariant_choices(recorded)
         path = measurement_cache.cache_path(CACHE_FILE_NAME)
@@ -232,14 +247,20 @@ class KernelChoices:
         measured: dict[str, object] = {}
         machine = machine_key()
         deadline = time.perf_counter() + MEASURE_BUDGET_S
+        timer = timer or _best_time
+        streaming = None if weight_bytes is None else _Streaming(timer, weight_bytes)
         for problem, args in recorded.items():
             live = self._live(problem)
             if len(live) < 2:
                 continue
-            key = _cache_key(machine, problem, live)
+            streams = streaming is not None and self.timings[problem.op].weights_stream
+            key = _cache_key(machine, problem, live, streams)
             choice = _cached(entries.get(key), live)
             if choice is None:
-                choice = self._measure_one(problem, args, live, max_rows, timer, deadline)
+                op_timer = streaming if streams else timer
+                choice = self._measure_one(problem, args, live, max_rows, op_timer, deadline)
+                if streams:
+                    choice.reason += f"; reads counted at {streaming.bandwidth / 1e9:.1f} GB/s"
                 measured[key] = choice.to_record()
             self._adopt(problem, choice, live)
         if measured:
@@ -260,10 +281,9 @@ class KernelChoices:
         args: tuple,
         live: list[KernelCandidate],
         max_rows: int,
-        timer: Timer | None,
+        timer: Timer,
         deadline: float,
     ) -> Choice:
-        timer = timer or _best_time
         resize = self.timings[problem.op].resize
         names: list[str] = []
         times: list[dict[str, float]] = []
@@ -350,12 +370,13 @@ def machine_key() -> str:
     return f"{model} ({ids}) | {torch.get_num_threads()} threads"
 
 
-def _cache_key(machine: str, problem: Problem, live: list[KernelCandidate]) -> str:
+def _cache_key(machine: str, problem: Problem, live: list[KernelCandidate], streamed: bool) -> str:
     """What a measured choice holds for: the machine, torch's and the candidates' package
-    versions, the problem and the candidates timed."""
+    versions, the problem, the candidates timed and whether their reads were counted."""
     versions = sorted({f"{c.provider} {_version(c.provider)}" for c in live})
     names = "+".join(c.name for c in live)
-    return " | ".join([machine, f"torch {torch.__version__}", *versions, problem.label(), names])
+    parts = [machine, f"torch {torch.__version__}", *versions, problem.label(), names]
+    return " | ".join(parts + (["reads counted"] if streamed else []))
 
 
 def _hopeless(seconds: float, best: float) -> bool:
@@ -395,6 +416,44 @@ def _best_time(candidate: KernelCandidate, problem: Problem, args: tuple) -> flo
             if repeat and best > MAX_CALL_S:
                 break
     return best
+
+
+class _Streaming:
+    """A timer whose calls take at least their candidate's reads at `bandwidth` (bytes/s),
+    measured once, at the first call."""
+
+    def __init__(self, timer: Timer, weight_bytes: int) -> None:
+        self.timer, self.weight_bytes = timer, weight_bytes
+        self.bandwidth: float | None = None
+
+    def __call__(self, candidate: KernelCandidate, problem: Problem, args: tuple) -> float:
+        if self.bandwidth is None:
+            self.bandwidth = read_bandwidth(self.weight_bytes)
+        read = candidate.copy_bytes(problem) or sum(map(_nbytes, args[1:]))
+        return max(self.timer(candidate, problem, args), read / self.bandwidth)
+
+
+def _nbytes(arg: object) -> int:
+    return arg.numel() * arg.element_size() if isinstance(arg, torch.Tensor) else 0
+
+
+# The most a read-bandwidth measurement reads: past any CPU's caches, so a model larger
+# than this streams from memory at the bandwidth it measures.
+MAX_BANDWIDTH_BYTES = 512 << 20
+
+
+def read_bandwidth(num_bytes: int, repeats: int = 3) -> float:
+    """Bytes per second at which this machine's threads read `num_bytes` (at most
+    MAX_BANDWIDTH_BYTES) that they read before: a float32 sum streams each byte once;
+    the fastest of `repeats` after one untimed read."""
+    x = torch.ones(max(1, min(num_bytes, MAX_BANDWIDTH_BYTES) // 4), dtype=torch.float32)
+    x.sum()
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - start)
+    return x.numel() * 4 / best
 
 
 def table_lines(choices: KernelChoices) -> list[str]:

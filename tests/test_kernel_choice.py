@@ -37,9 +37,9 @@ def _resize(problem: Problem, args: tuple, rows: int) -> tuple:
     return (torch.zeros(rows, args[0].shape[1]), *args[1:])
 
 
-def make_choices(*candidates: Fake) -> KernelChoices:
+def make_choices(*candidates: Fake, weights_stream: bool = False) -> KernelChoices:
     choices = KernelChoices()
-    choices.declare_op("matmul", OpTiming(_resize))
+    choices.declare_op("matmul", OpTiming(_resize, weights_stream=weights_stream))
     for candidate in candidates:
         choices.register(candidate)
     return choices
@@ -149,6 +149,57 @@ def test_a_new_cpu_model_or_package_version_is_measured_again(change, monkeypatc
     timer = Timer(a=lambda r: 2.0, b=lambda r: 1.0)
     later.measure(record(later), 512, timer=timer)
     assert timer.calls and later.kernel(PROBLEM, 1, ()).name == "b"
+
+
+# The recorded weight is [8, 4] float32: 128 bytes, read at 10 MB/s in 12.8 us; "copy" keeps
+# 10x as many bytes beside it (128 us) and multiplies twice as fast.
+BANDWIDTH = 1e7
+HOT = {"packed": lambda r: 1e-6 * r, "copy": lambda r: 0.5e-6 * r}
+
+
+@pytest.fixture
+def bandwidth(monkeypatch):
+    """read_bandwidth answers BANDWIDTH; the sizes it was asked for."""
+    asked: list[int] = []
+    monkeypatch.setattr(kernel_choice, "read_bandwidth", lambda n: asked.append(n) or BANDWIDTH)
+    return asked
+
+
+def test_a_copy_that_reads_more_loses_the_rows_where_a_step_streams_its_weights(bandwidth):
+    choices = make_choices(Fake("packed"), Fake("copy", copy=1280), weights_stream=True)
+    choices.measure(record(choices), max_rows=512, timer=Timer(**HOT), weight_bytes=5 << 20)
+    # Up to 128 rows the copy's read (128 us) is the longest; at 256 the packed kernel's
+    # 256 us of arithmetic are.
+    assert [choices.kernel(PROBLEM, r, ()).name for r in (1, 8, 64, 128, 256, 512)] == [
+        "packed", "packed", "packed", "packed", "copy", "copy",
+    ]  # fmt: skip
+    assert bandwidth == [5 << 20]  # measured once, at the model's size
+    assert "reads counted at 0.0 GB/s" in choices.choices[PROBLEM].reason
+
+
+@pytest.mark.parametrize("streams", [True, False], ids=["no weight bytes", "op not streaming"])
+def test_without_streamed_weights_the_calls_alone_choose(bandwidth, streams):
+    choices = make_choices(Fake("packed"), Fake("copy", copy=1280), weights_stream=streams)
+    weight_bytes = None if streams else 5 << 20
+    choices.measure(record(choices), max_rows=512, timer=Timer(**HOT), weight_bytes=weight_bytes)
+    assert {choices.kernel(PROBLEM, r, ()).name for r in ROW_BUCKETS} == {"copy"}
+    assert bandwidth == []
+
+
+def test_a_choice_timed_without_reads_is_timed_again_with_them(bandwidth):
+    choices = make_choices(Fake("packed"), Fake("copy", copy=1280), weights_stream=True)
+    choices.measure(record(choices), max_rows=512, timer=Timer(**HOT))
+    later = make_choices(Fake("packed"), Fake("copy", copy=1280), weights_stream=True)
+    timer = Timer(**HOT)
+    later.measure(record(later), max_rows=512, timer=timer, weight_bytes=5 << 20)
+    assert timer.calls and later.kernel(PROBLEM, 1, ()).name == "packed"
+
+
+def test_the_read_bandwidth_is_bytes_per_second_of_a_sum_over_at_most_the_cap(monkeypatch):
+    monkeypatch.setattr(kernel_choice, "MAX_BANDWIDTH_BYTES", 1 << 20)
+    seconds = iter([0.0, 1.0, 10.0, 10.5, 20.0, 22.0])  # 1.0 s, 0.5 s, 2.0 s
+    monkeypatch.setattr(kernel_choice.time, "perf_counter", lambda: next(seconds))
+    assert kernel_choice.read_bandwidth(64 << 20) == (1 << 20) / 0.5
 
 
 def test_a_forced_choice_wins_over_measurement_and_cache(monkeypatch):

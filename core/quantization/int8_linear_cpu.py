@@ -129,7 +129,7 @@ def register() -> None:
     """Offer the candidates and serve core::int8_linear on the CPU with the chosen one,
     unless another provider serves it already (re-entrant). The first candidate, int_mm,
     serves until the worker has measured."""
-    KERNEL_CHOICES.declare_op(OP, OpTiming(_with_rows))
+    KERNEL_CHOICES.declare_op(OP, OpTiming(_with_rows, weights_stream=True))
     for candidate in (IntMm(), Widened(), Int8Pack()):
         KERNEL_CHOICES.register(candidate)
     if CORE_OPS.provider(OP, "cpu") in (None, PROVIDER):

@@ -323,7 +323,8 @@ class Worker:
         """Where kernel packages registered several kernels for an op, time them on the
         model's own weights and keep the fastest per weight shape and row bucket
         (core.kernel_choice): a one-token dummy forward names the problems, then each is
-        measured, or read from the cache of an earlier start on this CPU."""
+        measured, or read from the cache of an earlier start on this CPU. The model's
+        weights' bytes set the read a decode step's calls are held to."""
         if not KERNEL_CHOICES.candidates:
             return  # no kernel package offers a choice: no dummy forward to pay for
         with KERNEL_CHOICES.recording() as recorded:
@@ -331,7 +332,9 @@ class Worker:
         if not recorded:
             return
         start = time.perf_counter()
-        choices = KERNEL_CHOICES.measure(recorded, runner.max_num_tokens)
+        choices = KERNEL_CHOICES.measure(
+            recorded, runner.max_num_tokens, weight_bytes=_tensor_bytes(runner.model)
+        )
         logger.info(
             "kernel choices for %d weight shapes in %.2f s (`core info` lists them)",
             len(choices), time.perf_counter() - start,
@@ -507,3 +510,9 @@ def _find_attention_layers(
     if speculator is not None:
         layers += speculator.proposer.attention_layers()
     return tuple(layers)
+
+
+def _tensor_bytes(model: nn.Module) -> int:
+    """What the model's parameters and buffers take (each tensor once)."""
+    tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    return sum(t.numel() * t.element_size() for t in tensors.values())

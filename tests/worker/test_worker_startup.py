@@ -4,6 +4,7 @@ with the attention backend (graph modes) and the sampler (speculation) in hand."
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from core.config import (
     ModelConfig,
     SpeculativeConfig,
 )
+from core.kernel_choice import KERNEL_CHOICES
 from core.kv_cache.grouping import kv_cache_config_for_blocks
 from core.kv_cache.layout import KVCacheConfig
 from core.kv_cache.spec import FullAttentionSpec
@@ -129,6 +131,22 @@ def test_default_level_graphs_with_nothing_to_capture_are_dropped(tiny):
     assert worker.loaded.graph_mode is CUDAGraphMode.NONE
     worker.initialize_kv_cache(kv_cache_config_for_blocks(worker.get_kv_cache_spec(), 8))
     assert worker.runner.graphs is None
+
+
+def test_kernel_choices_are_held_to_reading_the_models_weights(tiny, monkeypatch):
+    # An op with candidates, and a problem recorded: what the worker measures is seen.
+    monkeypatch.setattr(KERNEL_CHOICES, "candidates", {"test-op": []})
+    monkeypatch.setattr(KERNEL_CHOICES, "recording", _recording_one_problem)
+    measured = []
+    monkeypatch.setattr(KERNEL_CHOICES, "measure", lambda *args, **kw: measured.append(kw) or {})
+    model = loaded_worker(tiny).runner.model
+    tensors = {t.data_ptr(): t for t in [*model.parameters(), *model.buffers()]}
+    assert measured == [{"weight_bytes": sum(t.nbytes for t in tensors.values())}]
+
+
+@contextlib.contextmanager
+def _recording_one_problem():
+    yield {"a problem": ()}
 
 
 FORWARD_ONLY_SAMPLER = {

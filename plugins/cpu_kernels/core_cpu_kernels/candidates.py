@@ -449,9 +449,9 @@ def register() -> None:
     """Add the candidates to core's kernel choices (re-entrant). The first of each op
     serves until the worker has measured: the reference's way (linear, fused_moe), the
     packed kernels, the FP8 kernels, the C++ flash kernel."""
-    KERNEL_CHOICES.declare_op("linear", OpTiming(_with_rows))
-    KERNEL_CHOICES.declare_op("quant_linear", OpTiming(_with_rows))
-    KERNEL_CHOICES.declare_op("fp8_linear", OpTiming(_with_rows))
+    KERNEL_CHOICES.declare_op("linear", OpTiming(_with_rows, weights_stream=True))
+    KERNEL_CHOICES.declare_op("quant_linear", OpTiming(_with_rows, weights_stream=True))
+    KERNEL_CHOICES.declare_op("fp8_linear", OpTiming(_with_rows, weights_stream=True))
     KERNEL_CHOICES.declare_op("fused_moe", OpTiming(_with_tokens))
     KERNEL_CHOICES.declare_op("prefill_attention", OpTiming(_prompt_of))
     for candidate in (TorchLinear(), Gemv(), OnednnLinear()):
