@@ -19,6 +19,8 @@ class GraphDefaultPlatform(CpuPlatform):
 
     name = "graphdefault"
     supported_dtypes = (torch.float32,)
+    # Not the CPU's measured choice, which is bfloat16 where it has native bf16 dot products.
+    default_dtype = torch.float32
     supported_optimization_levels = (0, 1, 2)
     default_optimization_level = 2
 
