@@ -443,9 +443,9 @@ MAX_BANDWIDTH_BYTES = 512 << 20
 
 
 def read_bandwidth(num_bytes: int, repeats: int = 3) -> float:
-    """Bytes per second at which this machine's threads read `num_bytes` (at most
-    MAX_BANDWIDTH_BYTES) that they read before: a float32 sum streams each byte once;
-    the fastest of `repeats` after one untimed read."""
+    """Bytes per second at which this machine's threads read a buffer of `num_bytes` (at
+    most MAX_BANDWIDTH_BYTES) again and again, as a decode step reads the weights: a
+    float32 sum streams each byte once; the fastest of `repeats` after one untimed read."""
     x = torch.ones(max(1, min(num_bytes, MAX_BANDWIDTH_BYTES) // 4), dtype=torch.float32)
     x.sum()
     best = math.inf
