@@ -164,7 +164,7 @@ void decode(torch::Tensor& out, const torch::Tensor& query, const torch::Tensor&
   T* out_data = out.data_ptr<T>();
   const int64_t* table = block_table.data_ptr<int64_t>();
   const int64_t* lens = seq_lens.data_ptr<int64_t>();
-  core_cpu::for_each_sequence(num_seqs, [&](auto next_seq) {
+  core_cpu::for_each_task(num_seqs, [&](auto next_seq) {
     Workspace ws(sizes);
     std::vector<const T*> latents;
     for (int64_t seq = next_seq(); seq < num_seqs; seq = next_seq()) {

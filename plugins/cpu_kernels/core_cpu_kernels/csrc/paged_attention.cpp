@@ -417,7 +417,7 @@ void decode(torch::Tensor& out, const torch::Tensor& query, const torch::Tensor&
   const int64_t splits = num_seqs < at::get_num_threads() ? heads.num_kv_heads : 1;
   const Heads part_heads{heads.num_kv_heads / splits, heads.group};
   const int64_t part_query_heads = part_heads.num_kv_heads * part_heads.group;
-  core_cpu::for_each_sequence(num_seqs * splits, [&](auto next_task) {
+  core_cpu::for_each_task(num_seqs * splits, [&](auto next_task) {
     std::vector<float> q(part_query_heads * D), acc(part_query_heads * D), scores;
     std::vector<const C*> keys, values;
     for (int64_t task_index = next_task(); task_index < num_seqs * splits;

@@ -41,17 +41,17 @@ void token_rows(const T* cache, const CacheStrides& s, const Task& t, int64_t bl
   }
 }
 
-// Runs worker(next) on up to one thread per sequence, where next() returns the next
-// sequence not yet taken (num_seqs once none is left): sequences are handed out one at a
-// time as threads free up. Contexts differ in length (a batch mixes new and old requests),
-// and an even split of the count left one thread idle at the end while the other finished
-// the longer half.
+// Runs worker(next) on up to one thread per task, where next() returns the next task not
+// yet taken (num_tasks once none is left): a sequence, or in paged decode a (sequence, GQA
+// group) pair. Tasks are handed out one at a time as threads free up. Contexts differ in
+// length (a batch mixes new and old requests), and an even split of the count left one
+// thread idle at the end while the other finished the longer half.
 template <typename Worker>
-void for_each_sequence(int64_t num_seqs, Worker&& worker) {
-  std::atomic<int64_t> next_seq{0};
-  const int64_t num_workers = std::min<int64_t>(at::get_num_threads(), num_seqs);
+void for_each_task(int64_t num_tasks, Worker&& worker) {
+  std::atomic<int64_t> next_task{0};
+  const int64_t num_workers = std::min<int64_t>(at::get_num_threads(), num_tasks);
   at::parallel_for(0, num_workers, 1, [&](int64_t, int64_t) {
-    worker([&next_seq] { return next_seq++; });
+    worker([&next_task] { return next_task++; });
   });
 }
 
