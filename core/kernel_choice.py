@@ -429,12 +429,9 @@ class _Streaming:
     def __call__(self, candidate: KernelCandidate, problem: Problem, args: tuple) -> float:
         if self.bandwidth is None:
             self.bandwidth = read_bandwidth(self.weight_bytes)
-        read = candidate.copy_bytes(problem) or sum(map(_nbytes, args[1:]))
+        weight = sum(arg.nbytes for arg in args[1:] if isinstance(arg, torch.Tensor))
+        read = candidate.copy_bytes(problem) or weight
         return max(self.timer(candidate, problem, args), read / self.bandwidth)
-
-
-def _nbytes(arg: object) -> int:
-    return arg.numel() * arg.element_size() if isinstance(arg, torch.Tensor) else 0
 
 
 # The most a read-bandwidth measurement reads: past any CPU's caches, so a model larger
@@ -453,7 +450,7 @@ def read_bandwidth(num_bytes: int, repeats: int = 3) -> float:
         start = time.perf_counter()
         x.sum()
         best = min(best, time.perf_counter() - start)
-    return x.numel() * 4 / best
+    return x.nbytes / best
 
 
 def table_lines(choices: KernelChoices) -> list[str]:

@@ -515,4 +515,4 @@ def _find_attention_layers(
 def _tensor_bytes(model: nn.Module) -> int:
     """What the model's parameters and buffers take (each tensor once)."""
     tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}
-    return sum(t.numel() * t.element_size() for t in tensors.values())
+    return sum(t.nbytes for t in tensors.values())
