@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from core.models.lean_step import global_forward_hooks, has_forward_hooks
+from core.models.lean_step import global_forward_hooks, hook_dicts
 
 # (positions [T], hidden [T, hidden], residual [T, hidden] | None) -> (hidden, residual)
 # or None: the step declined.
@@ -105,10 +105,15 @@ def build_stack(layers: Sequence[PlainLayer]) -> LayerStack | None:
 
 
 def _without_hooks(stack: LayerStack, modules: list[nn.Module]) -> LayerStack:
+    # torch registers a module's forward (pre-)hooks into these dicts, which stay the
+    # module's for its life: one C-level pass over them a step, where a check per module
+    # cost ~0.2 ms (SmolLM2's 240 parts).
+    hooks = [hook for module in modules for hook in hook_dicts(module)]
+
     def call(
         positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        if global_forward_hooks() or any(map(has_forward_hooks, modules)):
+        if global_forward_hooks() or any(hooks):
             return None
         return stack(positions, hidden, residual)
 

@@ -61,4 +61,9 @@ def global_forward_hooks() -> bool:
 
 def has_forward_hooks(module: nn.Module) -> bool:
     """Whether a forward (pre-)hook is registered on `module` itself."""
-    return bool(module._forward_pre_hooks or module._forward_hooks)
+    return any(hook_dicts(module))
+
+
+def hook_dicts(module: nn.Module) -> tuple[dict, dict]:
+    """The dicts torch registers `module`'s forward pre-hooks and hooks into."""
+    return module._forward_pre_hooks, module._forward_hooks

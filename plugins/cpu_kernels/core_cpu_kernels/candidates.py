@@ -15,6 +15,9 @@ core::linear (x [rows, K], weight [N, K], bias [N] | None), weight format = its 
 core::quant_linear (x [rows, K], qweight, scales, mins, bits), format "q{bits}/{x dtype}":
   packed        the C++ kernels on the packed weight (GEMV, blocked and tiled GEMMs)
   strips        bf16 dot products on a copy of W dequantized once to bf16 strips
+  interleaved   bf16 decode rows times a 4-bit W laid out once in blocks of 16 rows
+                (`_C.quant_linear_interleaved`: as many bytes as W), its values widened
+                16 rows at a time; past the GEMV's rows, the packed kernels
   dequantized   torch's BLAS on a copy of W dequantized once to x's dtype
   dequantized-onednn  oneDNN on that copy, reordered
 core::fp8_linear (x [rows, K], weight float8_e4m3fn [N, K], scales, block_k), format
@@ -78,6 +81,8 @@ from core_cpu_kernels import _C, packed_linear, sdpa_prefill, weight_copies
 
 PROVIDER = "core-cpu-kernels"
 _STRIP_ROWS = 64  # the strips' rows (quant_linear.h's kStripRows)
+_INTERLEAVED_ROWS = 16  # an interleaved block's rows (quant_linear.h's kInterleavedRows)
+_COPY_GROUP = 32  # the group size `Interleaved.copy_bytes` counts (a problem has none)
 
 
 def linear_problem(weight: torch.Tensor) -> Problem:
@@ -111,6 +116,12 @@ def _dense_bytes(n: int, k: int, dtype: torch.dtype) -> int:
 def _strips_bytes(n: int, k: int) -> int:
     """A weight's bf16 strips: n rounded up to whole strips, k bf16 values a row."""
     return -(-n // _STRIP_ROWS) * _STRIP_ROWS * k * 2
+
+
+def _interleaved_bytes(n: int, k: int, groups: int) -> int:
+    """A 4-bit weight's interleaved layout: n rounded up to whole blocks, each row's k
+    nibbles and a float32 scale and shifted min a group."""
+    return -(-n // _INTERLEAVED_ROWS) * _INTERLEAVED_ROWS * (k // 2 + groups * 8)
 
 
 # -- core::linear ------------------------------------------------------------------------
@@ -194,6 +205,41 @@ def strips_of(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
     return weight_copies.copy_of(
         "bf16-strips", (qweight, scales, mins), num_bytes,
         lambda: _C.quant_linear_strips(qweight, scales, mins, bits),
+    )  # fmt: skip
+
+
+class Interleaved(KernelCandidate):
+    op, name, provider = "quant_linear", "interleaved", PROVIDER
+
+    def available(self) -> bool:
+        return strips_available()  # the same bf16 dot products
+
+    def takes(self, problem: Problem) -> bool:
+        # With int8 activations asked for, bf16 x takes them (the packed kernels) only.
+        return problem.format == "q4/bfloat16" and not int8_activations()
+
+    def copy_bytes(self, problem: Problem) -> int:
+        # GGUF's 4-bit groups; a weight of larger groups keeps fewer scales (a problem does
+        # not say its group size).
+        n, k = problem.shape
+        return _interleaved_bytes(n, k, k // _COPY_GROUP)
+
+    def __call__(self, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                 mins: torch.Tensor, bits: int) -> Any:  # fmt: skip
+        copy = interleaved_of(qweight, scales, mins, bits)
+        return _C.quant_linear(x, qweight, scales, mins, bits, isa=linear_isa(),
+                               interleaved=copy)  # fmt: skip
+
+
+def interleaved_of(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
+                   bits: int) -> torch.Tensor | None:  # fmt: skip
+    """The 4-bit weight's interleaved layout the interleaved candidate multiplies by
+    (weight_copies.py's copy), or None where the copies' budget is spent (the packed
+    kernels then serve)."""
+    num_bytes = _interleaved_bytes(qweight.shape[0], num_inputs(qweight, bits), scales.shape[1])
+    return weight_copies.copy_of(
+        "interleaved", (qweight, scales, mins), num_bytes,
+        lambda: _C.quant_linear_interleaved(qweight, scales, mins, bits),
     )  # fmt: skip
 
 
@@ -408,12 +454,12 @@ class SdpaPrefill(KernelCandidate):
 
 def linear_isa() -> str:
     """CORE_CPU_ISA (read at each call; default "", the widest): the vector ISA whose kernels
-    the gemv, packed, strips and fp8 candidates run, one of `_C.quant_linear_isas()` ("avx512",
-    "avx2", "scalar" where the CPU runs them), so that a machine's narrower kernels can be
-    checked end to end (tests, batch-invariant mode on each ISA). The other ops (attention,
-    norms, rotary) always take the widest, and the kernel choices measured at start are
-    not keyed on it; an ISA this CPU lacks is refused at the first linear layer
-    (RuntimeError naming it)."""
+    the gemv, packed, strips, interleaved and fp8 candidates run, one of
+    `_C.quant_linear_isas()` ("avx512", "avx2", "scalar" where the CPU runs them), so that a
+    machine's narrower kernels can be checked end to end (tests, batch-invariant mode on
+    each ISA). The other ops (attention, norms, rotary) always take the widest, and the
+    kernel choices measured at start are not keyed on it; an ISA this CPU lacks is refused
+    at the first linear layer (RuntimeError naming it)."""
     return os.environ.get("CORE_CPU_ISA", "")
 
 
@@ -456,7 +502,7 @@ def register() -> None:
     KERNEL_CHOICES.declare_op("prefill_attention", OpTiming(_prompt_of))
     for candidate in (TorchLinear(), Gemv(), OnednnLinear()):
         KERNEL_CHOICES.register(candidate)
-    for candidate in (Packed(), Strips(), Dequantized(False), Dequantized(True)):
+    for candidate in (Packed(), Strips(), Interleaved(), Dequantized(False), Dequantized(True)):
         KERNEL_CHOICES.register(candidate)
     for candidate in (Fp8(), Fp8Dequantized(False), Fp8Dequantized(True)):
         KERNEL_CHOICES.register(candidate)

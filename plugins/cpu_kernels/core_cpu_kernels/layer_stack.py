@@ -1,22 +1,23 @@
 """core-cpu-kernels' layer stack (core.models.layer_stack): a step of decode rows through a
-model's plain decoder layers in one call of `_C.decode_layers`, which runs the kernels
-the layers' ops would choose (the packed GEMV, the norms, rotary, the KV write and the
-paged decode kernel) in the layers' order, so the outputs are theirs to the bit.
+model's plain decoder layers in one call of `_C.DecodeLayers` (the layers' tensors gathered
+once), which runs the kernels the layers' ops would choose (the packed GEMV, the norms,
+rotary, the KV write and the paged decode kernel) in the layers' order, so the outputs are
+theirs to the bit.
 
 It serves a step only where every layer would run exactly those kernels, and declines it
 otherwise (the layers then run as usual): prefill chunks or padded rows, a step without
 attention metadata (the dummy run, which records the kernel problems), batch-invariant
 mode, a KV connector, an FP8 cache, a backend other than `cpu_paged` itself, weights that
 are not packed (`LinearMethod.packed_weight`: a float layer, a LoRA wrapper), a row count
-whose kernel choice is neither the packed nor the strips candidate (both are this
-package's C++ kernels: the stack passes a layer the strips its op would multiply by),
+whose kernel choice is not the packed, strips or interleaved candidate (all this
+package's C++ kernels: the stack passes a layer the copy its op would multiply by),
 dtypes or layouts the kernels take through another path.
 """
 
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,8 +45,8 @@ def build(layers: Sequence[PlainLayer]) -> LayerStack | None:
 
 @dataclass
 class _Gathered:
-    """What `_C.decode_layers` reads of the layers besides the step, gathered once for a
-    binding of their methods, backends and caches (`DecodeStack._binding`)."""
+    """What `_C.DecodeLayers` reads of the layers, gathered once for a binding of their
+    methods, backends and caches (`DecodeStack._binding`)."""
 
     tensors: list[torch.Tensor]
     bits: list[int]
@@ -54,18 +55,21 @@ class _Gathered:
     windows: list[int]
     block_size: int
     # One (problem, weight tensors and bits) per distinct packed weight shape: the kernel
-    # choice for the step's row count must be the packed or the strips candidate.
+    # choice for the step's row count must be one of _COPIES' candidates.
     problems: list[tuple[Problem, tuple]]
-    # Each linear layer's problem (an index into `problems`) and the slot of its strips in
+    # Each linear layer's problem (an index into `problems`) and the slot of its copy in
     # `tensors` (an empty tensor there: the packed kernel), its weight's three before it.
     linears: list[tuple[int, int]]
+    # Every linear layer's weight tensors (what the copies are made from).
+    weights: list[torch.Tensor]
 
 
 class DecodeStack:
-    """`_C.decode_layers` over `layers`. The weights are gathered again only when a layer's
+    """`_C.DecodeLayers` over `layers`. The weights are gathered again only when a layer's
     linear method, attention backend or cache is rebound (parameters and buffers keep their
-    identity: sleep mode empties and refills them in place); the step's metadata and the
-    kernel choices are read at each call."""
+    identity: sleep mode empties and refills them in place), and handed to C++ again when
+    the copies chosen change or a weight they were made from is written in place; the
+    step's metadata and the kernel choices are read at each call."""
 
     def __init__(self, layers: Sequence[PlainLayer]) -> None:
         self.layers = list(layers)
@@ -73,15 +77,21 @@ class DecodeStack:
         self.heads = [first.num_heads, first.num_kv_heads, first.head_dim]
         self._bound: list[Any] = []  # the binding `_gathered` was made for
         self._gathered: _Gathered | None = None
+        # The gathered layers in C++, and the copies they multiply by.
+        self._layers: tuple[list[CopyOf | None], Any] | None = None
 
     def __call__(
         self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        arguments = None if residual is not None else self._arguments(positions, hidden)
-        return None if arguments is None else _C.decode_layers(**arguments)
+        step = None if residual is not None else self._step(positions, hidden)
+        if step is None:
+            return None
+        layers, arguments = step
+        return layers(**arguments)
 
-    def _arguments(self, positions: torch.Tensor, hidden: torch.Tensor) -> dict[str, Any] | None:
-        """`_C.decode_layers`' arguments for this step, or None where it cannot serve it."""
+    def _step(self, positions: torch.Tensor, hidden: torch.Tensor) -> tuple[Any, dict] | None:
+        """The `_C.DecodeLayers` for this step and its arguments, or None where it cannot
+        serve it."""
         if batch_invariant.enabled() or not _takes_step(positions, hidden):
             return None
         context = get_forward_context()
@@ -92,23 +102,39 @@ class DecodeStack:
         if any(per_layer.get(layer.attn.layer_name) is not metadata for layer in self.layers):
             return None
         gathered = self._current(hidden)
-        strips = None if gathered is None else _strips_chosen(gathered.problems, hidden)
-        if strips is None:
+        copies = None if gathered is None else _copies_chosen(gathered.problems, hidden)
+        if gathered is None or copies is None:
             return None
-        return dict(
-            hidden=hidden, positions=positions, tensors=_with_strips(gathered, strips),
-            bits=gathered.bits,
-            eps=gathered.eps, scales=gathered.scales, windows=gathered.windows, heads=self.heads,
+        return self._layers_with(gathered, copies), dict(
+            hidden=hidden, positions=positions,
             block_table=metadata.decode.block_table, seq_lens=metadata.decode.seq_lens,
-            key_rows=metadata.key_rows(gathered.block_size), block_size=gathered.block_size,
+            key_rows=metadata.key_rows(gathered.block_size),
             isa=candidates.linear_isa(), int8_x=candidates.int8_activations(),
         )  # fmt: skip
+
+    def _layers_with(self, gathered: _Gathered, copies: list[CopyOf | None]) -> Any:
+        """The gathered layers in C++ with `copies`, handed over again only when the copies
+        chosen change or a weight they were made from was written in place (a copy's lookup
+        costs ~5 us a layer, a version read in Python ~0.3)."""
+        last = self._layers
+        if last is not None and last[0] == copies and not last[1].stale():
+            return last[1]
+        tensors = _with_copies(gathered, copies)
+        # Inference tensors keep no version, and get no copy.
+        copied = any(copies) and not any(weight.is_inference() for weight in gathered.weights)
+        layers = _C.DecodeLayers(
+            tensors, gathered.bits, gathered.eps, gathered.scales, gathered.windows,
+            self.heads, gathered.block_size, gathered.weights if copied else [],
+        )  # fmt: skip
+        self._layers = (copies, layers)
+        return layers
 
     def _current(self, hidden: torch.Tensor) -> _Gathered | None:
         """The gathered weights for the layers' present binding (None: not all served)."""
         bound = self._binding(hidden.dtype)
         if len(bound) != len(self._bound) or not all(map(operator.is_, bound, self._bound)):
             self._bound, self._gathered = bound, _gather(self.layers, hidden.dtype)
+            self._layers = None
         return self._gathered
 
     def _binding(self, dtype: torch.dtype) -> list[Any]:
@@ -120,9 +146,9 @@ class DecodeStack:
 
 
 def _gather(layers: list[PlainLayer], dtype: torch.dtype) -> _Gathered | None:
-    """What `_C.decode_layers` reads of `layers` for activations of `dtype`, or None where
+    """What `_C.DecodeLayers` reads of `layers` for activations of `dtype`, or None where
     a layer runs any other kernel than it does."""
-    gathered = _Gathered([], [], [], [], [], 0, [], [])
+    gathered = _Gathered([], [], [], [], [], 0, [], [], [])
     shapes: dict[tuple, int] = {}  # (shape, bits) -> its index in gathered.problems
     for layer in layers:
         impl, cache = layer.attn.impl, layer.attn.kv_cache
@@ -137,12 +163,13 @@ def _gather(layers: list[PlainLayer], dtype: torch.dtype) -> _Gathered | None:
         ):
             return None
         problems = [_problem_index(gathered, weight, shapes, dtype) for weight in linears]
-        qkv, o, gate_up, down = ([*weight[:3], _NO_STRIPS] for weight in linears)
+        qkv, o, gate_up, down = ([*weight[:3], _NO_COPY] for weight in linears)
         base = len(gathered.tensors)
         gathered.tensors += [norms[0], *qkv, rotary.cos_cache, rotary.sin_cache, cache,
                              *o, norms[1], *gate_up, *down]  # fmt: skip
-        slots = [i for i in range(base, len(gathered.tensors)) if gathered.tensors[i] is _NO_STRIPS]
+        slots = [i for i in range(base, len(gathered.tensors)) if gathered.tensors[i] is _NO_COPY]
         gathered.linears += zip(problems, slots, strict=True)
+        gathered.weights += [tensor for weight in linears for tensor in weight[:3]]
         gathered.bits += [weight[3] for weight in linears]
         gathered.eps += [layer.input_norm.eps, layer.post_norm.eps]
         gathered.scales.append(impl.scale)
@@ -151,7 +178,16 @@ def _gather(layers: list[PlainLayer], dtype: torch.dtype) -> _Gathered | None:
     return gathered
 
 
-_NO_STRIPS = torch.empty(0, dtype=torch.bfloat16)
+_NO_COPY = torch.empty(0, dtype=torch.bfloat16)
+
+# The candidates whose kernels the stack runs, each with the copy of W its op multiplies by
+# (None: W as it is).
+CopyOf = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor | None]
+_COPIES: tuple[tuple[type, CopyOf | None], ...] = (
+    (candidates.Packed, None),
+    (candidates.Strips, candidates.strips_of),
+    (candidates.Interleaved, candidates.interleaved_of),
+)
 
 
 def _problem_index(
@@ -167,29 +203,31 @@ def _problem_index(
     return shapes[key]
 
 
-def _strips_chosen(
+def _copies_chosen(
     problems: list[tuple[Problem, tuple]], hidden: torch.Tensor
-) -> list[bool] | None:
-    """Per weight shape, whether core::quant_linear's kernel choice at this row count is the
-    strips candidate (False: the packed one), or None where one is another (the layers run)."""
+) -> list[CopyOf | None] | None:
+    """Per weight shape, the copy its kernel choice at this row count multiplies by (None:
+    the packed weight), or None where a choice is none of _COPIES' (the layers run)."""
     rows, chosen = hidden.shape[0], []
     for problem, weight in problems:
         kernel = KERNEL_CHOICES.kernel(problem, rows, (hidden, *weight))
-        if not isinstance(kernel, candidates.Packed | candidates.Strips):
+        found = [copy_of for kind, copy_of in _COPIES if isinstance(kernel, kind)]
+        if not found:
             return None
-        chosen.append(isinstance(kernel, candidates.Strips))
+        chosen.append(found[0])
     return chosen
 
 
-def _with_strips(gathered: _Gathered, strips: list[bool]) -> list[torch.Tensor]:
-    """The gathered tensors with the strips of each linear layer whose kernel is the strips
-    candidate: the copy its op multiplies by (none where the copies' budget is spent)."""
-    if not any(strips):
+def _with_copies(gathered: _Gathered, copies: list[CopyOf | None]) -> list[torch.Tensor]:
+    """The gathered tensors with the copy each linear layer's op multiplies by (none where
+    the copies' budget is spent)."""
+    if not any(copies):
         return gathered.tensors
     tensors = list(gathered.tensors)
     for problem, slot in gathered.linears:
-        if strips[problem]:
-            copy = candidates.strips_of(*tensors[slot - 3 : slot], gathered.problems[problem][1][3])
+        copy_of = copies[problem]
+        if copy_of is not None:
+            copy = copy_of(*tensors[slot - 3 : slot], gathered.problems[problem][1][3])
             if copy is not None:
                 tensors[slot] = copy
     return tensors

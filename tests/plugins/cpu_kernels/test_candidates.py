@@ -260,6 +260,7 @@ def test_register_offers_every_kernel_of_both_linear_ops(choices):
     assert [c.name for c in choices.candidates["quant_linear"]] == [
         "packed",
         "strips",
+        "interleaved",
         "dequantized",
         "dequantized-onednn",
     ]

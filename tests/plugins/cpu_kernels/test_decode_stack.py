@@ -94,19 +94,24 @@ def _choose(monkeypatch, kernels: dict[tuple[int, int], str]) -> None:
 
 
 @pytest.mark.skipif(
-    not candidates.strips_available(), reason="this CPU has no bf16 dot products to multiply strips"
+    not candidates.strips_available(), reason="this CPU has no bf16 dot products for the copies"
 )
-def test_layers_whose_kernel_choice_is_strips_run_in_the_stack_on_their_strips(served, monkeypatch):
+@pytest.mark.parametrize("kernel", ["strips", "interleaved"])
+def test_layers_whose_kernel_choice_keeps_a_copy_run_in_the_stack_on_it(
+    kernel, served, monkeypatch
+):
     llm = LLM(dtype="bfloat16", max_model_len=512, kv_cache_memory="64MiB")
     params = SamplingParams(temperature=0.0, max_tokens=10, logprobs=3, ignore_eos=True)
     _choose(monkeypatch, {})
     packed = _generate(llm, params)
     # SmolLM2's gate_up_proj: [3072, 576]; the other shapes stay on the packed GEMV.
-    _choose(monkeypatch, {(3072, 576): "strips"})
+    _choose(monkeypatch, {(3072, 576): kernel})
     served.clear()
     mixed = _generate(llm, params)
     assert served.count(True) >= params.max_tokens - 1
-    assert mixed != packed  # gate_up multiplied W rounded to bf16: the logprobs moved
+    # gate_up multiplied W rounded to bf16 (strips) or summed in another order
+    # (interleaved): the logprobs moved.
+    assert mixed != packed
     _without_stack(monkeypatch)
     assert _generate(llm, params) == mixed
 
@@ -129,13 +134,42 @@ def test_a_linear_method_wrapped_after_the_first_step_is_run_by_the_layers(
 def test_the_kernel_refuses_lists_that_are_not_whole_layers():
     hidden = torch.zeros(1, 8)
     with pytest.raises(RuntimeError, match="tensors, 4 bits, 2 eps"):
-        _C.decode_layers(
-            hidden=hidden, positions=torch.zeros(1, dtype=torch.long), tensors=[hidden],
-            bits=[4], eps=[1e-5], scales=[1.0], windows=[0], heads=[1, 1, 8],
-            block_table=torch.zeros(1, 1, dtype=torch.long),
-            seq_lens=torch.ones(1, dtype=torch.long), key_rows=torch.zeros(1, dtype=torch.long),
-            block_size=16, isa="", int8_x=False,
+        _C.DecodeLayers(
+            tensors=[hidden], bits=[4], eps=[1e-5], scales=[1.0], windows=[0], heads=[1, 1, 8],
+            block_size=16, watched=[],
         )  # fmt: skip
+
+
+def test_gathered_layers_go_stale_when_a_watched_tensor_is_written_in_place():
+    weight, other = torch.zeros(4), torch.zeros(4)
+    layers = _C.DecodeLayers(
+        tensors=[other] * 21, bits=[4] * 4, eps=[1e-5] * 2, scales=[1.0], windows=[0],
+        heads=[1, 1, 8], block_size=16, watched=[weight],
+    )  # fmt: skip
+    other.add_(1)  # not watched
+    assert not layers.stale()
+    weight.add_(1)
+    assert layers.stale()
+
+
+@pytest.mark.skipif(
+    not candidates.strips_available(), reason="this CPU has no bf16 dot products for the copies"
+)
+def test_a_weight_written_in_place_reaches_the_stack_through_a_fresh_copy(served, monkeypatch):
+    llm = LLM(dtype="bfloat16", max_model_len=512, kv_cache_memory="64MiB")
+    params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=3, ignore_eos=True)
+    _choose(monkeypatch, {(3072, 576): "interleaved"})
+    before = _generate(llm, params)
+    gate_up = llm.engine.core.executor.worker.runner.model.model.layers[3].mlp.gate_up_proj
+    weight = gate_up.linear_method.packed_weight(gate_up)
+    with torch.no_grad():
+        weight.scales.mul_(1.5)  # what a weight update does: the same tensor, new values
+    served.clear()
+    after = _generate(llm, params)
+    assert served.count(True) >= params.max_tokens - 1
+    assert after != before
+    _without_stack(monkeypatch)
+    assert _generate(llm, params) == after
 
 
 class _Plain:

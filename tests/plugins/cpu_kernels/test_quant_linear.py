@@ -27,6 +27,7 @@ import pytest
 import torch
 
 import core.ops
+from core.kernel_choice import Problem
 from core.ops import quant_linear_reference
 from core.ops.quant_linear import dequantize, pack, unpack
 
@@ -520,6 +521,81 @@ def test_an_isa_without_bf16_dot_products_makes_no_strips():
         _C.quant_linear_strips(*packed, 4, "avx512")
 
 
+# (group size, N, K) of 4-bit weights: every group size, N cutting a partial last block.
+INTERLEAVED_LAYOUTS = [(32, 1000, 96), (64, 200, 576), (128, 40, 1536)]
+
+
+def _interleaved(packed: tuple) -> torch.Tensor:
+    return _C.quant_linear_interleaved(*packed, 4, "avx512_bf16")
+
+
+@ON_STRIPS
+@pytest.mark.parametrize(("group", "n", "k"), INTERLEAVED_LAYOUTS)
+@pytest.mark.parametrize("t", [1, 2, 3, 4, 5, 7, 8])
+def test_the_interleaved_gemv_matches_the_float32_reference(group, n, k, t):
+    packed = _packed(4, group, n, k)
+    x = _activations(t, k, torch.bfloat16)
+    got = _C.quant_linear(x, *packed, 4, "avx512_bf16", interleaved=_interleaved(packed))
+    _assert_matches(got, x, packed, 4, "avx512_bf16")
+
+
+@ON_STRIPS
+@pytest.mark.parametrize("t", [1, 8, 9, 33])
+def test_decode_rows_are_multiplied_from_the_interleaved_copy_and_more_rows_from_w(t):
+    packed = _packed(4, 32, 200, 576)
+    x = _activations(t, 576, torch.bfloat16)
+    # A zeroed copy holds zero scales and shifted mins: every output it gives is 0.
+    blank = torch.zeros_like(_interleaved(packed))
+    got = _C.quant_linear(x, *packed, 4, "avx512_bf16", interleaved=blank)
+    if t <= GEMV_MAX_TOKENS:
+        assert not got.any()
+    else:
+        assert torch.equal(got, _C.quant_linear(x, *packed, 4, "avx512_bf16"))
+
+
+@ON_STRIPS
+def test_an_interleaved_copy_of_another_weight_or_width_is_refused():
+    packed = _packed(4, 32, 200, 576)
+    x = _activations(1, 576, torch.bfloat16)
+    other = _interleaved(_packed(4, 64, 200, 576))  # fewer scales: fewer bytes
+    with pytest.raises(RuntimeError, match="quant_linear_interleaved of this weight"):
+        _C.quant_linear(x, *packed, 4, "avx512_bf16", interleaved=other)
+    with pytest.raises(RuntimeError, match="only 4-bit weights interleave"):
+        _C.quant_linear_interleaved(*_packed(8, 32, 40, 96), 8, "avx512_bf16")
+    with pytest.raises(RuntimeError, match="one copy of W at a time"):
+        _C.quant_linear(x, *packed, 4, "avx512_bf16", interleaved=_interleaved(packed),
+                        strips=_C.quant_linear_strips(*packed, 4))  # fmt: skip
+
+
+@ON_STRIPS
+def test_the_interleaved_kernel_lays_a_weight_out_once(monkeypatch):
+    monkeypatch.setenv("CORE_KERNEL_CHOICE", "quant_linear=interleaved")
+    builds = []
+    real = _C.quant_linear_interleaved
+    monkeypatch.setattr(
+        ops._C, "quant_linear_interleaved", lambda q, *a: builds.append(q.shape[0]) or real(q, *a)
+    )
+    packed = tuple(t.clone() for t in _packed(4, 32, 200, 576))
+    for t in (1, 4, 33):
+        x = _activations(t, 576, torch.bfloat16)
+        _assert_matches(ops.quant_linear(x, *packed, 4), x, packed, 4)
+    assert builds == [200]
+
+
+@pytest.mark.parametrize(
+    ("fmt", "int8", "takes"),
+    [("q4/bfloat16", "", True), ("q4/float32", "", False), ("q8/bfloat16", "", False),
+     ("q4/bfloat16", "1", False)],
+    ids=["4-bit bf16 x", "float32 x", "8-bit", "int8 activations"],
+)  # fmt: skip
+def test_the_interleaved_kernel_takes_4_bit_weights_and_bf16_activations(
+    fmt, int8, takes, monkeypatch
+):
+    monkeypatch.setenv("CORE_CPU_INT8_ACTIVATIONS", int8)
+    problem = Problem("quant_linear", fmt, (200, 576))
+    assert candidates.Interleaved().takes(problem) is takes
+
+
 def _strip_builds(monkeypatch) -> list[int]:
     calls = []
     real = _C.quant_linear_strips
@@ -585,6 +661,7 @@ def _copying_kernel(name: str):
     here; bf16 x for the strips (all they take), float32 x for the dequantized copies."""
     runs = {
         "strips": candidates.strips_available(),
+        "interleaved": candidates.strips_available(),
         "dequantized": True,
         "dequantized-onednn": packed_linear.available(),
     }[name]
@@ -592,14 +669,15 @@ def _copying_kernel(name: str):
 
 
 @pytest.mark.parametrize(
-    "kernel", [_copying_kernel(n) for n in ("strips", "dequantized", "dequantized-onednn")]
+    "kernel",
+    [_copying_kernel(n) for n in ("strips", "interleaved", "dequantized", "dequantized-onednn")],
 )
 @pytest.mark.parametrize("written", ["qweight", "scales", "mins"])
 def test_a_weight_written_in_place_is_multiplied_as_it_is_now(kernel, written, monkeypatch):
     monkeypatch.setenv("CORE_KERNEL_CHOICE", f"quant_linear={kernel}")
     qweight, scales, mins = (t.clone() for t in _packed(4, 32, 200, 576))
-    dtype = torch.bfloat16 if kernel == "strips" else torch.float32
-    x = _activations(33, 576, dtype)
+    dtype = torch.bfloat16 if kernel in ("strips", "interleaved") else torch.float32
+    x = _activations(3 if kernel == "interleaved" else 33, 576, dtype)  # its decode rows
     ops.quant_linear(x, qweight, scales, mins, 4)
     tensor = {"qweight": qweight, "scales": scales, "mins": mins}[written]
     tensor.copy_(tensor.flip(0))  # another row's values (qweight: still in range)

@@ -36,7 +36,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "core::quant_linear with the kernels of one vector ISA (\"\": the widest available)",
         py::arg("x"), py::arg("qweight"), py::arg("scales"), py::arg("mins"), py::arg("bits"),
         py::arg("isa") = "", py::arg("int8_x") = false, py::arg("prefill") = "",
-        py::arg("strips") = py::none(), py::arg("batch_invariant") = false);
+        py::arg("strips") = py::none(), py::arg("interleaved") = py::none(),
+        py::arg("batch_invariant") = false);
+  m.def("quant_linear_interleaved", &quant_linear_interleaved, kNoGil,
+        "A 4-bit weight in the interleaved layout, for quant_linear's interleaved GEMV",
+        py::arg("qweight"), py::arg("scales"), py::arg("mins"), py::arg("bits"),
+        py::arg("isa") = "");
   m.def("quant_linear_strips", &quant_linear_strips, kNoGil,
         "A quantized weight dequantized once to bf16 strips, for quant_linear's strips",
         py::arg("qweight"), py::arg("scales"), py::arg("mins"), py::arg("bits"),
@@ -59,12 +64,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "widest available)",
         py::arg("x"), py::arg("weight"), py::arg("scales"), py::arg("block_k"),
         py::arg("isa") = "", py::arg("batch_invariant") = false);
-  m.def("decode_layers", &decode_layers, kNoGil,
-        "Plain decoder layers for a step of decode rows in one call (layer_stack.py)",
-        py::arg("hidden"), py::arg("positions"), py::arg("tensors"), py::arg("bits"),
-        py::arg("eps"), py::arg("scales"), py::arg("windows"), py::arg("heads"),
-        py::arg("block_table"), py::arg("seq_lens"), py::arg("key_rows"),
-        py::arg("block_size"), py::arg("isa"), py::arg("int8_x"));
+  py::class_<DecodeLayers>(m, "DecodeLayers",
+                           "Plain decoder layers gathered once, called for each step of "
+                           "decode rows (layer_stack.py)")
+      .def(py::init<std::vector<torch::Tensor>, std::vector<int64_t>, std::vector<double>,
+                    std::vector<double>, std::vector<int64_t>, std::vector<int64_t>, int64_t,
+                    const std::vector<torch::Tensor>&>(),
+           py::arg("tensors"), py::arg("bits"), py::arg("eps"), py::arg("scales"),
+           py::arg("windows"), py::arg("heads"), py::arg("block_size"), py::arg("watched"))
+      .def("stale", &DecodeLayers::stale,
+           "Whether a watched tensor was written in place since")
+      .def("__call__", &DecodeLayers::operator(), kNoGil, py::arg("hidden"),
+           py::arg("positions"), py::arg("block_table"), py::arg("seq_lens"),
+           py::arg("key_rows"), py::arg("isa"), py::arg("int8_x"));
   m.def("fp8_linear_isas", &fp8_linear_isas,
         "The vector ISAs fp8_linear can use on this CPU, widest (the default) first");
 }

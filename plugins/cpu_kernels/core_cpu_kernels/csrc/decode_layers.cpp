@@ -7,28 +7,30 @@
 
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kernels.h"
 
 namespace {
 
-// A layer's tensors in `decode_layers`' list, kLayerTensors a layer. Each linear layer's
-// packed weight is followed by its bf16 strips (quant_linear_strips) where its op multiplies
-// by them, else by an empty tensor.
+// A layer's tensors in DecodeLayers' list, kLayerTensors a layer. Each linear layer's
+// packed weight is followed by the copy its op multiplies by: its bf16 strips
+// (quant_linear_strips) or its interleaved layout (quant_linear_interleaved, uint8), else
+// an empty tensor.
 enum LayerTensor : int64_t {
   kInputNorm,
-  kQkvWeight, kQkvScales, kQkvMins, kQkvStrips,
+  kQkvWeight, kQkvScales, kQkvMins, kQkvCopy,
   kCos, kSin,
   kKvCache,
-  kOWeight, kOScales, kOMins, kOStrips,
+  kOWeight, kOScales, kOMins, kOCopy,
   kPostNorm,
-  kGateUpWeight, kGateUpScales, kGateUpMins, kGateUpStrips,
-  kDownWeight, kDownScales, kDownMins, kDownStrips,
+  kGateUpWeight, kGateUpScales, kGateUpMins, kGateUpCopy,
+  kDownWeight, kDownScales, kDownMins, kDownCopy,
   kLayerTensors,
 };
 
-// The per-layer numbers of `decode_layers`' lists.
+// The per-layer numbers of DecodeLayers' lists.
 constexpr int64_t kLayerBits = 4;  // qkv, o, gate_up, down
 
 struct Step {
@@ -41,12 +43,12 @@ struct Step {
   bool int8_x;
 };
 
-// w: the weight's qweight, scales, mins and strips (empty: none), as the op takes them.
+// w: the weight's qweight, scales, mins and copy (empty: none), as the op takes them.
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor* w, int64_t bits,
                      const Step& step) {
-  const c10::optional<torch::Tensor> strips =
-      w[3].numel() > 0 ? c10::optional<torch::Tensor>(w[3]) : c10::nullopt;
-  return quant_linear(x, w[0], w[1], w[2], bits, step.isa, step.int8_x, "", strips,
+  c10::optional<torch::Tensor> strips, interleaved;
+  if (w[3].numel() > 0) (w[3].scalar_type() == torch::kByte ? interleaved : strips) = w[3];
+  return quant_linear(x, w[0], w[1], w[2], bits, step.isa, step.int8_x, "", strips, interleaved,
                       /*batch_invariant=*/false);
 }
 
@@ -74,37 +76,54 @@ torch::Tensor attention(const torch::Tensor& qkv, const torch::Tensor* t,
 
 }  // namespace
 
-std::tuple<torch::Tensor, torch::Tensor> decode_layers(
-    torch::Tensor hidden, const torch::Tensor& positions,
-    const std::vector<torch::Tensor>& tensors, const std::vector<int64_t>& bits,
-    const std::vector<double>& eps, const std::vector<double>& scales,
-    const std::vector<int64_t>& windows, const std::vector<int64_t>& heads,
-    const torch::Tensor& block_table, const torch::Tensor& seq_lens,
-    const torch::Tensor& key_rows, int64_t block_size, const std::string& isa, bool int8_x) {
-  const int64_t layers = static_cast<int64_t>(scales.size());
-  TORCH_CHECK(layers > 0, "decode_layers: no layers");
-  TORCH_CHECK(static_cast<int64_t>(tensors.size()) == layers * kLayerTensors &&
-                  static_cast<int64_t>(bits.size()) == layers * kLayerBits &&
-                  static_cast<int64_t>(eps.size()) == layers * 2 &&
-                  static_cast<int64_t>(windows.size()) == layers && heads.size() == 3,
-              "decode_layers: ", kLayerTensors, " tensors, ", kLayerBits,
+DecodeLayers::DecodeLayers(std::vector<torch::Tensor> tensors, std::vector<int64_t> bits,
+                           std::vector<double> eps, std::vector<double> scales,
+                           std::vector<int64_t> windows, std::vector<int64_t> heads,
+                           int64_t block_size, const std::vector<torch::Tensor>& watched)
+    : tensors_(std::move(tensors)),
+      bits_(std::move(bits)),
+      eps_(std::move(eps)),
+      scales_(std::move(scales)),
+      windows_(std::move(windows)),
+      heads_(std::move(heads)),
+      block_size_(block_size) {
+  const int64_t layers = static_cast<int64_t>(scales_.size());
+  TORCH_CHECK(layers > 0, "DecodeLayers: no layers");
+  TORCH_CHECK(static_cast<int64_t>(tensors_.size()) == layers * kLayerTensors &&
+                  static_cast<int64_t>(bits_.size()) == layers * kLayerBits &&
+                  static_cast<int64_t>(eps_.size()) == layers * 2 &&
+                  static_cast<int64_t>(windows_.size()) == layers && heads_.size() == 3,
+              "DecodeLayers: ", kLayerTensors, " tensors, ", kLayerBits,
               " bits, 2 eps, a scale and a window per layer, and 3 head sizes");
-  const torch::Tensor value_rows = key_rows + block_size;
+  for (const torch::Tensor& tensor : watched) watched_.emplace_back(tensor, tensor._version());
+}
+
+bool DecodeLayers::stale() const {
+  for (const auto& [tensor, version] : watched_)
+    if (tensor._version() != version) return true;
+  return false;
+}
+
+std::tuple<torch::Tensor, torch::Tensor> DecodeLayers::operator()(
+    torch::Tensor hidden, const torch::Tensor& positions, const torch::Tensor& block_table,
+    const torch::Tensor& seq_lens, const torch::Tensor& key_rows, const std::string& isa,
+    bool int8_x) const {
+  const torch::Tensor value_rows = key_rows + block_size_;
   const Step step{positions, block_table, seq_lens, key_rows, value_rows, isa, int8_x};
   torch::Tensor residual;
-  for (int64_t l = 0; l < layers; ++l) {
-    const torch::Tensor* t = tensors.data() + l * kLayerTensors;
-    const int64_t* b = bits.data() + l * kLayerBits;
+  for (int64_t l = 0; l < static_cast<int64_t>(scales_.size()); ++l) {
+    const torch::Tensor* t = tensors_.data() + l * kLayerTensors;
+    const int64_t* b = bits_.data() + l * kLayerBits;
     if (l == 0) {
       residual = hidden;
-      hidden = rms_norm(hidden, t[kInputNorm], eps[0]);
+      hidden = rms_norm(hidden, t[kInputNorm], eps_[0]);
     } else {
-      std::tie(hidden, residual) = fused_add_rms_norm(hidden, residual, t[kInputNorm], eps[2 * l]);
+      std::tie(hidden, residual) = fused_add_rms_norm(hidden, residual, t[kInputNorm], eps_[2 * l]);
     }
     const torch::Tensor qkv = linear(hidden, t + kQkvWeight, b[0], step);
-    const torch::Tensor attended = attention(qkv, t, heads, scales[l], windows[l], step);
+    const torch::Tensor attended = attention(qkv, t, heads_, scales_[l], windows_[l], step);
     std::tie(hidden, residual) = fused_add_rms_norm(linear(attended, t + kOWeight, b[1], step),
-                                                    residual, t[kPostNorm], eps[2 * l + 1]);
+                                                    residual, t[kPostNorm], eps_[2 * l + 1]);
     const torch::Tensor gate_up = linear(hidden, t + kGateUpWeight, b[2], step);
     hidden = linear(silu_and_mul(gate_up), t + kDownWeight, b[3], step);
   }

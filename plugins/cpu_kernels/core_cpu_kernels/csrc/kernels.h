@@ -8,6 +8,7 @@
 
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 // Decode attention over a paged KV cache, in the query's dtype or FP8 with its scales
@@ -57,11 +58,14 @@ void rotary_embedding(const torch::Tensor& positions, torch::Tensor query, torch
 // per run of 32: quant_linear.h's Int8Kernels); `prefill` then picks how prefill-sized x
 // is multiplied: "int8", "bf16" (the strip GEMM), or "" for quant_linear_prefill's choice.
 // With `batch_invariant`, every row count takes the GEMV, whose sums for a row read that
-// row alone in one order (core.batch_invariant); int8_x and strips are then refused.
+// row alone in one order (core.batch_invariant); int8_x, strips and interleaved are then
+// refused.
 torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
                            const torch::Tensor& scales, const torch::Tensor& mins, int64_t bits,
                            const std::string& isa, bool int8_x, const std::string& prefill,
-                           const c10::optional<torch::Tensor>& strips, bool batch_invariant);
+                           const c10::optional<torch::Tensor>& strips,
+                           const c10::optional<torch::Tensor>& interleaved,
+                           bool batch_invariant);
 
 // W dequantized once to bfloat16 in the strip GEMM's layout (quant_linear.h's pack_strips)
 // for quant_linear's `strips`: where given, bf16 x is multiplied from them by the strip
@@ -70,7 +74,16 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
 torch::Tensor quant_linear_strips(const torch::Tensor& qweight, const torch::Tensor& scales,
                                   const torch::Tensor& mins, int64_t bits, const std::string& isa);
 
+// A 4-bit W in the interleaved layout (quant_linear.h) for quant_linear's `interleaved`:
+// where given, bf16 decode rows (up to the GEMV's tokens) are multiplied from it by the
+// interleaved GEMV (unless int8_x takes them); other calls multiply W as it is. ISA `isa`
+// must have the bf16 dot products (RuntimeError otherwise).
+torch::Tensor quant_linear_interleaved(const torch::Tensor& qweight, const torch::Tensor& scales,
+                                       const torch::Tensor& mins, int64_t bits,
+                                       const std::string& isa);
+
 // Whether ISA `isa` multiplies strips (has the bf16 dot products).
+
 bool quant_linear_has_strips(const std::string& isa);
 
 // The vector ISAs quant_linear can use on this CPU, widest (the default) first.
@@ -99,20 +112,40 @@ torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight,
 // The vector ISAs fp8_linear can use on this CPU, widest (the default) first.
 std::vector<std::string> fp8_linear_isas();
 
-// Plain decoder layers (core.models.layer_stack's PlainLayer) for a step of decode rows,
-// hidden [T, H] with no residual yet: the kernels above in the Python layers' order, on
-// their inputs, so (hidden, residual) are theirs to the bit. Per layer, in order: the
+// Plain decoder layers (core.models.layer_stack's PlainLayer), gathered once, for steps of
+// decode rows: a step passes only its own tensors, where a call per step with every
+// layer's tensors spent ~0.2 ms converting them (SmolLM2's 630). Per layer, in order: the
 // tensors of decode_layers.cpp's LayerTensor (norm weights, packed weights each with its
-// bf16 strips or an empty tensor, rotary tables, a contiguous KV cache in the model's
-// dtype), 4 bits (qkv, o, gate_up, down), 2
-// eps (input, post), an attention scale and a sliding window (0: none); heads is
-// (query heads, KV heads, head size). key_rows [T] are the new tokens' K rows in each
-// cache seen as [rows, KV heads, head size] (V rows block_size further); isa and int8_x
-// as quant_linear takes them.
-std::tuple<torch::Tensor, torch::Tensor> decode_layers(
-    torch::Tensor hidden, const torch::Tensor& positions,
-    const std::vector<torch::Tensor>& tensors, const std::vector<int64_t>& bits,
-    const std::vector<double>& eps, const std::vector<double>& scales,
-    const std::vector<int64_t>& windows, const std::vector<int64_t>& heads,
-    const torch::Tensor& block_table, const torch::Tensor& seq_lens,
-    const torch::Tensor& key_rows, int64_t block_size, const std::string& isa, bool int8_x);
+// bf16 strips, its interleaved layout or an empty tensor, rotary tables, a contiguous KV
+// cache in the model's dtype), 4 bits (qkv, o, gate_up, down), 2 eps (input, post), an
+// attention scale and a sliding window (0: none); heads is (query heads, KV heads, head
+// size). `watched` are the tensors the copies were made from: `stale` says whether one was
+// written in place since (the copies are then the caller's to make again).
+class DecodeLayers {
+ public:
+  DecodeLayers(std::vector<torch::Tensor> tensors, std::vector<int64_t> bits,
+               std::vector<double> eps, std::vector<double> scales,
+               std::vector<int64_t> windows, std::vector<int64_t> heads, int64_t block_size,
+               const std::vector<torch::Tensor>& watched);
+
+  bool stale() const;
+
+  // hidden [T, H] with no residual yet through every layer: the kernels above in the
+  // Python layers' order, on their inputs, so (hidden, residual) are theirs to the bit.
+  // key_rows [T] are the new tokens' K rows in each cache seen as [rows, KV heads, head
+  // size] (V rows block_size further); isa and int8_x as quant_linear takes them.
+  std::tuple<torch::Tensor, torch::Tensor> operator()(
+      torch::Tensor hidden, const torch::Tensor& positions, const torch::Tensor& block_table,
+      const torch::Tensor& seq_lens, const torch::Tensor& key_rows, const std::string& isa,
+      bool int8_x) const;
+
+ private:
+  std::vector<torch::Tensor> tensors_;
+  std::vector<int64_t> bits_;
+  std::vector<double> eps_;
+  std::vector<double> scales_;
+  std::vector<int64_t> windows_;
+  std::vector<int64_t> heads_;
+  int64_t block_size_;
+  std::vector<std::pair<torch::Tensor, int64_t>> watched_;
+};

@@ -1,8 +1,8 @@
 // core::quant_linear's kernels for CPUs with AVX512_BF16 (and so AVX512_VNNI): its AVX-512
 // float32 kernels, and for bfloat16 activations a blocked GEMM on vdpbf16ps, which
 // multiplies 16 lanes of bf16 pairs and adds both products to float32 lanes (twice the
-// multiply-adds of a float32 FMA per instruction), and the int8 GEMM on vpdpbusd
-// (quant_linear_vnni.h).
+// multiply-adds of a float32 FMA per instruction), the interleaved GEMV for decode rows
+// (quant_linear_interleaved.h), and the int8 GEMM on vpdpbusd (quant_linear_vnni.h).
 
 #include "quant_linear.h"
 
@@ -17,6 +17,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 #include "avx512_vec.h"
+#include "quant_linear_interleaved.h"
 #include "quant_linear_isa.h"
 #include "quant_linear_vnni.h"
 
@@ -223,7 +224,8 @@ void packed_strip_gemm(const uint16_t* strips, int64_t k, int64_t n0, int64_t n1
 }
 
 const Bf16Kernels kBf16{&pack_tokens<Avx512, Bf16Dot>, &gemm<Avx512, Bf16Dot>, &strip_gemm,
-                        &pack_strips, &packed_strip_gemm};
+                        &pack_strips,  &packed_strip_gemm,        &pack_interleaved,
+                        &interleaved_gemv};
 
 const Int8Kernels kInt8{&quantize_tokens, &int8_gemm};
 

@@ -16,8 +16,10 @@
 // multiplies it with torch's GEMM; or the int8 GEMM's blocks where they measure faster on
 // this CPU (int8_prefills). A call never dequantizes all of W; the caller may keep W
 // dequantized once in the strip GEMM's layout (quant_linear_strips), and bfloat16 x given
-// those strips takes the strip GEMM from them, whatever its token count. The vector ISA is
-// probed once (quant_linear_isas lists the ones this CPU runs).
+// those strips takes the strip GEMM from them, whatever its token count; or a 4-bit W in the
+// interleaved layout (quant_linear_interleaved), which bfloat16 decode rows take the
+// interleaved GEMV from. The vector ISA is probed once (quant_linear_isas lists the ones
+// this CPU runs).
 
 #include <torch/types.h>
 #include <ATen/Parallel.h>
@@ -261,6 +263,25 @@ void strip_gemm(const ql::Bf16Kernels& bf16, const ql::PackedWeight& w, const to
   });
 }
 
+// The interleaved GEMV (bfloat16 decode rows, a 4-bit W in the interleaved layout at
+// `blocks`): threads split W at whole blocks of rows.
+void interleaved_gemv(const ql::Bf16Kernels& bf16, const ql::PackedWeight& w,
+                      const torch::Tensor& x, torch::Tensor& out, const uint8_t* blocks) {
+  const int64_t num_tokens = x.size(0), n = out.size(1);
+  std::vector<float> x_buffer, sums(num_tokens * w.groups());
+  group_sums(core_cpu::float_rows<at::BFloat16>(x, x_buffer), num_tokens, w.k, w.group_size,
+             sums.data());
+  const int64_t num_blocks = (n + ql::kInterleavedRows - 1) / ql::kInterleavedRows;
+  const int64_t grain = kMacsPerTask / (ql::kInterleavedRows * w.k * num_tokens) + 1;
+  const auto* xb = static_cast<const uint16_t*>(x.data_ptr());
+  auto* ob = static_cast<uint16_t*>(out.data_ptr());
+  at::parallel_for(0, num_blocks, grain, [&](int64_t begin, int64_t end) {
+    bf16.interleaved_gemv(blocks, w.k, w.group_size, begin * ql::kInterleavedRows,
+                          std::min(end * ql::kInterleavedRows, n), xb, sums.data(), num_tokens,
+                          ob, n);
+  });
+}
+
 // Rows per GEMM tile: a tile fits kTileBytes, and the tiles split evenly between the
 // threads (at 4 tiles for 2 threads where 3.3 would fit, one thread did half more work).
 int64_t tile_rows(int64_t n, int64_t k, int64_t element_size) {
@@ -361,7 +382,42 @@ const uint16_t* checked_strips(const torch::Tensor& strips, const ql::PackedWeig
   return static_cast<const uint16_t*>(strips.data_ptr());
 }
 
+// Bytes of W's interleaved layout: N rounded up to whole blocks, each group's record.
+int64_t interleaved_bytes(const ql::PackedWeight& w, int64_t n) {
+  const int64_t blocks = (n + ql::kInterleavedRows - 1) / ql::kInterleavedRows;
+  return blocks * w.groups() * ql::interleaved_group_bytes(w.group_size);
+}
+
+const uint8_t* checked_interleaved(const torch::Tensor& interleaved, const ql::PackedWeight& w,
+                                   int64_t n) {
+  TORCH_CHECK(w.bits == 4, "quant_linear: only 4-bit weights have an interleaved layout");
+  TORCH_CHECK(interleaved.device().is_cpu() && interleaved.scalar_type() == torch::kByte &&
+                  interleaved.is_contiguous() && interleaved.numel() == interleaved_bytes(w, n),
+              "quant_linear: interleaved must be a contiguous uint8 CPU tensor of ",
+              interleaved_bytes(w, n), " bytes (quant_linear_interleaved of this weight)");
+  return static_cast<const uint8_t*>(interleaved.data_ptr());
+}
+
 }  // namespace
+
+torch::Tensor quant_linear_interleaved(const torch::Tensor& qweight, const torch::Tensor& scales,
+                                       const torch::Tensor& mins, int64_t bits,
+                                       const std::string& isa) {
+  const ql::IsaKernels& kernels = isas().choose(isa);
+  TORCH_CHECK(kernels.bf16 != nullptr, "quant_linear_interleaved: ISA ", kernels.name,
+              " has no bf16 dot products to multiply an interleaved weight with");
+  TORCH_CHECK(bits == 4, "quant_linear_interleaved: only 4-bit weights interleave, got ", bits);
+  const ql::PackedWeight w = packed_weight(qweight, scales, mins, bits);
+  const int64_t n = qweight.size(0);
+  torch::Tensor blocks = torch::empty({interleaved_bytes(w, n)}, torch::kByte);
+  auto* out = static_cast<uint8_t*>(blocks.data_ptr());
+  const int64_t num_blocks = (n + ql::kInterleavedRows - 1) / ql::kInterleavedRows;
+  at::parallel_for(0, num_blocks, 1, [&](int64_t begin, int64_t end) {
+    kernels.bf16->pack_interleaved(w, begin * ql::kInterleavedRows,
+                                   std::min(end * ql::kInterleavedRows, n), out);
+  });
+  return blocks;
+}
 
 torch::Tensor quant_linear_strips(const torch::Tensor& qweight, const torch::Tensor& scales,
                                   const torch::Tensor& mins, int64_t bits,
@@ -383,10 +439,15 @@ torch::Tensor quant_linear_strips(const torch::Tensor& qweight, const torch::Ten
 torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
                            const torch::Tensor& scales, const torch::Tensor& mins, int64_t bits,
                            const std::string& isa, bool int8_x, const std::string& prefill,
-                           const c10::optional<torch::Tensor>& strips, bool batch_invariant) {
+                           const c10::optional<torch::Tensor>& strips,
+                           const c10::optional<torch::Tensor>& interleaved,
+                           bool batch_invariant) {
   const ql::IsaKernels& kernels = isas().choose(isa);
-  TORCH_CHECK(!batch_invariant || (!int8_x && !strips.has_value()),
-              "quant_linear: batch_invariant takes the GEMV alone: not with int8_x or strips");
+  TORCH_CHECK(!batch_invariant || (!int8_x && !strips.has_value() && !interleaved.has_value()),
+              "quant_linear: batch_invariant takes the GEMV alone: not with int8_x, strips or "
+              "interleaved");
+  TORCH_CHECK(!strips.has_value() || !interleaved.has_value(),
+              "quant_linear: one copy of W at a time: strips or interleaved");
   TORCH_CHECK(prefill.empty() || prefill == kInt8 || prefill == kBf16,
               "quant_linear: prefill must be \"int8\", \"bf16\" or \"\", got '", prefill, "'");
   const ql::PackedWeight w = packed_weight(qweight, scales, mins, bits);
@@ -415,6 +476,9 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
     core_cpu::dispatch_dtype(x, "quant_linear", [&](auto zero) {
       gemv<decltype(zero)>(kernels, w, x, out, /*invariant=*/true, unpacked);
     });
+  } else if (interleaved.has_value() && bf16 != nullptr && int8 == nullptr &&
+             num_tokens <= kGemvMaxTokens) {
+    interleaved_gemv(*bf16, w, x, out, checked_interleaved(*interleaved, w, out.size(1)));
   } else if (strips.has_value() && bf16 != nullptr && int8 == nullptr) {
     strip_gemm(*bf16, w, x, out, checked_strips(*strips, w, out.size(1)));
   } else if (num_tokens > blocked_max && (int8 == nullptr || !int8_prefills(kernels, prefill))) {
