@@ -15,7 +15,7 @@ core::linear (x [rows, K], weight [N, K], bias [N] | None), weight format = its 
 core::quant_linear (x [rows, K], qweight, scales, mins, bits), format "q{bits}/{x dtype}":
   packed        the C++ kernels on the packed weight (GEMV, blocked and tiled GEMMs)
   strips        bf16 dot products on a copy of W dequantized once to bf16 strips
-  interleaved   bf16 decode rows times a 4-bit W laid out once in blocks of 16 rows
+  interleaved   bf16 decode rows times W laid out once in blocks of 16 rows
                 (`_C.quant_linear_interleaved`: as many bytes as W), its values widened
                 16 rows at a time; past the GEMV's rows, the packed kernels
   dequantized   torch's BLAS on a copy of W dequantized once to x's dtype
@@ -83,6 +83,7 @@ PROVIDER = "core-cpu-kernels"
 _STRIP_ROWS = 64  # the strips' rows (quant_linear.h's kStripRows)
 _INTERLEAVED_ROWS = 16  # an interleaved block's rows (quant_linear.h's kInterleavedRows)
 _COPY_GROUP = 32  # the group size `Interleaved.copy_bytes` counts (a problem has none)
+_INTERLEAVED_FORMATS = ("q4/bfloat16", "q8/bfloat16")
 
 
 def linear_problem(weight: torch.Tensor) -> Problem:
@@ -118,10 +119,10 @@ def _strips_bytes(n: int, k: int) -> int:
     return -(-n // _STRIP_ROWS) * _STRIP_ROWS * k * 2
 
 
-def _interleaved_bytes(n: int, k: int, groups: int) -> int:
-    """A 4-bit weight's interleaved layout: n rounded up to whole blocks, each row's k
-    nibbles and a float32 scale and shifted min a group."""
-    return -(-n // _INTERLEAVED_ROWS) * _INTERLEAVED_ROWS * (k // 2 + groups * 8)
+def _interleaved_bytes(n: int, k: int, groups: int, bits: int) -> int:
+    """A weight's interleaved layout: n rounded up to whole blocks, each row's k values and
+    a float32 scale and min a group."""
+    return -(-n // _INTERLEAVED_ROWS) * _INTERLEAVED_ROWS * (k * bits // 8 + groups * 8)
 
 
 # -- core::linear ------------------------------------------------------------------------
@@ -216,13 +217,14 @@ class Interleaved(KernelCandidate):
 
     def takes(self, problem: Problem) -> bool:
         # With int8 activations asked for, bf16 x takes them (the packed kernels) only.
-        return problem.format == "q4/bfloat16" and not int8_activations()
+        return problem.format in _INTERLEAVED_FORMATS and not int8_activations()
 
     def copy_bytes(self, problem: Problem) -> int:
-        # GGUF's 4-bit groups; a weight of larger groups keeps fewer scales (a problem does
-        # not say its group size).
+        # GGUF's groups; a weight of larger groups keeps fewer scales (a problem does not
+        # say its group size).
         n, k = problem.shape
-        return _interleaved_bytes(n, k, k // _COPY_GROUP)
+        bits = int(problem.format.partition("/")[0].removeprefix("q"))
+        return _interleaved_bytes(n, k, k // _COPY_GROUP, bits)
 
     def __call__(self, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                  mins: torch.Tensor, bits: int) -> Any:  # fmt: skip
@@ -233,10 +235,11 @@ class Interleaved(KernelCandidate):
 
 def interleaved_of(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
                    bits: int) -> torch.Tensor | None:  # fmt: skip
-    """The 4-bit weight's interleaved layout the interleaved candidate multiplies by
+    """The weight's interleaved layout the interleaved candidate multiplies by
     (weight_copies.py's copy), or None where the copies' budget is spent (the packed
     kernels then serve)."""
-    num_bytes = _interleaved_bytes(qweight.shape[0], num_inputs(qweight, bits), scales.shape[1])
+    k = num_inputs(qweight, bits)
+    num_bytes = _interleaved_bytes(qweight.shape[0], k, scales.shape[1], bits)
     return weight_copies.copy_of(
         "interleaved", (qweight, scales, mins), num_bytes,
         lambda: _C.quant_linear_interleaved(qweight, scales, mins, bits),

@@ -16,6 +16,7 @@ dtypes or layouts the kernels take through another path.
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -80,6 +81,20 @@ class DecodeStack:
         # The gathered layers in C++, and the copies they multiply by.
         self._layers: tuple[list[CopyOf | None], Any] | None = None
 
+    # What each step reads of the modules, collected once (a step's Python is a share of
+    # its time at one stream).
+    @functools.cached_property
+    def _attention(self) -> list[torch.nn.Module]:
+        return [layer.attn for layer in self.layers]
+
+    @functools.cached_property
+    def _layer_names(self) -> list[str]:
+        return [attn.layer_name for attn in self._attention]
+
+    @functools.cached_property
+    def _linear_modules(self) -> list[torch.nn.Module]:
+        return [linear for layer in self.layers for linear in _linears(layer)]
+
     def __call__(
         self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -96,10 +111,10 @@ class DecodeStack:
             return None
         context = get_forward_context()
         per_layer = context.attn_metadata
-        metadata = per_layer.get(self.layers[0].attn.layer_name)
+        metadata = per_layer.get(self._layer_names[0])
         if context.kv_connector is not None or not _decode_only(metadata, hidden.shape[0]):
             return None
-        if any(per_layer.get(layer.attn.layer_name) is not metadata for layer in self.layers):
+        if any(per_layer.get(name) is not metadata for name in self._layer_names):
             return None
         gathered = self._current(hidden)
         copies = None if gathered is None else _copies_chosen(gathered.problems, hidden)
@@ -138,11 +153,12 @@ class DecodeStack:
         return self._gathered
 
     def _binding(self, dtype: torch.dtype) -> list[Any]:
-        bound: list[Any] = [dtype]
-        for layer in self.layers:
-            bound += [layer.attn.impl, layer.attn.kv_cache]
-            bound += [linear.linear_method for linear in _linears(layer)]
-        return bound
+        return [
+            dtype,
+            *[attn.impl for attn in self._attention],
+            *[attn.kv_cache for attn in self._attention],
+            *[linear.linear_method for linear in self._linear_modules],
+        ]
 
 
 def _gather(layers: list[PlainLayer], dtype: torch.dtype) -> _Gathered | None:

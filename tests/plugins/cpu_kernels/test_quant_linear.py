@@ -521,47 +521,44 @@ def test_an_isa_without_bf16_dot_products_makes_no_strips():
         _C.quant_linear_strips(*packed, 4, "avx512")
 
 
-# (group size, N, K) of 4-bit weights: every group size, N cutting a partial last block.
-INTERLEAVED_LAYOUTS = [(32, 1000, 96), (64, 200, 576), (128, 40, 1536)]
-
-
-def _interleaved(packed: tuple) -> torch.Tensor:
-    return _C.quant_linear_interleaved(*packed, 4, "avx512_bf16")
+def _interleaved(packed: tuple, bits: int = 4) -> torch.Tensor:
+    return _C.quant_linear_interleaved(*packed, bits, "avx512_bf16")
 
 
 @ON_STRIPS
-@pytest.mark.parametrize(("group", "n", "k"), INTERLEAVED_LAYOUTS)
+@pytest.mark.parametrize(("bits", "group", "n", "k"), LAYOUTS)  # N cuts a partial last block
 @pytest.mark.parametrize("t", [1, 2, 3, 4, 5, 7, 8])
-def test_the_interleaved_gemv_matches_the_float32_reference(group, n, k, t):
-    packed = _packed(4, group, n, k)
+def test_the_interleaved_gemv_matches_the_float32_reference(bits, group, n, k, t):
+    packed = _packed(bits, group, n, k)
     x = _activations(t, k, torch.bfloat16)
-    got = _C.quant_linear(x, *packed, 4, "avx512_bf16", interleaved=_interleaved(packed))
-    _assert_matches(got, x, packed, 4, "avx512_bf16")
+    got = _C.quant_linear(x, *packed, bits, "avx512_bf16", interleaved=_interleaved(packed, bits))
+    _assert_matches(got, x, packed, bits, "avx512_bf16")
 
 
 @ON_STRIPS
+@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("t", [1, 8, 9, 33])
-def test_decode_rows_are_multiplied_from_the_interleaved_copy_and_more_rows_from_w(t):
-    packed = _packed(4, 32, 200, 576)
+def test_decode_rows_are_multiplied_from_the_interleaved_copy_and_more_rows_from_w(bits, t):
+    packed = _packed(bits, 32, 200, 576)
     x = _activations(t, 576, torch.bfloat16)
-    # A zeroed copy holds zero scales and shifted mins: every output it gives is 0.
-    blank = torch.zeros_like(_interleaved(packed))
-    got = _C.quant_linear(x, *packed, 4, "avx512_bf16", interleaved=blank)
+    # A zeroed copy holds zero scales and mins: every output it gives is 0.
+    blank = torch.zeros_like(_interleaved(packed, bits))
+    got = _C.quant_linear(x, *packed, bits, "avx512_bf16", interleaved=blank)
     if t <= GEMV_MAX_TOKENS:
         assert not got.any()
     else:
-        assert torch.equal(got, _C.quant_linear(x, *packed, 4, "avx512_bf16"))
+        assert torch.equal(got, _C.quant_linear(x, *packed, bits, "avx512_bf16"))
 
 
 @ON_STRIPS
-def test_an_interleaved_copy_of_another_weight_or_width_is_refused():
+def test_an_interleaved_copy_of_another_layout_is_refused():
     packed = _packed(4, 32, 200, 576)
     x = _activations(1, 576, torch.bfloat16)
-    other = _interleaved(_packed(4, 64, 200, 576))  # fewer scales: fewer bytes
-    with pytest.raises(RuntimeError, match="quant_linear_interleaved of this weight"):
-        _C.quant_linear(x, *packed, 4, "avx512_bf16", interleaved=other)
-    with pytest.raises(RuntimeError, match="only 4-bit weights interleave"):
-        _C.quant_linear_interleaved(*_packed(8, 32, 40, 96), 8, "avx512_bf16")
+    # Larger groups (fewer scales), and 8-bit values (twice the bytes).
+    for bits, group in [(4, 64), (8, 32)]:
+        other = _interleaved(_packed(bits, group, 200, 576), bits)
+        with pytest.raises(RuntimeError, match="quant_linear_interleaved of this weight"):
+            _C.quant_linear(x, *packed, 4, "avx512_bf16", interleaved=other)
     with pytest.raises(RuntimeError, match="one copy of W at a time"):
         _C.quant_linear(x, *packed, 4, "avx512_bf16", interleaved=_interleaved(packed),
                         strips=_C.quant_linear_strips(*packed, 4))  # fmt: skip
@@ -584,13 +581,11 @@ def test_the_interleaved_kernel_lays_a_weight_out_once(monkeypatch):
 
 @pytest.mark.parametrize(
     ("fmt", "int8", "takes"),
-    [("q4/bfloat16", "", True), ("q4/float32", "", False), ("q8/bfloat16", "", False),
-     ("q4/bfloat16", "1", False)],
-    ids=["4-bit bf16 x", "float32 x", "8-bit", "int8 activations"],
+    [("q4/bfloat16", "", True), ("q8/bfloat16", "", True), ("q4/float32", "", False),
+     ("q8/float32", "", False), ("q4/bfloat16", "1", False)],
+    ids=["4-bit bf16 x", "8-bit bf16 x", "4-bit float32 x", "8-bit float32 x", "int8 activations"],
 )  # fmt: skip
-def test_the_interleaved_kernel_takes_4_bit_weights_and_bf16_activations(
-    fmt, int8, takes, monkeypatch
-):
+def test_the_interleaved_kernel_takes_bf16_activations(fmt, int8, takes, monkeypatch):
     monkeypatch.setenv("CORE_CPU_INT8_ACTIVATIONS", int8)
     problem = Problem("quant_linear", fmt, (200, 576))
     assert candidates.Interleaved().takes(problem) is takes

@@ -39,7 +39,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("strips") = py::none(), py::arg("interleaved") = py::none(),
         py::arg("batch_invariant") = false);
   m.def("quant_linear_interleaved", &quant_linear_interleaved, kNoGil,
-        "A 4-bit weight in the interleaved layout, for quant_linear's interleaved GEMV",
+        "A packed weight in the interleaved layout, for quant_linear's interleaved GEMV",
         py::arg("qweight"), py::arg("scales"), py::arg("mins"), py::arg("bits"),
         py::arg("isa") = "");
   m.def("quant_linear_strips", &quant_linear_strips, kNoGil,

@@ -74,7 +74,7 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
 torch::Tensor quant_linear_strips(const torch::Tensor& qweight, const torch::Tensor& scales,
                                   const torch::Tensor& mins, int64_t bits, const std::string& isa);
 
-// A 4-bit W in the interleaved layout (quant_linear.h) for quant_linear's `interleaved`:
+// W in the interleaved layout (quant_linear.h) for quant_linear's `interleaved`:
 // where given, bf16 decode rows (up to the GEMV's tokens) are multiplied from it by the
 // interleaved GEMV (unless int8_x takes them); other calls multiply W as it is. ISA `isa`
 // must have the bf16 dot products (RuntimeError otherwise).

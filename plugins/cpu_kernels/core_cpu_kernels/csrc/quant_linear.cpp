@@ -16,7 +16,7 @@
 // multiplies it with torch's GEMM; or the int8 GEMM's blocks where they measure faster on
 // this CPU (int8_prefills). A call never dequantizes all of W; the caller may keep W
 // dequantized once in the strip GEMM's layout (quant_linear_strips), and bfloat16 x given
-// those strips takes the strip GEMM from them, whatever its token count; or a 4-bit W in the
+// those strips takes the strip GEMM from them, whatever its token count; or W in the
 // interleaved layout (quant_linear_interleaved), which bfloat16 decode rows take the
 // interleaved GEMV from. The vector ISA is probed once (quant_linear_isas lists the ones
 // this CPU runs).
@@ -263,8 +263,8 @@ void strip_gemm(const ql::Bf16Kernels& bf16, const ql::PackedWeight& w, const to
   });
 }
 
-// The interleaved GEMV (bfloat16 decode rows, a 4-bit W in the interleaved layout at
-// `blocks`): threads split W at whole blocks of rows.
+// The interleaved GEMV (bfloat16 decode rows, W in the interleaved layout at `blocks`):
+// threads split W at whole blocks of rows.
 void interleaved_gemv(const ql::Bf16Kernels& bf16, const ql::PackedWeight& w,
                       const torch::Tensor& x, torch::Tensor& out, const uint8_t* blocks) {
   const int64_t num_tokens = x.size(0), n = out.size(1);
@@ -276,7 +276,7 @@ void interleaved_gemv(const ql::Bf16Kernels& bf16, const ql::PackedWeight& w,
   const auto* xb = static_cast<const uint16_t*>(x.data_ptr());
   auto* ob = static_cast<uint16_t*>(out.data_ptr());
   at::parallel_for(0, num_blocks, grain, [&](int64_t begin, int64_t end) {
-    bf16.interleaved_gemv(blocks, w.k, w.group_size, begin * ql::kInterleavedRows,
+    bf16.interleaved_gemv(blocks, w.k, w.group_size, w.bits, begin * ql::kInterleavedRows,
                           std::min(end * ql::kInterleavedRows, n), xb, sums.data(), num_tokens,
                           ob, n);
   });
@@ -385,12 +385,11 @@ const uint16_t* checked_strips(const torch::Tensor& strips, const ql::PackedWeig
 // Bytes of W's interleaved layout: N rounded up to whole blocks, each group's record.
 int64_t interleaved_bytes(const ql::PackedWeight& w, int64_t n) {
   const int64_t blocks = (n + ql::kInterleavedRows - 1) / ql::kInterleavedRows;
-  return blocks * w.groups() * ql::interleaved_group_bytes(w.group_size);
+  return blocks * w.groups() * ql::interleaved_group_bytes(w.group_size, w.bits);
 }
 
 const uint8_t* checked_interleaved(const torch::Tensor& interleaved, const ql::PackedWeight& w,
                                    int64_t n) {
-  TORCH_CHECK(w.bits == 4, "quant_linear: only 4-bit weights have an interleaved layout");
   TORCH_CHECK(interleaved.device().is_cpu() && interleaved.scalar_type() == torch::kByte &&
                   interleaved.is_contiguous() && interleaved.numel() == interleaved_bytes(w, n),
               "quant_linear: interleaved must be a contiguous uint8 CPU tensor of ",
@@ -406,7 +405,6 @@ torch::Tensor quant_linear_interleaved(const torch::Tensor& qweight, const torch
   const ql::IsaKernels& kernels = isas().choose(isa);
   TORCH_CHECK(kernels.bf16 != nullptr, "quant_linear_interleaved: ISA ", kernels.name,
               " has no bf16 dot products to multiply an interleaved weight with");
-  TORCH_CHECK(bits == 4, "quant_linear_interleaved: only 4-bit weights interleave, got ", bits);
   const ql::PackedWeight w = packed_weight(qweight, scales, mins, bits);
   const int64_t n = qweight.size(0);
   torch::Tensor blocks = torch::empty({interleaved_bytes(w, n)}, torch::kByte);

@@ -70,33 +70,37 @@ struct Bf16Kernels {
   // strip_gemm on W already in pack_strips' layout, for any rows [n0, n1).
   void (*packed_strip_gemm)(const uint16_t* strips, int64_t k, int64_t n0, int64_t n1,
                             const uint16_t* x, int64_t num_tokens, uint16_t* out, int64_t ldo);
-  // A 4-bit W's rows [n0, n1) (n0 a multiple of kInterleavedRows) in the interleaved layout
-  // below, their blocks from `blocks` on; rows past N (W's last block) are zeros.
+  // W's rows [n0, n1) (n0 a multiple of kInterleavedRows) in the interleaved layout below,
+  // their blocks from `blocks` on; rows past N (W's last block) are zeros.
   void (*pack_interleaved)(const PackedWeight& w, int64_t n0, int64_t n1, uint8_t* blocks);
   // The interleaved GEMV: out[t * ldo + n] rounded to bfloat16 (bits), for n in [n0, n1)
   // (n0 a multiple of kInterleavedRows) and each of num_tokens tokens of x (bf16 bits,
   // [num_tokens, k]) with their float32 sums per group, group_sums [num_tokens, groups].
-  void (*interleaved_gemv)(const uint8_t* blocks, int64_t k, int64_t group_size, int64_t n0,
-                           int64_t n1, const uint16_t* x, const float* group_sums,
+  void (*interleaved_gemv)(const uint8_t* blocks, int64_t k, int64_t group_size, int bits,
+                           int64_t n0, int64_t n1, const uint16_t* x, const float* group_sums,
                            int64_t num_tokens, uint16_t* out, int64_t ldo);
 };
 
-// The interleaved layout of a 4-bit W, for decode rows on the bf16 dot products
-// (quant_linear_interleaved.h). One 16-byte unit of the packed layout holds 32 inputs of
-// one row, so a GEMV over it widens and converts each row's values on their own and pays
-// a group's scale per row; here a vector holds one input pair of 16 rows, so each step
+// The interleaved layout of W, for decode rows on the bf16 dot products
+// (quant_linear_interleaved.h). One 16-byte unit of the packed layout holds inputs of one
+// row, so a GEMV over it widens and converts each row's values on their own and pays a
+// group's scale per row; here a vector holds one input pair of 16 rows, so each step
 // widens 16 rows at once and a group's scales are one vector. W's rows in blocks of
-// kInterleavedRows; block b's group g takes interleaved_group_bytes(G) bytes at
-// (b * groups + g) * interleaved_group_bytes(G):
-//   G / 4 steps of 32 bytes, step s's byte 2j + p (row j of the block, p < 2) holding
-//     q[j, g * G + 4s + p] in its low nibble and q[j, g * G + 4s + 2 + p] in its high one;
+// kInterleavedRows; block b's group g takes interleaved_group_bytes(G, bits) bytes at
+// (b * groups + g) * interleaved_group_bytes(G, bits):
+//   steps of 32 bytes, byte 2j + p of step s (row j of the block, p < 2) holding
+//     4-bit (G / 4 steps): q[j, g * G + 4s + p] in its low nibble and q[j, g * G + 4s + 2 +
+//       p] in its high one;
+//     8-bit (G / 2 steps): q[j, g * G + 2s + p] + 128;
 //   the block's 16 scales[j, g] (float32);
-//   the block's 16 mins[j, g] + 8 * scales[j, g] (float32, rounded once): the kernel
-//     multiplies q - 8 (exact in bfloat16), so x's sums carry the rest.
+//   the block's 16 mins: 4-bit mins[j, g] + 8 * scales[j, g] (float32, rounded once: the
+//     kernel multiplies q - 8, exact in bfloat16, and x's sums carry the rest); 8-bit
+//     mins[j, g] (the kernel multiplies q exactly, as 16 (u / 16 - 8) + u % 16, u = q + 128).
 // It holds as many bytes as the packed weight (N rounded up to whole blocks).
 constexpr int64_t kInterleavedRows = 16;
-constexpr int64_t interleaved_group_bytes(int64_t group_size) {
-  return group_size / 4 * 32 + 2 * kInterleavedRows * static_cast<int64_t>(sizeof(float));
+constexpr int64_t interleaved_group_bytes(int64_t group_size, int bits) {
+  return group_size * bits * kInterleavedRows / 8 +
+         2 * kInterleavedRows * static_cast<int64_t>(sizeof(float));
 }
 
 // The most weight rows gemv_unpacked holds unpacked at once.
