@@ -84,6 +84,17 @@ def test_int8_activations_run_in_the_stack_as_in_the_layers(llm, served, monkeyp
     assert _generate(llm, params) == stacked
 
 
+def _assert_stacked_as_layers(llm, params, served, monkeypatch, unlike) -> None:
+    """With the stack serving every decode step, the outputs differ from `unlike` and equal
+    the layers' run one by one, to the bit."""
+    served.clear()
+    stacked = _generate(llm, params)
+    assert served.count(True) >= params.max_tokens - 1
+    assert stacked != unlike
+    _without_stack(monkeypatch)
+    assert _generate(llm, params) == stacked
+
+
 def _choose(monkeypatch, kernels: dict[tuple[int, int], str]) -> None:
     """Every quant_linear problem served by the candidate named for its weight's shape in
     `kernels` (default "packed") at every row count, as a measured choice would."""
@@ -106,14 +117,9 @@ def test_layers_whose_kernel_choice_keeps_a_copy_run_in_the_stack_on_it(
     packed = _generate(llm, params)
     # SmolLM2's gate_up_proj: [3072, 576]; the other shapes stay on the packed GEMV.
     _choose(monkeypatch, {(3072, 576): kernel})
-    served.clear()
-    mixed = _generate(llm, params)
-    assert served.count(True) >= params.max_tokens - 1
     # gate_up multiplied W rounded to bf16 (strips) or summed in another order
     # (interleaved): the logprobs moved.
-    assert mixed != packed
-    _without_stack(monkeypatch)
-    assert _generate(llm, params) == mixed
+    _assert_stacked_as_layers(llm, params, served, monkeypatch, unlike=packed)
 
 
 def test_a_linear_method_wrapped_after_the_first_step_is_run_by_the_layers(
@@ -164,12 +170,7 @@ def test_a_weight_written_in_place_reaches_the_stack_through_a_fresh_copy(served
     weight = gate_up.linear_method.packed_weight(gate_up)
     with torch.no_grad():
         weight.scales.mul_(1.5)  # what a weight update does: the same tensor, new values
-    served.clear()
-    after = _generate(llm, params)
-    assert served.count(True) >= params.max_tokens - 1
-    assert after != before
-    _without_stack(monkeypatch)
-    assert _generate(llm, params) == after
+    _assert_stacked_as_layers(llm, params, served, monkeypatch, unlike=before)
 
 
 class _Plain:

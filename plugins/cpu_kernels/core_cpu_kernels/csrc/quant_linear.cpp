@@ -373,28 +373,44 @@ int64_t strips_numel(const ql::PackedWeight& w, int64_t n) {
   return (n + ql::kStripRows - 1) / ql::kStripRows * ql::kStripRows * w.k;
 }
 
-const uint16_t* checked_strips(const torch::Tensor& strips, const ql::PackedWeight& w,
-                               int64_t n) {
-  TORCH_CHECK(strips.device().is_cpu() && strips.scalar_type() == torch::kBFloat16 &&
-                  strips.is_contiguous() && strips.numel() == strips_numel(w, n),
-              "quant_linear: strips must be a contiguous bfloat16 CPU tensor of ",
-              strips_numel(w, n), " values (quant_linear_strips of this weight)");
-  return static_cast<const uint16_t*>(strips.data_ptr());
-}
-
 // Bytes of W's interleaved layout: N rounded up to whole blocks, each group's record.
 int64_t interleaved_bytes(const ql::PackedWeight& w, int64_t n) {
   const int64_t blocks = (n + ql::kInterleavedRows - 1) / ql::kInterleavedRows;
   return blocks * w.groups() * ql::interleaved_group_bytes(w.group_size, w.bits);
 }
 
-const uint8_t* checked_interleaved(const torch::Tensor& interleaved, const ql::PackedWeight& w,
-                                   int64_t n) {
-  TORCH_CHECK(interleaved.device().is_cpu() && interleaved.scalar_type() == torch::kByte &&
-                  interleaved.is_contiguous() && interleaved.numel() == interleaved_bytes(w, n),
-              "quant_linear: interleaved must be a contiguous uint8 CPU tensor of ",
-              interleaved_bytes(w, n), " bytes (quant_linear_interleaved of this weight)");
-  return static_cast<const uint8_t*>(interleaved.data_ptr());
+// The data of `copy`, quant_linear's argument `name`: W in the layout `made_by` makes, of
+// `numel` contiguous `dtype` (T) elements.
+template <typename T>
+const T* checked_copy(const torch::Tensor& copy, const char* name, torch::ScalarType dtype,
+                      int64_t numel, const char* made_by) {
+  TORCH_CHECK(copy.device().is_cpu() && copy.scalar_type() == dtype && copy.is_contiguous() &&
+                  copy.numel() == numel,
+              "quant_linear: ", name, " must be a contiguous ", dtype, " CPU tensor of ", numel,
+              " elements (", made_by, " of this weight)");
+  return static_cast<const T*>(copy.data_ptr());
+}
+
+// W in one of the bf16 kernels' layouts (made for `what`): `numel(w, N)` zeroed elements
+// of `dtype` (T), filled by `pack(kernels, w, n0, n1, data)` for whole blocks of `block_rows`
+// rows in parallel.
+template <typename T, typename Numel, typename Pack>
+torch::Tensor bf16_layout(const char* what, const torch::Tensor& qweight,
+                          const torch::Tensor& scales, const torch::Tensor& mins, int64_t bits,
+                          const std::string& isa, torch::ScalarType dtype, int64_t block_rows,
+                          Numel numel, Pack pack) {
+  const ql::IsaKernels& kernels = isas().choose(isa);
+  TORCH_CHECK(kernels.bf16 != nullptr, what, ": ISA ", kernels.name,
+              " has no bf16 dot products to multiply its layout with");
+  const ql::PackedWeight w = packed_weight(qweight, scales, mins, bits);
+  const int64_t n = qweight.size(0);
+  torch::Tensor copy = torch::zeros({numel(w, n)}, dtype);
+  auto* out = static_cast<T*>(copy.data_ptr());
+  const int64_t num_blocks = (n + block_rows - 1) / block_rows;
+  at::parallel_for(0, num_blocks, 1, [&](int64_t begin, int64_t end) {
+    pack(*kernels.bf16, w, begin * block_rows, std::min(end * block_rows, n), out);
+  });
+  return copy;
 }
 
 }  // namespace
@@ -402,36 +418,21 @@ const uint8_t* checked_interleaved(const torch::Tensor& interleaved, const ql::P
 torch::Tensor quant_linear_interleaved(const torch::Tensor& qweight, const torch::Tensor& scales,
                                        const torch::Tensor& mins, int64_t bits,
                                        const std::string& isa) {
-  const ql::IsaKernels& kernels = isas().choose(isa);
-  TORCH_CHECK(kernels.bf16 != nullptr, "quant_linear_interleaved: ISA ", kernels.name,
-              " has no bf16 dot products to multiply an interleaved weight with");
-  const ql::PackedWeight w = packed_weight(qweight, scales, mins, bits);
-  const int64_t n = qweight.size(0);
-  torch::Tensor blocks = torch::empty({interleaved_bytes(w, n)}, torch::kByte);
-  auto* out = static_cast<uint8_t*>(blocks.data_ptr());
-  const int64_t num_blocks = (n + ql::kInterleavedRows - 1) / ql::kInterleavedRows;
-  at::parallel_for(0, num_blocks, 1, [&](int64_t begin, int64_t end) {
-    kernels.bf16->pack_interleaved(w, begin * ql::kInterleavedRows,
-                                   std::min(end * ql::kInterleavedRows, n), out);
-  });
-  return blocks;
+  return bf16_layout<uint8_t>(
+      "quant_linear_interleaved", qweight, scales, mins, bits, isa, torch::kByte,
+      ql::kInterleavedRows, interleaved_bytes,
+      [](const ql::Bf16Kernels& bf16, const ql::PackedWeight& w, int64_t n0, int64_t n1,
+         uint8_t* out) { bf16.pack_interleaved(w, n0, n1, out); });
 }
 
 torch::Tensor quant_linear_strips(const torch::Tensor& qweight, const torch::Tensor& scales,
                                   const torch::Tensor& mins, int64_t bits,
                                   const std::string& isa) {
-  const ql::IsaKernels& kernels = isas().choose(isa);
-  TORCH_CHECK(kernels.bf16 != nullptr, "quant_linear_strips: ISA ", kernels.name,
-              " has no bf16 dot products to multiply strips with");
-  const ql::PackedWeight w = packed_weight(qweight, scales, mins, bits);
-  const int64_t n = qweight.size(0);
-  torch::Tensor strips = torch::zeros({strips_numel(w, n)}, torch::kBFloat16);
-  auto* out = static_cast<uint16_t*>(strips.data_ptr());
-  const int64_t num_strips = (n + ql::kStripRows - 1) / ql::kStripRows;
-  at::parallel_for(0, num_strips, 1, [&](int64_t begin, int64_t end) {
-    kernels.bf16->pack_strips(w, begin * ql::kStripRows, std::min(end * ql::kStripRows, n), out);
-  });
-  return strips;
+  return bf16_layout<uint16_t>(
+      "quant_linear_strips", qweight, scales, mins, bits, isa, torch::kBFloat16, ql::kStripRows,
+      strips_numel,
+      [](const ql::Bf16Kernels& bf16, const ql::PackedWeight& w, int64_t n0, int64_t n1,
+         uint16_t* out) { bf16.pack_strips(w, n0, n1, out); });
 }
 
 torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
@@ -476,9 +477,14 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& qweight,
     });
   } else if (interleaved.has_value() && bf16 != nullptr && int8 == nullptr &&
              num_tokens <= kGemvMaxTokens) {
-    interleaved_gemv(*bf16, w, x, out, checked_interleaved(*interleaved, w, out.size(1)));
+    const uint8_t* blocks = checked_copy<uint8_t>(*interleaved, "interleaved", torch::kByte,
+                                                  interleaved_bytes(w, out.size(1)),
+                                                  "quant_linear_interleaved");
+    interleaved_gemv(*bf16, w, x, out, blocks);
   } else if (strips.has_value() && bf16 != nullptr && int8 == nullptr) {
-    strip_gemm(*bf16, w, x, out, checked_strips(*strips, w, out.size(1)));
+    strip_gemm(*bf16, w, x, out,
+               checked_copy<uint16_t>(*strips, "strips", torch::kBFloat16,
+                                      strips_numel(w, out.size(1)), "quant_linear_strips"));
   } else if (num_tokens > blocked_max && (int8 == nullptr || !int8_prefills(kernels, prefill))) {
     if (bf16 != nullptr) {
       strip_gemm(*bf16, w, x, out);
