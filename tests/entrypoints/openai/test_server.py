@@ -13,7 +13,11 @@ import pytest
 pytestmark = pytest.mark.slow
 
 MODEL = "SmolLM2-135M-Instruct"
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+# The default model answers this one "The capital of France is Paris." with its first token
+# 1.4 nats ahead, in float32 and bf16 alike; "What is the capital of France?" leads by 0.08
+# in float32, so a shared server's history (which prefix is cached, which kernels the rows
+# of its prefill take) could flip its greedy answer.
+QUESTION = [{"role": "user", "content": "Name the capital of France."}]
 
 
 @pytest.fixture(scope="module")
