@@ -71,7 +71,8 @@ struct Bf16Kernels {
   void (*packed_strip_gemm)(const uint16_t* strips, int64_t k, int64_t n0, int64_t n1,
                             const uint16_t* x, int64_t num_tokens, uint16_t* out, int64_t ldo);
   // W's rows [n0, n1) (n0 a multiple of kInterleavedRows) in the interleaved layout below,
-  // their blocks from `blocks` on; rows past N (W's last block) are zeros.
+  // their blocks from `blocks` on, which the caller zeroed: rows past N (W's last block)
+  // keep those zeros (zero scales and mins).
   void (*pack_interleaved)(const PackedWeight& w, int64_t n0, int64_t n1, uint8_t* blocks);
   // The interleaved GEMV: out[t * ldo + n] rounded to bfloat16 (bits), for n in [n0, n1)
   // (n0 a multiple of kInterleavedRows) and each of num_tokens tokens of x (bf16 bits,

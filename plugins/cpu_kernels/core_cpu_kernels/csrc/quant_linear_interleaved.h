@@ -62,7 +62,6 @@ void pack_blocks(const PackedWeight& w, int64_t n0, int64_t n1, uint8_t* blocks)
   for (int64_t b = n0 / kInterleavedRows; b * kInterleavedRows < n1; ++b) {
     for (int64_t g = 0; g < groups; ++g) {
       uint8_t* out = blocks + (b * groups + g) * record;
-      std::memset(out, 0, record);
       auto* scales = reinterpret_cast<float*>(out + steps * kInterleavedStepBytes);
       float* mins = scales + kInterleavedRows;
       for (int64_t j = 0; j < kInterleavedRows && b * kInterleavedRows + j < n1; ++j) {
